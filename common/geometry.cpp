@@ -1,0 +1,49 @@
+#include "common/geometry.h"
+
+#include <limits>
+
+namespace kvpool {
+
+std::string_view dtype_name(KvDtype d) {
+  switch (d) {
+    case KvDtype::fp16: return "fp16";
+    case KvDtype::bf16: return "bf16";
+    case KvDtype::fp8_e4m3: return "fp8_e4m3";
+    case KvDtype::int8: return "int8";
+  }
+  return "unknown";
+}
+
+std::optional<KvDtype> parse_dtype(std::string_view name) {
+  if (name == "fp16" || name == "float16" || name == "half") return KvDtype::fp16;
+  if (name == "bf16" || name == "bfloat16") return KvDtype::bf16;
+  if (name == "fp8" || name == "fp8_e4m3" || name == "fp8-e4m3") return KvDtype::fp8_e4m3;
+  if (name == "int8") return KvDtype::int8;
+  return std::nullopt;
+}
+
+std::string validate(const Geometry& g) {
+  if (g.layers == 0) return "layers must be at least 1";
+  if (g.kv_heads == 0) return "kv_heads must be at least 1";
+  if (g.head_dim == 0) return "head_dim must be at least 1";
+  if (g.tokens_per_page == 0) return "tokens_per_page must be at least 1";
+  switch (g.dtype) {
+    case KvDtype::fp16:
+    case KvDtype::bf16:
+    case KvDtype::fp8_e4m3:
+    case KvDtype::int8: break;
+    default: return "dtype is not one of fp16, bf16, fp8_e4m3, int8";
+  }
+  // Keep a page below 2^40 bytes (1 TiB) so that page arithmetic for any token count below 2^32
+  // stays far from uint64 overflow. Each factor is below 2^32, so check the running product.
+  constexpr uint64_t kMaxPageBytes = uint64_t{1} << 40;
+  uint64_t bytes = 2ull * dtype_bytes(g.dtype);
+  for (uint64_t f : {uint64_t{g.layers}, uint64_t{g.kv_heads}, uint64_t{g.head_dim},
+                     uint64_t{g.tokens_per_page}}) {
+    if (bytes > kMaxPageBytes / f) return "page size exceeds 1 TiB";
+    bytes *= f;
+  }
+  return {};
+}
+
+}  // namespace kvpool

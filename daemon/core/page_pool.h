@@ -1,0 +1,178 @@
+// PagePool: the pool core. Pages, reference counts, per-owner ledgers, the prefix index and
+// eviction, with no I/O: the daemon's event loop drives it, tests and benches call it directly.
+//
+// Page states (DESIGN §3), kept in one word per page: bit 31 = "carries a hash", bits 0..30 = the
+// reference count. FREE = word 0 (on the free stack); IN_USE = count > 0; CACHED = count 0 with the
+// hash bit (queued in the eviction policy, findable in the index).
+//
+// Invariants, verified by check_invariants():
+//   I1  free + in_use + cached = total, and the maintained counters agree with the page words;
+//   I2  a page's refcount = sum over owners of that owner's ledger count for it;
+//   I3  every hashed page is in the index exactly once, under its own (namespace, hash); every
+//       index entry points to a hashed page (so never to a FREE one);
+//   I4  every CACHED page is queued in the eviction policy exactly once; FREE and IN_USE pages are
+//       not queued;
+//   I5  the free stack holds exactly the FREE pages, each once.
+//
+// Operations are batched and all-or-nothing: a call either succeeds for every item or returns an
+// error and leaves the pool exactly as it was (counters for lookups included). Every per-page step
+// is O(1): a free-stack pop/push, a ledger probe, an index probe, a policy link/unlink.
+//
+// Order matters in release(): pages become CACHED in the order given, so a worker that releases a
+// sequence tail first lets the policy evict tails before heads.
+//
+// Thread-safety: none. One thread (the daemon's event loop) owns a PagePool.
+// Error policy: client mistakes (bad ids, pages not held, counts too large, missing capacity) are
+// returned as Status and change nothing; internal inconsistencies are bugs and abort via
+// KVPOOL_CHECK.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/block_hash.h"
+#include "common/status.h"
+#include "daemon/core/eviction_policy.h"
+#include "daemon/core/ledger.h"
+#include "daemon/core/prefix_index.h"
+#include "daemon/core/types.h"
+
+namespace kvpool::core {
+
+struct PublishItem {
+  PageId page = kNoPage;
+  BlockHash hash;
+};
+
+struct PublishResult {
+  enum class Kind : uint8_t { stored, duplicate };
+  Kind kind = Kind::stored;
+  // stored: the page that was published. duplicate: the page that already carries this hash,
+  // now retained for the caller (who may release its own copy and use this one).
+  PageId page = kNoPage;
+};
+
+struct PoolCounters {
+  uint64_t lookups = 0;           // lookup calls
+  uint64_t lookup_blocks = 0;     // hashes asked for
+  uint64_t hit_blocks = 0;        // hashes found as part of the cached prefix
+  uint64_t allocated = 0;         // pages handed out by alloc
+  uint64_t released = 0;          // references dropped (release and close_owner)
+  uint64_t published = 0;         // publish items stored
+  uint64_t duplicates = 0;        // publish items answered with an existing page
+  uint64_t evicted = 0;           // CACHED pages dropped to serve alloc or evict()
+  uint64_t flushed = 0;           // CACHED pages dropped by flush()
+};
+
+struct PoolStats {
+  uint32_t total = 0;
+  uint32_t free = 0;
+  uint32_t in_use = 0;
+  uint32_t cached = 0;
+  uint32_t owners = 0;
+  PoolCounters counters;
+};
+
+struct PoolOptions {
+  uint32_t num_pages = 0;
+  std::unique_ptr<EvictionPolicy> policy;  // LRU when null
+  uint64_t index_seed = 0;                 // keys the prefix index's slot hash; 0 = random
+};
+
+class PagePool {
+ public:
+  explicit PagePool(PoolOptions options);
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+  ~PagePool();
+
+  // Owners ------------------------------------------------------------------------------------
+  OwnerId open_owner();
+  // Releases every reference the owner holds, newest first, and forgets the owner.
+  Status close_owner(OwnerId owner);
+
+  // Pages -------------------------------------------------------------------------------------
+  // Hands out out.size() pages, each with one reference for `owner`: FREE pages first, then
+  // CACHED ones in the policy's order. exceeds_capacity when more than the pool has,
+  // out_of_pages when not enough are free or evictable now.
+  Status alloc(OwnerId owner, std::span<PageId> out);
+  // +1 on each page; the owner must already hold it.
+  Status retain(OwnerId owner, std::span<const PageId> pages);
+  // −1 on each page, in the order given; the owner must hold that many references.
+  Status release(OwnerId owner, std::span<const PageId> pages);
+
+  // Prefix cache ------------------------------------------------------------------------------
+  // Finds the longest prefix of `chain` cached under `ns`, retains each of its pages for `owner`
+  // and writes them to out[0..hits). out must have room for the whole chain.
+  // A page whose reference count is saturated ends the prefix as a miss would.
+  Status lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
+                std::span<PageId> out, uint32_t& hits);
+  // Publishes each (page, hash) under `ns`. The owner must hold the page, and a page may appear
+  // once per call. Publishing the hash a page already carries is a no-op answered `stored`.
+  Status publish(OwnerId owner, Namespace ns, std::span<const PublishItem> items,
+                 std::span<PublishResult> out);
+
+  // Operator actions --------------------------------------------------------------------------
+  // Drops up to n CACHED pages in the policy's order; returns how many.
+  uint32_t evict(uint32_t n);
+  // Drops every CACHED page; pages in use (hashed or not) are untouched. Returns how many.
+  uint32_t flush();
+
+  // Inspection --------------------------------------------------------------------------------
+  PoolStats stats() const;
+  uint32_t num_pages() const { return static_cast<uint32_t>(words_.size()); }
+  bool valid_page(PageId page) const { return page < words_.size(); }
+  PageState state(PageId page) const;   // precondition: valid_page(page)
+  uint32_t refcount(PageId page) const;  // precondition: valid_page(page)
+  uint32_t held(OwnerId owner, PageId page) const;  // 0 for an unknown owner or page
+  const EvictionPolicy& policy() const { return *policy_; }
+
+  // Verifies invariants I1–I5. Returns an empty string when they hold, else the first violation.
+  // O(pages + index slots + ledger slots): for tests and debug builds, not the hot path.
+  std::string check_invariants() const;
+
+ private:
+  static constexpr uint32_t kHashed = uint32_t{1} << 31;
+  static constexpr uint32_t kRefMask = kHashed - 1;
+
+  struct PageKey {
+    BlockHash hash;
+    Namespace ns = 0;
+  };
+
+  Ledger* ledger(OwnerId owner);
+  const Ledger* ledger(OwnerId owner) const;
+  // Takes one page: FREE first, else a victim; the caller has checked availability.
+  PageId take_page();
+  // A CACHED page chosen by the policy leaves the cache: out of the index, hash cleared. The
+  // caller puts it on the free stack or hands it out.
+  void uncache(PageId page);
+  // Drops up to n victims onto the free stack.
+  uint32_t drop_victims(uint32_t n);
+  // One reference more / less, with the state transitions that follow.
+  void ref_page(PageId page);
+  void unref_page(PageId page);
+
+  std::vector<uint32_t> words_;   // refcount | kHashed
+  std::vector<PageKey> keys_;     // valid when kHashed is set
+  std::vector<PageId> free_;      // stack of FREE pages
+  PrefixIndex index_;
+  std::unique_ptr<EvictionPolicy> policy_;
+
+  std::vector<std::unique_ptr<Ledger>> owners_;  // slot per owner id; null when closed
+  std::vector<OwnerId> free_owner_ids_;
+
+  uint32_t in_use_ = 0;
+  uint32_t cached_ = 0;
+  PoolCounters counters_;
+
+  // Scratch for undoing a failed batch and for duplicate detection; reused, never shrunk.
+  std::vector<Ledger::Entry> undo_;
+  std::vector<uint64_t> mark_;  // per page: last batch epoch that listed it
+  uint64_t epoch_ = 0;
+};
+
+}  // namespace kvpool::core

@@ -1,0 +1,129 @@
+// PagePool::check_invariants(): the invariants of DESIGN §3, checked the slow, obvious way.
+
+#include <string>
+#include <vector>
+
+#include "daemon/core/page_pool.h"
+
+namespace kvpool::core {
+
+namespace {
+
+std::string page_msg(PageId page, const std::string& what) {
+  return "page " + std::to_string(page) + ": " + what;
+}
+
+}  // namespace
+
+std::string PagePool::check_invariants() const {
+  const uint32_t total = num_pages();
+
+  // I1: the state counts add up and agree with the maintained counters.
+  uint64_t n_free = 0;
+  uint64_t n_in_use = 0;
+  uint64_t n_cached = 0;
+  uint64_t n_hashed = 0;
+  for (PageId p = 0; p < total; ++p) {
+    switch (state(p)) {
+      case PageState::free: ++n_free; break;
+      case PageState::in_use: ++n_in_use; break;
+      case PageState::cached: ++n_cached; break;
+    }
+    if (words_[p] & kHashed) ++n_hashed;
+  }
+  if (n_free + n_in_use + n_cached != total) return "I1: free + in_use + cached != total";
+  if (n_in_use != in_use_) {
+    return "I1: " + std::to_string(n_in_use) + " pages in use, counter says " +
+           std::to_string(in_use_);
+  }
+  if (n_cached != cached_) {
+    return "I1: " + std::to_string(n_cached) + " pages cached, counter says " +
+           std::to_string(cached_);
+  }
+
+  // I5: the free stack holds exactly the FREE pages.
+  if (free_.size() != n_free) {
+    return "I5: free stack holds " + std::to_string(free_.size()) + " pages, " +
+           std::to_string(n_free) + " are free";
+  }
+  std::vector<uint8_t> seen(total, 0);
+  for (const PageId p : free_) {
+    if (p >= total) return "I5: free stack holds invalid id " + std::to_string(p);
+    if (state(p) != PageState::free) return page_msg(p, "I5: on the free stack but not free");
+    if (seen[p]++ != 0) return page_msg(p, "I5: on the free stack twice");
+  }
+
+  // I2: refcount = sum of ledger counts.
+  std::vector<uint64_t> sums(total, 0);
+  for (size_t o = 0; o < owners_.size(); ++o) {
+    const Ledger* l = owners_[o].get();
+    if (l == nullptr) continue;
+    std::string err;
+    uint64_t refs = 0;
+    uint32_t entries = 0;
+    l->for_each([&](const Ledger::Entry& e) {
+      if (!err.empty()) return;
+      if (e.page >= total) err = "I2: owner " + std::to_string(o) + " holds an invalid page";
+      else if (e.count == 0) err = page_msg(e.page, "I2: ledger entry with count 0");
+      else sums[e.page] += e.count;
+      refs += e.count;
+      ++entries;
+    });
+    if (!err.empty()) return err;
+    if (refs != l->references() || entries != l->size()) {
+      return "I2: owner " + std::to_string(o) + " ledger totals disagree with its entries";
+    }
+  }
+  for (PageId p = 0; p < total; ++p) {
+    if (sums[p] != refcount(p)) {
+      return page_msg(p, "I2: refcount " + std::to_string(refcount(p)) + " but ledgers hold " +
+                             std::to_string(sums[p]));
+    }
+  }
+
+  // I3: index ↔ hashed pages, one to one, keys agreeing.
+  std::fill(seen.begin(), seen.end(), 0);
+  std::string err;
+  index_.for_each([&](Namespace ns, const BlockHash& h, PageId p) {
+    if (!err.empty()) return;
+    if (p >= total) {
+      err = "I3: index entry points to invalid id " + std::to_string(p);
+    } else if ((words_[p] & kHashed) == 0) {
+      err = page_msg(p, "I3: indexed but carries no hash");
+    } else if (keys_[p].ns != ns || keys_[p].hash != h) {
+      err = page_msg(p, "I3: indexed under a key it does not carry");
+    } else if (seen[p]++ != 0) {
+      err = page_msg(p, "I3: indexed twice");
+    }
+  });
+  if (!err.empty()) return err;
+  if (index_.size() != n_hashed) {
+    return "I3: index holds " + std::to_string(index_.size()) + " entries, " +
+           std::to_string(n_hashed) + " pages carry a hash";
+  }
+  for (PageId p = 0; p < total; ++p) {
+    if ((words_[p] & kHashed) != 0 && seen[p] == 0) return page_msg(p, "I3: hashed, not indexed");
+    if ((words_[p] & kHashed) != 0 && index_.find(keys_[p].ns, keys_[p].hash) != p) {
+      return page_msg(p, "I3: its key does not find it in the index");
+    }
+  }
+
+  // I4: exactly the CACHED pages are queued, once each.
+  std::fill(seen.begin(), seen.end(), 0);
+  uint64_t queued = 0;
+  policy_->for_each_queued([&](PageId p) {
+    if (!err.empty()) return;
+    ++queued;
+    if (p >= total) err = "I4: policy queues invalid id " + std::to_string(p);
+    else if (state(p) != PageState::cached) err = page_msg(p, "I4: queued but not cached");
+    else if (seen[p]++ != 0) err = page_msg(p, "I4: queued twice");
+  });
+  if (!err.empty()) return err;
+  if (queued != n_cached) {
+    return "I4: policy queues " + std::to_string(queued) + " pages, " + std::to_string(n_cached) +
+           " are cached";
+  }
+  return {};
+}
+
+}  // namespace kvpool::core

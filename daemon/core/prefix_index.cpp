@@ -1,0 +1,69 @@
+#include "daemon/core/prefix_index.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "daemon/core/check.h"
+
+namespace kvpool::core {
+
+namespace {
+
+__extension__ using U128 = unsigned __int128;
+
+uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// 64×64→128 multiply, folded: every output bit depends on every input bit of both words.
+uint64_t mum(uint64_t a, uint64_t b) {
+  const U128 p = U128{a} * b;
+  return static_cast<uint64_t>(p) ^ static_cast<uint64_t>(p >> 64);
+}
+
+}  // namespace
+
+PrefixIndex::PrefixIndex(uint32_t max_entries, uint64_t seed) {
+  const uint64_t want = std::max<uint64_t>(16, uint64_t{max_entries} * 2);
+  const uint64_t n = std::bit_ceil(want);
+  slots_.assign(n, Slot{});
+  mask_ = static_cast<uint32_t>(n - 1);
+  shift_ = 64 - static_cast<uint32_t>(std::countr_zero(n));
+  key0_ = splitmix64(seed) | 1;
+  key1_ = splitmix64(seed) | 1;
+}
+
+uint32_t PrefixIndex::home(Namespace ns, uint64_t lo, uint64_t hi) const {
+  const uint64_t x = mum(lo ^ key0_, hi ^ key1_ ^ (uint64_t{ns} << 32));
+  return static_cast<uint32_t>(mum(x, 0x9E3779B97F4A7C15ull ^ key0_) >> shift_);
+}
+
+void PrefixIndex::insert(Namespace ns, const BlockHash& hash, PageId page) {
+  KVPOOL_CHECK(page != kNoPage);
+  KVPOOL_CHECK((size_ + 1) * 2 <= slots_.size());
+  const uint32_t i = probe(ns, hash);
+  KVPOOL_CHECK(slots_[i].page == kNoPage);
+  slots_[i] = Slot{hash.lo, hash.hi, ns, page};
+  ++size_;
+}
+
+bool PrefixIndex::erase(Namespace ns, const BlockHash& hash) {
+  uint32_t hole = probe(ns, hash);
+  if (slots_[hole].page == kNoPage) return false;
+  for (uint32_t j = (hole + 1) & mask_; slots_[j].page != kNoPage; j = (j + 1) & mask_) {
+    const Slot& s = slots_[j];
+    const uint32_t h = home(s.ns, s.lo, s.hi);
+    if (((j - h) & mask_) >= ((j - hole) & mask_)) {
+      slots_[hole] = s;
+      hole = j;
+    }
+  }
+  slots_[hole] = Slot{};
+  --size_;
+  return true;
+}
+
+}  // namespace kvpool::core
