@@ -2,7 +2,7 @@
 add_library(kvpool_flags INTERFACE)
 target_compile_options(kvpool_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wsign-conversion
-    -Wnon-virtual-dtor -Wold-style-cast -Wcast-align -Woverloaded-virtual -Wnull-dereference
+    -Wnon-virtual-dtor -Wold-style-cast -Wcast-align -Woverloaded-virtual
     -Wimplicit-fallthrough>)
 if(KVPOOL_WERROR)
   target_compile_options(kvpool_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)

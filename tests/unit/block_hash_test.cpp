@@ -1,1 +1,147 @@
+#include "common/block_hash.h"
+
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+
+#include <cstring>
+#include <numeric>
+#include <set>
+#include <vector>
+
+namespace kvpool {
+namespace {
+
+const Geometry kGeom{32, 8, 128, 16, KvDtype::bf16};
+
+// The block encoding of block_hash.h, built independently: 'B' ‖ parent ‖ n ‖ tokens ‖ |x| ‖ x.
+BlockHash reference_block(const BlockHash& parent, const std::vector<uint32_t>& tokens,
+                          const std::vector<std::byte>& extra = {}) {
+  std::vector<unsigned char> msg;
+  auto put = [&](const void* p, size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    msg.insert(msg.end(), b, b + n);
+  };
+  msg.push_back('B');
+  put(&parent.lo, 8);
+  put(&parent.hi, 8);
+  const auto n = static_cast<uint32_t>(tokens.size());
+  put(&n, 4);
+  put(tokens.data(), tokens.size() * 4);
+  const auto x = static_cast<uint32_t>(extra.size());
+  put(&x, 4);
+  put(extra.data(), extra.size());
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EXPECT_EQ(EVP_Digest(msg.data(), msg.size(), digest, &len, EVP_sha256(), nullptr), 1);
+  BlockHash h;
+  std::memcpy(&h.lo, digest, 8);
+  std::memcpy(&h.hi, digest + 8, 8);
+  return h;
+}
+
+std::vector<uint32_t> tokens(size_t n, uint32_t start = 1000) {
+  std::vector<uint32_t> t(n);
+  std::iota(t.begin(), t.end(), start);
+  return t;
+}
+
+TEST(BlockHash, MatchesTheDocumentedEncodingOfSha256) {
+  BlockHasher hasher;
+  const BlockHash root = hasher.root({"llama-3-8b", kGeom, "", ""});
+  const auto t = tokens(48);
+  std::vector<BlockHash> chain(3);
+  ASSERT_EQ(hasher.chain(root, t, 16, chain), 3u);
+  BlockHash parent = root;
+  for (size_t i = 0; i < 3; ++i) {
+    const auto block = std::span(t).subspan(16 * i, 16);
+    parent = reference_block(parent, std::vector<uint32_t>(block.begin(), block.end()));
+    EXPECT_EQ(chain[i], parent) << "block " << i;
+  }
+  const std::vector<std::byte> extra{std::byte{1}, std::byte{2}};
+  EXPECT_EQ(hasher.block(root, std::vector<uint32_t>(16, 7), extra),
+            reference_block(root, std::vector<uint32_t>(16, 7), extra));
+}
+
+TEST(BlockHash, RootDependsOnEveryIdentityField) {
+  BlockHasher hasher;
+  const ModelIdentity base{"m", kGeom, "", ""};
+  std::set<std::string> roots;
+  roots.insert(to_hex(hasher.root(base)));
+  roots.insert(to_hex(hasher.root({"m2", kGeom, "", ""})));
+  roots.insert(to_hex(hasher.root({"m", {33, 8, 128, 16, KvDtype::bf16}, "", ""})));
+  roots.insert(to_hex(hasher.root({"m", {32, 4, 128, 16, KvDtype::bf16}, "", ""})));
+  roots.insert(to_hex(hasher.root({"m", {32, 8, 64, 16, KvDtype::bf16}, "", ""})));
+  roots.insert(to_hex(hasher.root({"m", {32, 8, 128, 32, KvDtype::bf16}, "", ""})));
+  roots.insert(to_hex(hasher.root({"m", {32, 8, 128, 16, KvDtype::fp8_e4m3}, "", ""})));
+  roots.insert(to_hex(hasher.root({"m", kGeom, "lora-a", ""})));
+  roots.insert(to_hex(hasher.root({"m", kGeom, "", "salt"})));
+  // Length prefixes keep field boundaries: moving a byte between fields changes the root.
+  roots.insert(to_hex(hasher.root({"m", kGeom, "ab", ""})));
+  roots.insert(to_hex(hasher.root({"m", kGeom, "a", "b"})));
+  EXPECT_EQ(roots.size(), 11u);
+  EXPECT_EQ(hasher.root(base), BlockHasher().root(base));  // deterministic across instances
+}
+
+TEST(BlockHash, ChangingOneTokenChangesThatBlockAndEveryLaterOne) {
+  BlockHasher hasher;
+  const BlockHash root = hasher.root({"m", kGeom, "", ""});
+  auto a = tokens(64);
+  auto b = a;
+  b[20] ^= 1;  // inside block 1
+  std::vector<BlockHash> ha(4), hb(4);
+  hasher.chain(root, a, 16, ha);
+  hasher.chain(root, b, 16, hb);
+  EXPECT_EQ(ha[0], hb[0]);
+  for (size_t i = 1; i < 4; ++i) EXPECT_NE(ha[i], hb[i]) << "block " << i;
+}
+
+TEST(BlockHash, SameTokensUnderDifferentRootsNeverMatch) {
+  BlockHasher hasher;
+  const auto t = tokens(16);
+  EXPECT_NE(hasher.block(hasher.root({"m", kGeom, "", ""}), t),
+            hasher.block(hasher.root({"m", kGeom, "", "tenant-b"}), t));
+}
+
+TEST(BlockHash, PartialTrailingBlockIsNotHashed) {
+  BlockHasher hasher;
+  const BlockHash root = hasher.root({"m", kGeom, "", ""});
+  std::vector<BlockHash> out(8);
+  EXPECT_EQ(hasher.chain(root, tokens(47), 16, out), 2u);
+  EXPECT_EQ(hasher.chain(root, tokens(15), 16, out), 0u);
+  EXPECT_EQ(hasher.chain(root, tokens(64), 16, std::span<BlockHash>(out).first(3)), 3u);
+  EXPECT_EQ(hasher.chain(root, tokens(64), 0, out), 0u);
+}
+
+TEST(BlockHash, ExtraKeysAndBlockLengthAreBound) {
+  BlockHasher hasher;
+  const BlockHash root = hasher.root({"m", kGeom, "", ""});
+  const auto t = tokens(16);
+  const std::vector<std::byte> img{std::byte{0xab}};
+  EXPECT_NE(hasher.block(root, t), hasher.block(root, t, img));
+  // 16 tokens with no extra vs 15 tokens whose 16th token's bytes pose as extra keys.
+  std::vector<std::byte> fake(4);
+  std::memcpy(fake.data(), &t[15], 4);
+  EXPECT_NE(hasher.block(root, t), hasher.block(root, std::span(t).first(15), fake));
+}
+
+TEST(BlockHash, EveryAlgorithmWorksAndTheyDiffer) {
+  std::set<std::string> seen;
+  for (HashAlgorithm a : {HashAlgorithm::sha256, HashAlgorithm::sha512_256,
+                          HashAlgorithm::blake2s256, HashAlgorithm::blake2b512}) {
+    BlockHasher hasher(a);
+    EXPECT_EQ(hasher.algorithm(), a);
+    const BlockHash h = hasher.block(BlockHash{}, tokens(16));
+    EXPECT_NE(h, BlockHash{}) << hash_algorithm_name(a);
+    seen.insert(to_hex(h));
+  }
+  EXPECT_EQ(seen.size(), 4u);
+}
+
+TEST(BlockHash, HexIsLittleEndianBytes) {
+  EXPECT_EQ(to_hex(BlockHash{0x0123456789abcdefull, 0x1ull}),
+            "efcdab8967452301"
+            "0100000000000000");
+}
+
+}  // namespace
+}  // namespace kvpool

@@ -1,0 +1,159 @@
+#include "bench/replay/replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "bench/replay/belady_policy.h"
+#include "daemon/core/page_pool.h"
+
+namespace kvpool::bench {
+
+namespace {
+
+using core::PageId;
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Trace ids already name prefixes, so page j of block id stands for a distinct prefix too.
+BlockHash page_hash(uint64_t block_id, uint32_t j) {
+  return BlockHash{mix64(block_id * 0x9E3779B97F4A7C15ull + j), (block_id << 16) | j};
+}
+
+// next_use[r][i]: index of the next request after r that references block i of request r.
+std::vector<std::vector<uint32_t>> next_uses(const Trace& trace) {
+  constexpr uint32_t kNever = std::numeric_limits<uint32_t>::max();
+  std::vector<std::vector<uint32_t>> out(trace.requests.size());
+  std::unordered_map<uint64_t, uint32_t> next_seen;
+  for (size_t r = trace.requests.size(); r-- > 0;) {
+    const auto& ids = trace.requests[r].hash_ids;
+    out[r].resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const auto it = next_seen.find(ids[i]);
+      out[r][i] = it == next_seen.end() ? kNever : it->second;
+    }
+    for (const uint64_t id : ids) next_seen[id] = static_cast<uint32_t>(r);
+  }
+  return out;
+}
+
+void expect_ok(const Status& s, const char* what) {
+  if (!s.ok()) throw std::runtime_error(std::string("replay: ") + what + ": " + s.message());
+}
+
+}  // namespace
+
+ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
+  if (options.capacity_blocks == 0) throw std::invalid_argument("capacity must be at least 1");
+  if (options.page_tokens == 0 || kTraceBlockTokens % options.page_tokens != 0) {
+    throw std::invalid_argument("page tokens must divide 512");
+  }
+  const uint32_t per_block = kTraceBlockTokens / options.page_tokens;
+  const uint64_t capacity_pages = uint64_t{options.capacity_blocks} * per_block;
+  if (capacity_pages > core::kMaxPages) throw std::invalid_argument("capacity too large");
+
+  BeladyPolicy* belady = nullptr;
+  std::vector<std::vector<uint32_t>> next_use;
+  std::unique_ptr<core::EvictionPolicy> policy;
+  if (options.policy == "belady") {
+    auto p = std::make_unique<BeladyPolicy>();
+    belady = p.get();
+    policy = std::move(p);
+    next_use = next_uses(trace);
+  } else {
+    policy = core::make_policy(options.policy);
+    if (!policy) throw std::invalid_argument("unknown policy \"" + options.policy + "\"");
+  }
+
+  ReplayResult res;
+  res.capacity_blocks = options.capacity_blocks;
+  res.capacity_pages = static_cast<uint32_t>(capacity_pages);
+  res.policy = options.policy;
+  res.page_tokens = options.page_tokens;
+
+  core::PagePool pool(core::PoolOptions{res.capacity_pages, std::move(policy), 1});
+  const core::OwnerId owner = pool.open_owner();
+  constexpr core::Namespace kNs = 1;
+
+  std::vector<BlockHash> chain;
+  std::vector<PageId> pages;
+  std::vector<PageId> found;
+  std::vector<uint32_t> position;  // position[k]: chain position of pages[k]
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t r = 0; r < trace.requests.size(); ++r) {
+    const auto& ids = trace.requests[r].hash_ids;
+    chain.clear();
+    for (const uint64_t id : ids) {
+      for (uint32_t j = 0; j < per_block; ++j) chain.push_back(page_hash(id, j));
+    }
+    const size_t n = chain.size();
+    pages.resize(n);
+    found.resize(n);
+    position.resize(n);
+
+    // 1. The longest cached prefix.
+    uint32_t hits = 0;
+    expect_ok(pool.lookup(owner, kNs, chain, found, hits), "lookup");
+    std::copy_n(found.begin(), hits, pages.begin());
+    for (uint32_t k = 0; k < hits; ++k) position[k] = k;
+    size_t held = hits;
+    res.hit_pages += hits;
+    res.page_ops += n;
+
+    // 2. The rest, page by page.
+    for (size_t i = hits; i < n; ++i) {
+      uint32_t one = 0;
+      expect_ok(pool.lookup(owner, kNs, std::span(chain).subspan(i, 1), found, one), "lookup");
+      ++res.page_ops;
+      if (one == 1) {
+        position[held] = static_cast<uint32_t>(i);
+        pages[held++] = found[0];
+        ++res.reused_pages;
+        continue;
+      }
+      PageId page = core::kNoPage;
+      const Status s = pool.alloc(owner, std::span(&page, 1));
+      if (s.code() == Errc::out_of_pages) {
+        ++res.alloc_failures;
+        continue;
+      }
+      expect_ok(s, "alloc");
+      core::PublishItem item{page, chain[i]};
+      core::PublishResult published;
+      expect_ok(pool.publish(owner, kNs, std::span(&item, 1), std::span(&published, 1)),
+                "publish");
+      position[held] = static_cast<uint32_t>(i);
+      pages[held++] = page;
+      ++res.allocated_pages;
+      res.page_ops += 2;
+    }
+
+    // 3. Release, last page first.
+    if (belady != nullptr) {
+      for (size_t k = 0; k < held; ++k) {
+        const uint64_t when = next_use[r][position[k] / per_block];
+        belady->set_next_use(pages[k], (when << 24) | position[k]);
+      }
+    }
+    std::reverse(pages.begin(), pages.begin() + static_cast<std::ptrdiff_t>(held));
+    expect_ok(pool.release(owner, std::span(pages).first(held)), "release");
+    res.page_ops += held;
+    ++res.requests;
+    res.pages += n;
+    if (options.progress && (r % 256 == 255)) options.progress(r + 1, trace.requests.size());
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  res.evicted_pages = pool.stats().counters.evicted;
+  expect_ok(pool.close_owner(owner), "close");
+  const std::string broken = pool.check_invariants();
+  if (!broken.empty()) throw std::runtime_error("replay: pool invariant broken: " + broken);
+  return res;
+}
+
+}  // namespace kvpool::bench

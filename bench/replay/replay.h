@@ -1,0 +1,52 @@
+// Sequential replay of a request trace through the pool core (PagePool), as
+// ../shared/data/README.md defines it. For each request, in trace order:
+//   1. lookup of the whole chain: the longest cached prefix is retained; those pages are hits;
+//   2. for each remaining page, in order: if its hash is cached anywhere (a one-hash lookup finds
+//      it), retain it; otherwise alloc one page (evicting by the policy when no page is free) and
+//      publish the hash on it;
+//   3. release every page of the request, last first.
+// hit rate = hit pages / requested pages. With page_tokens = 512 one page is one trace block;
+// with a smaller page each block becomes 512/page_tokens pages with their own chained hashes, and
+// capacities (given in blocks) scale by the same factor.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "bench/replay/trace.h"
+
+namespace kvpool::bench {
+
+inline constexpr uint32_t kTraceBlockTokens = 512;
+
+struct ReplayOptions {
+  uint32_t capacity_blocks = 0;
+  std::string policy = "lru";  // "lru" or "belady"
+  uint32_t page_tokens = kTraceBlockTokens;
+  // Called every few hundred requests with (requests done, total); may be empty.
+  std::function<void(size_t, size_t)> progress;
+};
+
+struct ReplayResult {
+  uint32_t capacity_blocks = 0;
+  uint32_t capacity_pages = 0;
+  std::string policy;
+  uint32_t page_tokens = 0;
+  uint64_t requests = 0;
+  uint64_t pages = 0;            // pages requested (= blocks when page_tokens is 512)
+  uint64_t hit_pages = 0;        // step 1 hits
+  uint64_t reused_pages = 0;     // step 2: cached elsewhere in the pool, retained
+  uint64_t allocated_pages = 0;  // step 2: allocated and published
+  uint64_t evicted_pages = 0;
+  uint64_t alloc_failures = 0;   // pages a request could not get (capacity below its length)
+  uint64_t page_ops = 0;         // page-level core operations performed
+  double seconds = 0;
+  double hit_rate() const { return pages == 0 ? 0.0 : double(hit_pages) / double(pages); }
+};
+
+// Throws std::invalid_argument for an unknown policy, a zero capacity or a page size that does
+// not divide 512; std::runtime_error if the pool core reports an unexpected error.
+ReplayResult replay(const Trace& trace, const ReplayOptions& options);
+
+}  // namespace kvpool::bench
