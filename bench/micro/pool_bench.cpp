@@ -1,0 +1,217 @@
+// Micro-benchmarks of the pool core: ns per page for each operation, in-process, no I/O.
+// Timed sections use manual timing where set-up and tear-down must stay out of the figure; every
+// benchmark reports "per_page" (or "per_hash"): time of the timed section / pages it touched.
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <vector>
+
+#include "daemon/core/page_pool.h"
+
+namespace {
+
+using kvpool::BlockHash;
+using kvpool::core::OwnerId;
+using kvpool::core::PageId;
+using kvpool::core::PagePool;
+using kvpool::core::PoolOptions;
+using kvpool::core::PublishItem;
+using kvpool::core::PublishResult;
+using Clock = std::chrono::steady_clock;
+
+constexpr uint32_t kPoolPages = 1u << 16;
+constexpr kvpool::core::Namespace kNs = 7;
+
+BlockHash hash_of(uint64_t i) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + 1;
+  z = (z ^ (z >> 31)) * 0xBF58476D1CE4E5B9ull;
+  return BlockHash{z ^ (z >> 29), i};
+}
+
+void per_item(benchmark::State& state, const char* name, double items_per_iteration) {
+  state.counters[name] = benchmark::Counter(
+      items_per_iteration, benchmark::Counter::kIsIterationInvariantRate |
+                               benchmark::Counter::kInvert);
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void check(const kvpool::Status& s, benchmark::State& state) {
+  if (!s.ok()) state.SkipWithError(s.message().c_str());
+}
+
+// alloc(n) then release(n) of unpublished pages: FREE → IN_USE → FREE.
+void BM_AllocRelease(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<PageId> pages(n);
+  for (auto _ : state) {
+    check(pool.alloc(o, pages), state);
+    check(pool.release(o, pages), state);
+  }
+  per_item(state, "per_page", double(n));
+}
+BENCHMARK(BM_AllocRelease)->Arg(1)->Arg(16)->Arg(256);
+
+// alloc and release timed separately (batches only: the clock would dominate single pages).
+void BM_Alloc(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<PageId> pages(n);
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    check(pool.alloc(o, pages), state);
+    state.SetIterationTime(seconds_since(t0));
+    check(pool.release(o, pages), state);
+  }
+  per_item(state, "per_page", double(n));
+}
+BENCHMARK(BM_Alloc)->Arg(256)->Arg(4096)->UseManualTime();
+
+void BM_Release(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<PageId> pages(n);
+  for (auto _ : state) {
+    check(pool.alloc(o, pages), state);
+    const auto t0 = Clock::now();
+    check(pool.release(o, pages), state);
+    state.SetIterationTime(seconds_since(t0));
+  }
+  per_item(state, "per_page", double(n));
+}
+BENCHMARK(BM_Release)->Arg(256)->Arg(4096)->UseManualTime();
+
+// lookup of fully cached chains of length L (the hit path: index probe, CACHED → IN_USE, ledger
+// insert). Each timed section looks up enough chains for ~4096 hashes; releases are not timed.
+void BM_Lookup(benchmark::State& state) {
+  const auto len = static_cast<size_t>(state.range(0));
+  const size_t chains = std::max<size_t>(1, 4096 / len);
+  PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<std::vector<BlockHash>> hashes(chains, std::vector<BlockHash>(len));
+  std::vector<PageId> pages(len);
+  std::vector<PublishItem> items(len);
+  std::vector<PublishResult> results(len);
+  for (size_t c = 0; c < chains; ++c) {
+    check(pool.alloc(o, pages), state);
+    for (size_t i = 0; i < len; ++i) {
+      hashes[c][i] = hash_of(c * len + i);
+      items[i] = {pages[i], hashes[c][i]};
+    }
+    check(pool.publish(o, kNs, items, results), state);
+    check(pool.release(o, pages), state);
+  }
+  std::vector<std::vector<PageId>> found(chains, std::vector<PageId>(len));
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    for (size_t c = 0; c < chains; ++c) {
+      uint32_t hits = 0;
+      check(pool.lookup(o, kNs, hashes[c], found[c], hits), state);
+    }
+    state.SetIterationTime(seconds_since(t0));
+    for (size_t c = 0; c < chains; ++c) check(pool.release(o, found[c]), state);
+  }
+  per_item(state, "per_hash", double(chains * len));
+}
+BENCHMARK(BM_Lookup)->Arg(1)->Arg(16)->Arg(1000)->UseManualTime();
+
+// lookup that misses at the first hash: the cost of asking for an uncached prefix.
+void BM_LookupMiss(benchmark::State& state) {
+  PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<BlockHash> chain(16);
+  for (size_t i = 0; i < chain.size(); ++i) chain[i] = hash_of(1'000'000 + i);
+  std::vector<PageId> found(chain.size());
+  for (auto _ : state) {
+    uint32_t hits = 0;
+    check(pool.lookup(o, kNs, chain, found, hits), state);
+    benchmark::DoNotOptimize(hits);
+  }
+  per_item(state, "per_call", 1);
+}
+BENCHMARK(BM_LookupMiss);
+
+// publish of n fresh hashes on held pages (index insert); un-publishing (flush) is not timed.
+void BM_Publish(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<PageId> pages(n);
+  std::vector<PublishItem> items(n);
+  std::vector<PublishResult> results(n);
+  uint64_t next = 0;
+  for (auto _ : state) {
+    check(pool.alloc(o, pages), state);
+    for (size_t i = 0; i < n; ++i) items[i] = {pages[i], hash_of(next++)};
+    const auto t0 = Clock::now();
+    check(pool.publish(o, kNs, items, results), state);
+    state.SetIterationTime(seconds_since(t0));
+    check(pool.release(o, pages), state);
+    pool.flush();
+  }
+  per_item(state, "per_page", double(n));
+}
+BENCHMARK(BM_Publish)->Arg(16)->Arg(256)->UseManualTime();
+
+// alloc(n) when no page is FREE: every page comes from the policy's victim (index erase,
+// LRU unlink). The pool is refilled with cached pages between timed sections.
+void BM_AllocEvicting(benchmark::State& state) {
+  const auto n = static_cast<size_t>(state.range(0));
+  PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<PageId> pages(n);
+  std::vector<PublishItem> items(n);
+  std::vector<PublishResult> results(n);
+  uint64_t next = 0;
+  auto fill = [&] {  // publish + release n fresh pages, ending with every page CACHED
+    for (size_t i = 0; i < n; ++i) items[i] = {pages[i], hash_of(next++)};
+    check(pool.publish(o, kNs, items, results), state);
+    check(pool.release(o, pages), state);
+  };
+  for (uint32_t k = 0; k < kPoolPages / n; ++k) {
+    check(pool.alloc(o, pages), state);
+    fill();
+  }
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    check(pool.alloc(o, pages), state);
+    state.SetIterationTime(seconds_since(t0));
+    fill();
+  }
+  state.counters["evicted"] = double(pool.stats().counters.evicted);
+  per_item(state, "per_page", double(n));
+}
+BENCHMARK(BM_AllocEvicting)->Arg(16)->Arg(256)->UseManualTime();
+
+// flush of a pool whose pages are all CACHED.
+void BM_Flush(benchmark::State& state) {
+  const auto n = static_cast<uint32_t>(state.range(0));
+  PagePool pool(PoolOptions{n, nullptr, 1});
+  const OwnerId o = pool.open_owner();
+  std::vector<PageId> pages(n);
+  std::vector<PublishItem> items(n);
+  std::vector<PublishResult> results(n);
+  uint64_t next = 0;
+  for (auto _ : state) {
+    check(pool.alloc(o, pages), state);
+    for (uint32_t i = 0; i < n; ++i) items[i] = {pages[i], hash_of(next++)};
+    check(pool.publish(o, kNs, items, results), state);
+    check(pool.release(o, pages), state);
+    const auto t0 = Clock::now();
+    benchmark::DoNotOptimize(pool.flush());
+    state.SetIterationTime(seconds_since(t0));
+  }
+  per_item(state, "per_page", double(n));
+}
+BENCHMARK(BM_Flush)->Arg(4096)->Arg(65536)->UseManualTime();
+
+}  // namespace
+
+BENCHMARK_MAIN();
