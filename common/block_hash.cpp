@@ -45,11 +45,11 @@ std::string_view hash_algorithm_name(HashAlgorithm a) {
 std::string to_hex(const BlockHash& h) {
   static constexpr char kDigits[] = "0123456789abcdef";
   std::string out(32, '0');
-  for (int i = 0; i < 16; ++i) {
+  for (size_t i = 0; i < 16; ++i) {
     const uint64_t word = i < 8 ? h.lo : h.hi;
     const auto byte = static_cast<unsigned>((word >> (8 * (i % 8))) & 0xffu);
-    out[static_cast<size_t>(2 * i)] = kDigits[byte >> 4];
-    out[static_cast<size_t>(2 * i + 1)] = kDigits[byte & 0xfu];
+    out[2 * i] = kDigits[byte >> 4];
+    out[2 * i + 1] = kDigits[byte & 0xfu];
   }
   return out;
 }

@@ -43,9 +43,7 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
       double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "Replay a Mooncake-format request trace through the kvpool pool core and report the\n"
       "prefix-cache hit rate (hit blocks / requested blocks) for each capacity and policy."};
@@ -139,4 +137,15 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kvpool-replay: " << e.what() << "\n";
+    return 1;
+  }
 }
