@@ -16,10 +16,14 @@ namespace {
 
 const char* openssl_name(HashAlgorithm a) {
   switch (a) {
-    case HashAlgorithm::sha256: return "SHA256";
-    case HashAlgorithm::sha512_256: return "SHA512-256";
-    case HashAlgorithm::blake2s256: return "BLAKE2S-256";
-    case HashAlgorithm::blake2b512: return "BLAKE2B-512";
+    case HashAlgorithm::sha256:
+      return "SHA256";
+    case HashAlgorithm::sha512_256:
+      return "SHA512-256";
+    case HashAlgorithm::blake2s256:
+      return "BLAKE2S-256";
+    case HashAlgorithm::blake2b512:
+      return "BLAKE2B-512";
   }
   return "SHA256";
 }
@@ -34,10 +38,14 @@ uint64_t load_le64(const unsigned char* p) {
 
 std::string_view hash_algorithm_name(HashAlgorithm a) {
   switch (a) {
-    case HashAlgorithm::sha256: return "sha256";
-    case HashAlgorithm::sha512_256: return "sha512_256";
-    case HashAlgorithm::blake2s256: return "blake2s256";
-    case HashAlgorithm::blake2b512: return "blake2b512";
+    case HashAlgorithm::sha256:
+      return "sha256";
+    case HashAlgorithm::sha512_256:
+      return "sha512_256";
+    case HashAlgorithm::blake2s256:
+      return "blake2s256";
+    case HashAlgorithm::blake2b512:
+      return "blake2b512";
   }
   return "unknown";
 }
@@ -65,7 +73,8 @@ struct BlockHasher::Impl {
     EVP_MD_free(md);
   }
   void begin() {
-    if (EVP_DigestInit_ex2(ctx, md, nullptr) != 1) throw std::runtime_error("EVP_DigestInit failed");
+    if (EVP_DigestInit_ex2(ctx, md, nullptr) != 1)
+      throw std::runtime_error("EVP_DigestInit failed");
   }
   void update(const void* data, size_t n) {
     if (n != 0) EVP_DigestUpdate(ctx, data, n);

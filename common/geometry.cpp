@@ -6,10 +6,14 @@ namespace kvpool {
 
 std::string_view dtype_name(KvDtype d) {
   switch (d) {
-    case KvDtype::fp16: return "fp16";
-    case KvDtype::bf16: return "bf16";
-    case KvDtype::fp8_e4m3: return "fp8_e4m3";
-    case KvDtype::int8: return "int8";
+    case KvDtype::fp16:
+      return "fp16";
+    case KvDtype::bf16:
+      return "bf16";
+    case KvDtype::fp8_e4m3:
+      return "fp8_e4m3";
+    case KvDtype::int8:
+      return "int8";
   }
   return "unknown";
 }
@@ -31,8 +35,10 @@ std::string validate(const Geometry& g) {
     case KvDtype::fp16:
     case KvDtype::bf16:
     case KvDtype::fp8_e4m3:
-    case KvDtype::int8: break;
-    default: return "dtype is not one of fp16, bf16, fp8_e4m3, int8";
+    case KvDtype::int8:
+      break;
+    default:
+      return "dtype is not one of fp16, bf16, fp8_e4m3, int8";
   }
   // Keep a page below 2^40 bytes (1 TiB) so that page arithmetic for any token count below 2^32
   // stays far from uint64 overflow. Each factor is below 2^32, so check the running product.

@@ -4,16 +4,26 @@ namespace kvpool {
 
 std::string_view errc_name(Errc code) {
   switch (code) {
-    case Errc::ok: return "ok";
-    case Errc::invalid_argument: return "invalid_argument";
-    case Errc::invalid_page: return "invalid_page";
-    case Errc::invalid_owner: return "invalid_owner";
-    case Errc::not_held: return "not_held";
-    case Errc::out_of_pages: return "out_of_pages";
-    case Errc::exceeds_capacity: return "exceeds_capacity";
-    case Errc::already_published: return "already_published";
-    case Errc::duplicate_item: return "duplicate_item";
-    case Errc::refcount_overflow: return "refcount_overflow";
+    case Errc::ok:
+      return "ok";
+    case Errc::invalid_argument:
+      return "invalid_argument";
+    case Errc::invalid_page:
+      return "invalid_page";
+    case Errc::invalid_owner:
+      return "invalid_owner";
+    case Errc::not_held:
+      return "not_held";
+    case Errc::out_of_pages:
+      return "out_of_pages";
+    case Errc::exceeds_capacity:
+      return "exceeds_capacity";
+    case Errc::already_published:
+      return "already_published";
+    case Errc::duplicate_item:
+      return "duplicate_item";
+    case Errc::refcount_overflow:
+      return "refcount_overflow";
   }
   return "unknown_error";
 }
@@ -24,20 +34,35 @@ std::string Status::message() const {
   const std::string v = std::to_string(value_);
   const std::string at = item_ == kNoItem ? "" : " (item " + std::to_string(item_) + ")";
   switch (code_) {
-    case Errc::invalid_argument: out += ": invalid argument " + v + at; break;
-    case Errc::invalid_page: out += ": page id " + v + at + " is outside the pool"; break;
-    case Errc::invalid_owner: out += ": owner " + v + " is not open"; break;
-    case Errc::not_held: out += ": page " + v + at + " is not held by this owner"; break;
+    case Errc::invalid_argument:
+      out += ": invalid argument " + v + at;
+      break;
+    case Errc::invalid_page:
+      out += ": page id " + v + at + " is outside the pool";
+      break;
+    case Errc::invalid_owner:
+      out += ": owner " + v + " is not open";
+      break;
+    case Errc::not_held:
+      out += ": page " + v + at + " is not held by this owner";
+      break;
     case Errc::out_of_pages:
       out += ": " + v + " pages requested, not enough free or evictable pages";
       break;
-    case Errc::exceeds_capacity: out += ": " + v + " pages requested, more than the pool has"; break;
+    case Errc::exceeds_capacity:
+      out += ": " + v + " pages requested, more than the pool has";
+      break;
     case Errc::already_published:
       out += ": page " + v + at + " already carries a different hash";
       break;
-    case Errc::duplicate_item: out += ": page " + v + at + " is listed twice"; break;
-    case Errc::refcount_overflow: out += ": page " + v + at + " has too many references"; break;
-    case Errc::ok: break;
+    case Errc::duplicate_item:
+      out += ": page " + v + at + " is listed twice";
+      break;
+    case Errc::refcount_overflow:
+      out += ": page " + v + at + " has too many references";
+      break;
+    case Errc::ok:
+      break;
   }
   return out;
 }

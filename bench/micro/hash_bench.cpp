@@ -22,14 +22,14 @@ void BM_HashChain(benchmark::State& state) {
   std::iota(tokens.begin(), tokens.end(), 100u);
   std::vector<BlockHash> out(kTokens / tokens_per_block);
   BlockHasher hasher(A);
-  const BlockHash root = hasher.root({"bench-model", {32, 8, 128, 16, kvpool::KvDtype::bf16}, "", ""});
+  const BlockHash root =
+      hasher.root({"bench-model", {32, 8, 128, 16, kvpool::KvDtype::bf16}, "", ""});
   for (auto _ : state) {
     benchmark::DoNotOptimize(hasher.chain(root, tokens, tokens_per_block, out));
     benchmark::ClobberMemory();
   }
-  state.counters["per_token"] =
-      benchmark::Counter(double(kTokens), benchmark::Counter::kIsIterationInvariantRate |
-                                              benchmark::Counter::kInvert);
+  state.counters["per_token"] = benchmark::Counter(
+      double(kTokens), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   state.SetLabel(std::string(kvpool::hash_algorithm_name(A)));
 }
 BENCHMARK_TEMPLATE(BM_HashChain, HashAlgorithm::sha256)->Arg(16)->Arg(64)->Arg(256)->Arg(512);

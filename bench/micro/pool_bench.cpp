@@ -30,9 +30,9 @@ BlockHash hash_of(uint64_t i) {
 }
 
 void per_item(benchmark::State& state, const char* name, double items_per_iteration) {
-  state.counters[name] = benchmark::Counter(
-      items_per_iteration, benchmark::Counter::kIsIterationInvariantRate |
-                               benchmark::Counter::kInvert);
+  state.counters[name] =
+      benchmark::Counter(items_per_iteration, benchmark::Counter::kIsIterationInvariantRate |
+                                                  benchmark::Counter::kInvert);
 }
 
 double seconds_since(Clock::time_point t0) {
@@ -116,7 +116,8 @@ void BM_Lookup(benchmark::State& state) {
       check(pool.lookup(o, kNs, hashes[c], found[c], hits), state);
     }
     state.SetIterationTime(seconds_since(t0));
-    for (size_t c = 0; c < chains; ++c) check(pool.release(o, found[c]), state);
+    for (size_t c = 0; c < chains; ++c)
+      check(pool.release(o, found[c]), state);
   }
   per_item(state, "per_hash", double(chains * len));
 }
@@ -127,7 +128,8 @@ void BM_LookupMiss(benchmark::State& state) {
   PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
   const OwnerId o = pool.open_owner();
   std::vector<BlockHash> chain(16);
-  for (size_t i = 0; i < chain.size(); ++i) chain[i] = hash_of(1'000'000 + i);
+  for (size_t i = 0; i < chain.size(); ++i)
+    chain[i] = hash_of(1'000'000 + i);
   std::vector<PageId> found(chain.size());
   for (auto _ : state) {
     uint32_t hits = 0;
@@ -149,7 +151,8 @@ void BM_Publish(benchmark::State& state) {
   uint64_t next = 0;
   for (auto _ : state) {
     check(pool.alloc(o, pages), state);
-    for (size_t i = 0; i < n; ++i) items[i] = {pages[i], hash_of(next++)};
+    for (size_t i = 0; i < n; ++i)
+      items[i] = {pages[i], hash_of(next++)};
     const auto t0 = Clock::now();
     check(pool.publish(o, kNs, items, results), state);
     state.SetIterationTime(seconds_since(t0));
@@ -171,7 +174,8 @@ void BM_AllocEvicting(benchmark::State& state) {
   std::vector<PublishResult> results(n);
   uint64_t next = 0;
   auto fill = [&] {  // publish + release n fresh pages, ending with every page CACHED
-    for (size_t i = 0; i < n; ++i) items[i] = {pages[i], hash_of(next++)};
+    for (size_t i = 0; i < n; ++i)
+      items[i] = {pages[i], hash_of(next++)};
     check(pool.publish(o, kNs, items, results), state);
     check(pool.release(o, pages), state);
   };
@@ -201,7 +205,8 @@ void BM_Flush(benchmark::State& state) {
   uint64_t next = 0;
   for (auto _ : state) {
     check(pool.alloc(o, pages), state);
-    for (uint32_t i = 0; i < n; ++i) items[i] = {pages[i], hash_of(next++)};
+    for (uint32_t i = 0; i < n; ++i)
+      items[i] = {pages[i], hash_of(next++)};
     check(pool.publish(o, kNs, items, results), state);
     check(pool.release(o, pages), state);
     const auto t0 = Clock::now();

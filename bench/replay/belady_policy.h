@@ -38,7 +38,8 @@ class BeladyPolicy final : public core::EvictionPolicy {
     return page;
   }
   void for_each_queued(const std::function<void(core::PageId)>& fn) const override {
-    for (const auto& [key, page] : queue_) fn(page);
+    for (const auto& [key, page] : queue_)
+      fn(page);
   }
 
  private:

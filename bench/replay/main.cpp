@@ -33,9 +33,8 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
       "\"requests_per_second\":%.1f,\"ns_per_page_op\":%.2f}\n",
       r.capacity_blocks, r.capacity_pages, r.policy.c_str(), r.page_tokens, r.hit_rate(),
       static_cast<unsigned long long>(r.requests),
-      static_cast<unsigned long long>(trace.total_blocks),
-      static_cast<unsigned long long>(r.pages), static_cast<unsigned long long>(r.hit_pages),
-      static_cast<unsigned long long>(r.reused_pages),
+      static_cast<unsigned long long>(trace.total_blocks), static_cast<unsigned long long>(r.pages),
+      static_cast<unsigned long long>(r.hit_pages), static_cast<unsigned long long>(r.reused_pages),
       static_cast<unsigned long long>(r.allocated_pages),
       static_cast<unsigned long long>(r.evicted_pages),
       static_cast<unsigned long long>(r.alloc_failures),
@@ -127,8 +126,8 @@ int run(int argc, char** argv) {
       if (json) {
         print_json(r, trace);
       } else {
-        std::printf("%10u %8s %7u %9.4f %10llu %9.4f %10.0f %12.1f %11llu\n", cap,
-                    policy.c_str(), kvpool::bench::kTraceBlockTokens / page_tokens, r.hit_rate(),
+        std::printf("%10u %8s %7u %9.4f %10llu %9.4f %10.0f %12.1f %11llu\n", cap, policy.c_str(),
+                    kvpool::bench::kTraceBlockTokens / page_tokens, r.hit_rate(),
                     static_cast<unsigned long long>(r.evicted_pages), r.seconds,
                     double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops),
                     static_cast<unsigned long long>(r.alloc_failures));

@@ -38,7 +38,8 @@ std::vector<std::vector<uint32_t>> next_uses(const Trace& trace) {
       const auto it = next_seen.find(ids[i]);
       out[r][i] = it == next_seen.end() ? kNever : it->second;
     }
-    for (const uint64_t id : ids) next_seen[id] = static_cast<uint32_t>(r);
+    for (const uint64_t id : ids)
+      next_seen[id] = static_cast<uint32_t>(r);
   }
   return out;
 }
@@ -90,7 +91,8 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
     const auto& ids = trace.requests[r].hash_ids;
     chain.clear();
     for (const uint64_t id : ids) {
-      for (uint32_t j = 0; j < per_block; ++j) chain.push_back(page_hash(id, j));
+      for (uint32_t j = 0; j < per_block; ++j)
+        chain.push_back(page_hash(id, j));
     }
     const size_t n = chain.size();
     pages.resize(n);
@@ -101,7 +103,8 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
     uint32_t hits = 0;
     expect_ok(pool.lookup(owner, kNs, chain, found, hits), "lookup");
     std::copy_n(found.begin(), hits, pages.begin());
-    for (uint32_t k = 0; k < hits; ++k) position[k] = k;
+    for (uint32_t k = 0; k < hits; ++k)
+      position[k] = k;
     size_t held = hits;
     res.hit_pages += hits;
     res.page_ops += n;
@@ -126,8 +129,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
       expect_ok(s, "alloc");
       core::PublishItem item{page, chain[i]};
       core::PublishResult published;
-      expect_ok(pool.publish(owner, kNs, std::span(&item, 1), std::span(&published, 1)),
-                "publish");
+      expect_ok(pool.publish(owner, kNs, std::span(&item, 1), std::span(&published, 1)), "publish");
       position[held] = static_cast<uint32_t>(i);
       pages[held++] = page;
       ++res.allocated_pages;

@@ -39,8 +39,8 @@ struct ReplayResult {
   uint64_t reused_pages = 0;     // step 2: cached elsewhere in the pool, retained
   uint64_t allocated_pages = 0;  // step 2: allocated and published
   uint64_t evicted_pages = 0;
-  uint64_t alloc_failures = 0;   // pages a request could not get (capacity below its length)
-  uint64_t page_ops = 0;         // page-level core operations performed
+  uint64_t alloc_failures = 0;  // pages a request could not get (capacity below its length)
+  uint64_t page_ops = 0;        // page-level core operations performed
   double seconds = 0;
   double hit_rate() const { return pages == 0 ? 0.0 : double(hit_pages) / double(pages); }
 };

@@ -10,13 +10,13 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define KVPOOL_CHECK(cond)                                                                   \
-  do {                                                                                       \
-    if (!(cond)) [[unlikely]] {                                                              \
+#define KVPOOL_CHECK(cond)                                                                  \
+  do {                                                                                      \
+    if (!(cond)) [[unlikely]] {                                                             \
       std::fprintf(stderr, "kvpool: internal check failed: %s at %s:%d\n", #cond, __FILE__, \
-                   __LINE__);                                                                \
-      std::abort();                                                                          \
-    }                                                                                        \
+                   __LINE__);                                                               \
+      std::abort();                                                                         \
+    }                                                                                       \
   } while (0)
 
 #ifdef NDEBUG

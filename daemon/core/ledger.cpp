@@ -18,16 +18,19 @@ Ledger::Ledger()
 
 uint32_t Ledger::probe(PageId page) const {
   uint32_t i = home(page);
-  while (slots_[i].page != kNoPage && slots_[i].page != page) i = (i + 1) & mask_;
+  while (slots_[i].page != kNoPage && slots_[i].page != page)
+    i = (i + 1) & mask_;
   return i;
 }
 
 Ledger::Entry* Ledger::find(PageId page) {
+  if (page == kNoPage) return nullptr;  // the empty-slot marker is never a key
   Entry& e = slots_[probe(page)];
   return e.page == page ? &e : nullptr;
 }
 
 const Ledger::Entry* Ledger::find(PageId page) const {
+  if (page == kNoPage) return nullptr;
   const Entry& e = slots_[probe(page)];
   return e.page == page ? &e : nullptr;
 }

@@ -5,19 +5,15 @@
 namespace kvpool::core {
 
 void LruPolicy::attach(uint32_t num_pages) {
-  prev_.assign(num_pages, kNoPage);
-  next_.assign(num_pages, kNoPage);
-  linked_.assign(num_pages, false);
+  links_.assign(num_pages, Link{});
   head_ = tail_ = kNoPage;
 }
 
 void LruPolicy::on_cached(PageId page) {
-  KVPOOL_DCHECK(!linked_[page]);
-  linked_[page] = true;
-  prev_[page] = tail_;
-  next_[page] = kNoPage;
+  KVPOOL_DCHECK(links_[page].prev == kUnlinked);
+  links_[page] = Link{tail_, kNoPage};
   if (tail_ != kNoPage) {
-    next_[tail_] = page;
+    links_[tail_].next = page;
   } else {
     head_ = page;
   }
@@ -25,23 +21,24 @@ void LruPolicy::on_cached(PageId page) {
 }
 
 void LruPolicy::unlink(PageId page) {
-  KVPOOL_DCHECK(linked_[page]);
-  const PageId p = prev_[page];
-  const PageId n = next_[page];
-  if (p != kNoPage) {
-    next_[p] = n;
+  const Link l = links_[page];
+  KVPOOL_DCHECK(l.prev != kUnlinked);
+  if (l.prev != kNoPage) {
+    links_[l.prev].next = l.next;
   } else {
-    head_ = n;
+    head_ = l.next;
   }
-  if (n != kNoPage) {
-    prev_[n] = p;
+  if (l.next != kNoPage) {
+    links_[l.next].prev = l.prev;
   } else {
-    tail_ = p;
+    tail_ = l.prev;
   }
-  linked_[page] = false;
+  links_[page] = Link{};
 }
 
-void LruPolicy::on_reuse(PageId page) { unlink(page); }
+void LruPolicy::on_reuse(PageId page) {
+  unlink(page);
+}
 
 PageId LruPolicy::victim() {
   const PageId page = head_;
@@ -50,7 +47,8 @@ PageId LruPolicy::victim() {
 }
 
 void LruPolicy::for_each_queued(const std::function<void(PageId)>& fn) const {
-  for (PageId p = head_; p != kNoPage; p = next_[p]) fn(p);
+  for (PageId p = head_; p != kNoPage; p = links_[p].next)
+    fn(p);
 }
 
 }  // namespace kvpool::core

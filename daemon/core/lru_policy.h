@@ -1,6 +1,6 @@
 // LRU eviction: the least recently released CACHED page goes first.
 //
-// One doubly-linked list threaded through two arrays indexed by page id (prev/next), head = least
+// One doubly-linked list threaded through an array of links indexed by page id, head = least
 // recently released, tail = most recently released. on_cached appends at the tail, on_reuse
 // unlinks, victim pops the head: each O(1) with no allocation after attach().
 //
@@ -9,7 +9,7 @@
 // requests share, stays cached longest, and a lookup never finds a cached tail behind an evicted
 // head that it can no longer reach.
 //
-// Invariant: a page is linked iff linked_[page]; the list holds exactly the linked pages.
+// Invariant: a page is in the list iff links_[page].prev != kUnlinked.
 #pragma once
 
 #include <vector>
@@ -30,9 +30,13 @@ class LruPolicy final : public EvictionPolicy {
  private:
   void unlink(PageId page);
 
-  std::vector<PageId> prev_;
-  std::vector<PageId> next_;
-  std::vector<bool> linked_;
+  // prev and next of one page share a cache line; kUnlinked in prev marks "not queued".
+  static constexpr PageId kUnlinked = kNoPage - 1;
+  struct Link {
+    PageId prev = kUnlinked;
+    PageId next = kNoPage;
+  };
+  std::vector<Link> links_;
   PageId head_ = kNoPage;
   PageId tail_ = kNoPage;
 };

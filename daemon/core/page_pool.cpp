@@ -1,5 +1,6 @@
 #include "daemon/core/page_pool.h"
 
+#include <algorithm>
 #include <random>
 #include <stdexcept>
 
@@ -24,51 +25,72 @@ uint32_t checked_pages(uint32_t n) {
 }  // namespace
 
 PagePool::PagePool(PoolOptions options)
-    : words_(checked_pages(options.num_pages), 0),
-      keys_(options.num_pages),
+    : pages_(checked_pages(options.num_pages)),
       index_(options.num_pages, options.index_seed != 0 ? options.index_seed : random_seed()),
       policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()),
       mark_(options.num_pages, 0) {
   policy_->attach(options.num_pages);
   // Lowest ids on top, so a fresh pool hands out 0, 1, 2, ...
   free_.reserve(options.num_pages);
-  for (uint32_t p = options.num_pages; p-- > 0;) free_.push_back(p);
+  for (uint32_t p = options.num_pages; p-- > 0;)
+    free_.push_back(p);
 }
 
 PagePool::~PagePool() = default;
 
 Ledger* PagePool::ledger(OwnerId owner) {
-  return owner < owners_.size() ? owners_[owner].get() : nullptr;
+  const auto slot = static_cast<uint32_t>(owner);
+  if (slot >= owners_.size()) return nullptr;
+  OwnerSlot& s = owners_[slot];
+  return s.generation == static_cast<uint32_t>(owner >> 32) ? s.ledger.get() : nullptr;
 }
 const Ledger* PagePool::ledger(OwnerId owner) const {
-  return owner < owners_.size() ? owners_[owner].get() : nullptr;
+  const auto slot = static_cast<uint32_t>(owner);
+  if (slot >= owners_.size()) return nullptr;
+  const OwnerSlot& s = owners_[slot];
+  return s.generation == static_cast<uint32_t>(owner >> 32) ? s.ledger.get() : nullptr;
 }
 
 OwnerId PagePool::open_owner() {
-  if (!free_owner_ids_.empty()) {
-    const OwnerId id = free_owner_ids_.back();
-    free_owner_ids_.pop_back();
-    owners_[id] = std::make_unique<Ledger>();
-    return id;
+  uint32_t slot = 0;
+  if (!free_owner_slots_.empty()) {
+    slot = free_owner_slots_.back();
+    free_owner_slots_.pop_back();
+  } else {
+    KVPOOL_CHECK(owners_.size() < UINT32_MAX);
+    slot = static_cast<uint32_t>(owners_.size());
+    owners_.emplace_back();
   }
-  owners_.push_back(std::make_unique<Ledger>());
-  return static_cast<OwnerId>(owners_.size() - 1);
+  owners_[slot].ledger = std::make_unique<Ledger>();
+  ++open_owners_;
+  return (OwnerId{owners_[slot].generation} << 32) | slot;
 }
 
 Status PagePool::close_owner(OwnerId owner) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   for (const Ledger::Entry& e : l->entries_newest_first()) {
-    for (uint32_t i = 0; i < e.count; ++i) unref_page(e.page);
+    for (uint32_t i = 0; i < e.count; ++i)
+      unref_page(e.page);
   }
   counters_.released += l->references();
-  owners_[owner].reset();
-  free_owner_ids_.push_back(owner);
+  const auto slot = static_cast<uint32_t>(owner);
+  owners_[slot].ledger.reset();
+  // A slot whose generation would wrap is retired instead of reused.
+  if (++owners_[slot].generation != 0) free_owner_slots_.push_back(slot);
+  --open_owners_;
   return {};
 }
 
+PageId PagePool::find_cached(Namespace ns, const BlockHash& hash) const {
+  return index_.find(ns, hash, [&](PageId p) {
+    const PageMeta& m = pages_[p];
+    return m.hash == hash && m.ns == ns;
+  });
+}
+
 void PagePool::ref_page(PageId page) {
-  const uint32_t w = words_[page];
+  const uint32_t w = pages_[page].word;
   if ((w & kRefMask) == 0) {
     // Only a CACHED page can gain its first reference here; FREE pages go through alloc.
     KVPOOL_DCHECK(w == kHashed);
@@ -76,12 +98,12 @@ void PagePool::ref_page(PageId page) {
     ++in_use_;
     policy_->on_reuse(page);
   }
-  words_[page] = w + 1;
+  pages_[page].word = w + 1;
 }
 
 void PagePool::unref_page(PageId page) {
-  KVPOOL_DCHECK((words_[page] & kRefMask) != 0);
-  const uint32_t w = --words_[page];
+  KVPOOL_DCHECK((pages_[page].word & kRefMask) != 0);
+  const uint32_t w = --pages_[page].word;
   if ((w & kRefMask) != 0) return;
   --in_use_;
   if (w & kHashed) {
@@ -93,37 +115,36 @@ void PagePool::unref_page(PageId page) {
 }
 
 void PagePool::uncache(PageId page) {
-  KVPOOL_CHECK(words_[page] == kHashed);
-  const PageKey& key = keys_[page];
-  KVPOOL_CHECK(index_.erase(key.ns, key.hash));
-  words_[page] = 0;
+  PageMeta& m = pages_[page];
+  KVPOOL_CHECK(m.word == kHashed);
+  KVPOOL_CHECK(index_.erase(m.ns, m.hash, page));
+  m.word = 0;
   --cached_;
-}
-
-PageId PagePool::take_page() {
-  if (!free_.empty()) {
-    const PageId page = free_.back();
-    free_.pop_back();
-    return page;
-  }
-  const PageId page = policy_->victim();
-  KVPOOL_CHECK(page != kNoPage);
-  uncache(page);
-  ++counters_.evicted;
-  return page;
 }
 
 Status PagePool::alloc(OwnerId owner, std::span<PageId> out) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
-  const uint64_t n = out.size();
-  if (n > words_.size()) return {Errc::exceeds_capacity, kNoItem, n};
+  const size_t n = out.size();
+  if (n > pages_.size()) return {Errc::exceeds_capacity, kNoItem, n};
   if (n > free_.size() + cached_) return {Errc::out_of_pages, kNoItem, n};
-  for (PageId& slot : out) {
-    const PageId page = take_page();
-    words_[page] = 1;
+
+  // FREE pages first (top of the stack first), then victims in the policy's order.
+  const size_t from_free = std::min(n, free_.size());
+  const auto rest = free_.end() - static_cast<std::ptrdiff_t>(from_free);
+  std::reverse_copy(rest, free_.end(), out.begin());
+  free_.erase(rest, free_.end());
+  for (size_t k = from_free; k < n; ++k) {
+    const PageId page = policy_->victim();
+    KVPOOL_CHECK(page != kNoPage);
+    uncache(page);
+    out[k] = page;
+  }
+  counters_.evicted += n - from_free;
+
+  for (const PageId page : out) {
+    pages_[page].word = 1;
     l->add(page);
-    slot = page;
   }
   in_use_ += static_cast<uint32_t>(n);
   counters_.allocated += n;
@@ -138,14 +159,14 @@ Status PagePool::retain(OwnerId owner, std::span<const PageId> pages) {
     const auto item = static_cast<uint32_t>(i);
     if (!valid_page(page)) return {Errc::invalid_page, item, page};
     if (l->find(page) == nullptr) return {Errc::not_held, item, page};
-    if ((words_[page] & kRefMask) > kRefMask - pages.size()) {
+    if ((pages_[page].word & kRefMask) > kRefMask - pages.size()) {
       return {Errc::refcount_overflow, item, page};
     }
   }
   // Held pages are IN_USE, so no state changes: only counts move.
   for (const PageId page : pages) {
     l->add(page);
-    ++words_[page];
+    ++pages_[page].word;
   }
   return {};
 }
@@ -175,7 +196,8 @@ Status PagePool::release(OwnerId owner, std::span<const PageId> pages) {
     l->remove_one(e);
   }
   // Pass 2 moves the pages, in the order given.
-  for (const PageId page : pages) unref_page(page);
+  for (const PageId page : pages)
+    unref_page(page);
   counters_.released += pages.size();
   return {};
 }
@@ -188,8 +210,8 @@ Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> 
   if (out.size() < chain.size()) return {Errc::invalid_argument, kNoItem, out.size()};
   uint32_t k = 0;
   for (const BlockHash& h : chain) {
-    const PageId page = index_.find(ns, h);
-    if (page == kNoPage || (words_[page] & kRefMask) == kRefMask) break;
+    const PageId page = find_cached(ns, h);
+    if (page == kNoPage || (pages_[page].word & kRefMask) == kRefMask) break;
     ref_page(page);
     l->add(page);
     out[k++] = page;
@@ -214,23 +236,25 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     if (l->find(page) == nullptr) return {Errc::not_held, item, page};
     if (mark_[page] == epoch_) return {Errc::duplicate_item, item, page};
     mark_[page] = epoch_;
-    if (words_[page] & kHashed) {
-      const PageKey& key = keys_[page];
-      if (key.ns != ns || key.hash != items[i].hash) return {Errc::already_published, item, page};
+    const PageMeta& m = pages_[page];
+    if (m.word & kHashed) {
+      if (m.ns != ns || m.hash != items[i].hash) return {Errc::already_published, item, page};
       continue;
     }
-    const PageId existing = index_.find(ns, items[i].hash);
-    if (existing != kNoPage && (words_[existing] & kRefMask) == kRefMask) {
+    // Conservative: every item of the batch might duplicate this same page.
+    const PageId existing = find_cached(ns, items[i].hash);
+    if (existing != kNoPage && (pages_[existing].word & kRefMask) > kRefMask - items.size()) {
       return {Errc::refcount_overflow, item, existing};
     }
   }
   for (size_t i = 0; i < items.size(); ++i) {
     const PageId page = items[i].page;
-    if (words_[page] & kHashed) {
+    PageMeta& m = pages_[page];
+    if (m.word & kHashed) {
       out[i] = {PublishResult::Kind::stored, page};
       continue;
     }
-    const PageId existing = index_.find(ns, items[i].hash);
+    const PageId existing = find_cached(ns, items[i].hash);
     if (existing != kNoPage) {
       ref_page(existing);
       l->add(existing);
@@ -239,8 +263,9 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
       continue;
     }
     index_.insert(ns, items[i].hash, page);
-    keys_[page] = PageKey{items[i].hash, ns};
-    words_[page] |= kHashed;
+    m.ns = ns;
+    m.hash = items[i].hash;
+    m.word |= kHashed;
     out[i] = {PublishResult::Kind::stored, page};
     ++counters_.published;
   }
@@ -278,18 +303,20 @@ PoolStats PagePool::stats() const {
   s.free = static_cast<uint32_t>(free_.size());
   s.in_use = in_use_;
   s.cached = cached_;
-  s.owners = static_cast<uint32_t>(owners_.size() - free_owner_ids_.size());
+  s.owners = open_owners_;
   s.counters = counters_;
   return s;
 }
 
 PageState PagePool::state(PageId page) const {
-  const uint32_t w = words_[page];
+  const uint32_t w = pages_[page].word;
   if ((w & kRefMask) != 0) return PageState::in_use;
   return w == kHashed ? PageState::cached : PageState::free;
 }
 
-uint32_t PagePool::refcount(PageId page) const { return words_[page] & kRefMask; }
+uint32_t PagePool::refcount(PageId page) const {
+  return pages_[page].word & kRefMask;
+}
 
 uint32_t PagePool::held(OwnerId owner, PageId page) const {
   const Ledger* l = ledger(owner);

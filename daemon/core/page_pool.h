@@ -3,7 +3,8 @@
 //
 // Page states (DESIGN §3), kept in one word per page: bit 31 = "carries a hash", bits 0..30 = the
 // reference count. FREE = word 0 (on the free stack); IN_USE = count > 0; CACHED = count 0 with the
-// hash bit (queued in the eviction policy, findable in the index).
+// hash bit (queued in the eviction policy, findable in the index). The word sits next to the
+// page's (namespace, hash) so that a state change and the key it needs share one cache line.
 //
 // Invariants, verified by check_invariants():
 //   I1  free + in_use + cached = total, and the maintained counters agree with the page words;
@@ -56,15 +57,15 @@ struct PublishResult {
 };
 
 struct PoolCounters {
-  uint64_t lookups = 0;           // lookup calls
-  uint64_t lookup_blocks = 0;     // hashes asked for
-  uint64_t hit_blocks = 0;        // hashes found as part of the cached prefix
-  uint64_t allocated = 0;         // pages handed out by alloc
-  uint64_t released = 0;          // references dropped (release and close_owner)
-  uint64_t published = 0;         // publish items stored
-  uint64_t duplicates = 0;        // publish items answered with an existing page
-  uint64_t evicted = 0;           // CACHED pages dropped to serve alloc or evict()
-  uint64_t flushed = 0;           // CACHED pages dropped by flush()
+  uint64_t lookups = 0;        // lookup calls
+  uint64_t lookup_blocks = 0;  // hashes asked for
+  uint64_t hit_blocks = 0;     // hashes found as part of the cached prefix
+  uint64_t allocated = 0;      // pages handed out by alloc
+  uint64_t released = 0;       // references dropped (release and close_owner)
+  uint64_t published = 0;      // publish items stored
+  uint64_t duplicates = 0;     // publish items answered with an existing page
+  uint64_t evicted = 0;        // CACHED pages dropped to serve alloc or evict()
+  uint64_t flushed = 0;        // CACHED pages dropped by flush()
 };
 
 struct PoolStats {
@@ -90,6 +91,7 @@ class PagePool {
   ~PagePool();
 
   // Owners ------------------------------------------------------------------------------------
+  // A fresh owner id; ids of closed owners are never handed out again.
   OwnerId open_owner();
   // Releases every reference the owner holds, newest first, and forgets the owner.
   Status close_owner(OwnerId owner);
@@ -123,10 +125,10 @@ class PagePool {
 
   // Inspection --------------------------------------------------------------------------------
   PoolStats stats() const;
-  uint32_t num_pages() const { return static_cast<uint32_t>(words_.size()); }
-  bool valid_page(PageId page) const { return page < words_.size(); }
-  PageState state(PageId page) const;   // precondition: valid_page(page)
-  uint32_t refcount(PageId page) const;  // precondition: valid_page(page)
+  uint32_t num_pages() const { return static_cast<uint32_t>(pages_.size()); }
+  bool valid_page(PageId page) const { return page < pages_.size(); }
+  PageState state(PageId page) const;               // precondition: valid_page(page)
+  uint32_t refcount(PageId page) const;             // precondition: valid_page(page)
   uint32_t held(OwnerId owner, PageId page) const;  // 0 for an unknown owner or page
   const EvictionPolicy& policy() const { return *policy_; }
 
@@ -138,15 +140,22 @@ class PagePool {
   static constexpr uint32_t kHashed = uint32_t{1} << 31;
   static constexpr uint32_t kRefMask = kHashed - 1;
 
-  struct PageKey {
-    BlockHash hash;
-    Namespace ns = 0;
+  struct PageMeta {
+    uint32_t word = 0;  // refcount | kHashed
+    Namespace ns = 0;   // valid when kHashed is set
+    BlockHash hash;     // valid when kHashed is set
+  };
+  static_assert(sizeof(PageMeta) == 24);
+
+  struct OwnerSlot {
+    uint32_t generation = 0;
+    std::unique_ptr<Ledger> ledger;  // null while the slot is free
   };
 
   Ledger* ledger(OwnerId owner);
   const Ledger* ledger(OwnerId owner) const;
-  // Takes one page: FREE first, else a victim; the caller has checked availability.
-  PageId take_page();
+  // The page carrying (ns, hash), or kNoPage.
+  PageId find_cached(Namespace ns, const BlockHash& hash) const;
   // A CACHED page chosen by the policy leaves the cache: out of the index, hash cleared. The
   // caller puts it on the free stack or hands it out.
   void uncache(PageId page);
@@ -156,14 +165,14 @@ class PagePool {
   void ref_page(PageId page);
   void unref_page(PageId page);
 
-  std::vector<uint32_t> words_;   // refcount | kHashed
-  std::vector<PageKey> keys_;     // valid when kHashed is set
-  std::vector<PageId> free_;      // stack of FREE pages
+  std::vector<PageMeta> pages_;
+  std::vector<PageId> free_;  // stack of FREE pages
   PrefixIndex index_;
   std::unique_ptr<EvictionPolicy> policy_;
 
-  std::vector<std::unique_ptr<Ledger>> owners_;  // slot per owner id; null when closed
-  std::vector<OwnerId> free_owner_ids_;
+  std::vector<OwnerSlot> owners_;  // indexed by the low 32 bits of an OwnerId
+  std::vector<uint32_t> free_owner_slots_;
+  uint32_t open_owners_ = 0;
 
   uint32_t in_use_ = 0;
   uint32_t cached_ = 0;

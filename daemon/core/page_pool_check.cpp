@@ -25,11 +25,17 @@ std::string PagePool::check_invariants() const {
   uint64_t n_hashed = 0;
   for (PageId p = 0; p < total; ++p) {
     switch (state(p)) {
-      case PageState::free: ++n_free; break;
-      case PageState::in_use: ++n_in_use; break;
-      case PageState::cached: ++n_cached; break;
+      case PageState::free:
+        ++n_free;
+        break;
+      case PageState::in_use:
+        ++n_in_use;
+        break;
+      case PageState::cached:
+        ++n_cached;
+        break;
     }
-    if (words_[p] & kHashed) ++n_hashed;
+    if (pages_[p].word & kHashed) ++n_hashed;
   }
   if (n_free + n_in_use + n_cached != total) return "I1: free + in_use + cached != total";
   if (n_in_use != in_use_) {
@@ -55,17 +61,22 @@ std::string PagePool::check_invariants() const {
 
   // I2: refcount = sum of ledger counts.
   std::vector<uint64_t> sums(total, 0);
+  uint32_t open = 0;
   for (size_t o = 0; o < owners_.size(); ++o) {
-    const Ledger* l = owners_[o].get();
+    const Ledger* l = owners_[o].ledger.get();
     if (l == nullptr) continue;
+    ++open;
     std::string err;
     uint64_t refs = 0;
     uint32_t entries = 0;
     l->for_each([&](const Ledger::Entry& e) {
       if (!err.empty()) return;
-      if (e.page >= total) err = "I2: owner " + std::to_string(o) + " holds an invalid page";
-      else if (e.count == 0) err = page_msg(e.page, "I2: ledger entry with count 0");
-      else sums[e.page] += e.count;
+      if (e.page >= total)
+        err = "I2: owner " + std::to_string(o) + " holds an invalid page";
+      else if (e.count == 0)
+        err = page_msg(e.page, "I2: ledger entry with count 0");
+      else
+        sums[e.page] += e.count;
       refs += e.count;
       ++entries;
     });
@@ -74,6 +85,7 @@ std::string PagePool::check_invariants() const {
       return "I2: owner " + std::to_string(o) + " ledger totals disagree with its entries";
     }
   }
+  if (open != open_owners_) return "I2: open owner count disagrees with the owner slots";
   for (PageId p = 0; p < total; ++p) {
     if (sums[p] != refcount(p)) {
       return page_msg(p, "I2: refcount " + std::to_string(refcount(p)) + " but ledgers hold " +
@@ -84,13 +96,13 @@ std::string PagePool::check_invariants() const {
   // I3: index ↔ hashed pages, one to one, keys agreeing.
   std::fill(seen.begin(), seen.end(), 0);
   std::string err;
-  index_.for_each([&](Namespace ns, const BlockHash& h, PageId p) {
+  index_.for_each([&](uint32_t tag, PageId p) {
     if (!err.empty()) return;
     if (p >= total) {
       err = "I3: index entry points to invalid id " + std::to_string(p);
-    } else if ((words_[p] & kHashed) == 0) {
+    } else if ((pages_[p].word & kHashed) == 0) {
       err = page_msg(p, "I3: indexed but carries no hash");
-    } else if (keys_[p].ns != ns || keys_[p].hash != h) {
+    } else if (index_.tag(pages_[p].ns, pages_[p].hash) != tag) {
       err = page_msg(p, "I3: indexed under a key it does not carry");
     } else if (seen[p]++ != 0) {
       err = page_msg(p, "I3: indexed twice");
@@ -102,8 +114,9 @@ std::string PagePool::check_invariants() const {
            std::to_string(n_hashed) + " pages carry a hash";
   }
   for (PageId p = 0; p < total; ++p) {
-    if ((words_[p] & kHashed) != 0 && seen[p] == 0) return page_msg(p, "I3: hashed, not indexed");
-    if ((words_[p] & kHashed) != 0 && index_.find(keys_[p].ns, keys_[p].hash) != p) {
+    if ((pages_[p].word & kHashed) != 0 && seen[p] == 0)
+      return page_msg(p, "I3: hashed, not indexed");
+    if ((pages_[p].word & kHashed) != 0 && find_cached(pages_[p].ns, pages_[p].hash) != p) {
       return page_msg(p, "I3: its key does not find it in the index");
     }
   }
@@ -114,9 +127,12 @@ std::string PagePool::check_invariants() const {
   policy_->for_each_queued([&](PageId p) {
     if (!err.empty()) return;
     ++queued;
-    if (p >= total) err = "I4: policy queues invalid id " + std::to_string(p);
-    else if (state(p) != PageState::cached) err = page_msg(p, "I4: queued but not cached");
-    else if (seen[p]++ != 0) err = page_msg(p, "I4: queued twice");
+    if (p >= total)
+      err = "I4: policy queues invalid id " + std::to_string(p);
+    else if (state(p) != PageState::cached)
+      err = page_msg(p, "I4: queued but not cached");
+    else if (seen[p]++ != 0)
+      err = page_msg(p, "I4: queued twice");
   });
   if (!err.empty()) return err;
   if (queued != n_cached) {

@@ -28,36 +28,46 @@ uint64_t mum(uint64_t a, uint64_t b) {
 
 PrefixIndex::PrefixIndex(uint32_t max_entries, uint64_t seed) {
   const uint64_t want = std::max<uint64_t>(16, uint64_t{max_entries} * 2);
-  const uint64_t n = std::bit_ceil(want);
+  const uint64_t n = std::bit_ceil(want);  // ≤ 2^32 since max_entries < 2^31
   slots_.assign(n, Slot{});
   mask_ = static_cast<uint32_t>(n - 1);
-  shift_ = 64 - static_cast<uint32_t>(std::countr_zero(n));
+  shift_ = 32 - static_cast<uint32_t>(std::countr_zero(n));
   key0_ = splitmix64(seed) | 1;
   key1_ = splitmix64(seed) | 1;
 }
 
-uint32_t PrefixIndex::home(Namespace ns, uint64_t lo, uint64_t hi) const {
-  const uint64_t x = mum(lo ^ key0_, hi ^ key1_ ^ (uint64_t{ns} << 32));
-  return static_cast<uint32_t>(mum(x, 0x9E3779B97F4A7C15ull ^ key0_) >> shift_);
+uint32_t PrefixIndex::tag(Namespace ns, const BlockHash& hash) const {
+  const uint64_t x = mum(hash.lo ^ key0_, hash.hi ^ key1_ ^ (uint64_t{ns} << 32));
+  return static_cast<uint32_t>(mum(x, 0x9E3779B97F4A7C15ull ^ key0_) >> 32);
 }
 
 void PrefixIndex::insert(Namespace ns, const BlockHash& hash, PageId page) {
   KVPOOL_CHECK(page != kNoPage);
-  KVPOOL_CHECK((size_ + 1) * 2 <= slots_.size());
-  const uint32_t i = probe(ns, hash);
-  KVPOOL_CHECK(slots_[i].page == kNoPage);
-  slots_[i] = Slot{hash.lo, hash.hi, ns, page};
+  KVPOOL_CHECK((uint64_t{size_} + 1) * 2 <= slots_.size());
+  const uint32_t t = tag(ns, hash);
+  uint32_t i = home(t);
+  while (slots_[i].page != kNoPage) {
+    KVPOOL_DCHECK(slots_[i].page != page);
+    i = (i + 1) & mask_;
+  }
+  slots_[i] = Slot{t, page};
   ++size_;
 }
 
-bool PrefixIndex::erase(Namespace ns, const BlockHash& hash) {
-  uint32_t hole = probe(ns, hash);
-  if (slots_[hole].page == kNoPage) return false;
+bool PrefixIndex::erase(Namespace ns, const BlockHash& hash, PageId page) {
+  if (page == kNoPage) return false;
+  const uint32_t t = tag(ns, hash);
+  uint32_t hole = home(t);
+  for (;; hole = (hole + 1) & mask_) {
+    if (slots_[hole].page == kNoPage) return false;
+    if (slots_[hole].page == page && slots_[hole].tag == t) break;
+  }
+  // Backward-shift deletion: pull later members of the run into the hole unless their home lies
+  // cyclically in (hole, j], where moving them would put them before their home.
   for (uint32_t j = (hole + 1) & mask_; slots_[j].page != kNoPage; j = (j + 1) & mask_) {
-    const Slot& s = slots_[j];
-    const uint32_t h = home(s.ns, s.lo, s.hi);
+    const uint32_t h = home(slots_[j].tag);
     if (((j - h) & mask_) >= ((j - hole) & mask_)) {
-      slots_[hole] = s;
+      slots_[hole] = slots_[j];
       hole = j;
     }
   }

@@ -130,7 +130,8 @@ std::string run_command(const std::string& cmd, int* status) {
   if (p == nullptr) return out;
   std::array<char, 4096> buf{};
   size_t n = 0;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0)
+    out.append(buf.data(), n);
   *status = pclose(p);
   return out;
 }
@@ -164,8 +165,8 @@ TEST(ReplayCli, BadArgumentsExitWithUsageErrors) {
   out = run_command(std::string(KVPOOL_REPLAY_BIN) + " --trace /nonexistent/t.jsonl", &status);
   EXPECT_EQ(WEXITSTATUS(status), 1);
   EXPECT_NE(out.find("cannot open trace file"), std::string::npos) << out;
-  out = run_command(std::string(KVPOOL_REPLAY_BIN) + " --trace " + kTiny + " --policy mru",
-                    &status);
+  out =
+      run_command(std::string(KVPOOL_REPLAY_BIN) + " --trace " + kTiny + " --policy mru", &status);
   EXPECT_EQ(WEXITSTATUS(status), 2);
   EXPECT_NE(out.find("unknown policy"), std::string::npos) << out;
   out = run_command(std::string(KVPOOL_REPLAY_BIN) + " --help", &status);

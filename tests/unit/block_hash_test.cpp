@@ -92,7 +92,8 @@ TEST(BlockHash, ChangingOneTokenChangesThatBlockAndEveryLaterOne) {
   hasher.chain(root, a, 16, ha);
   hasher.chain(root, b, 16, hb);
   EXPECT_EQ(ha[0], hb[0]);
-  for (size_t i = 1; i < 4; ++i) EXPECT_NE(ha[i], hb[i]) << "block " << i;
+  for (size_t i = 1; i < 4; ++i)
+    EXPECT_NE(ha[i], hb[i]) << "block " << i;
 }
 
 TEST(BlockHash, SameTokensUnderDifferentRootsNeverMatch) {

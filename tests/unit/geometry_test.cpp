@@ -45,8 +45,8 @@ TEST(Geometry, LayoutIsKThenVPerLayerWithHeadTiles) {
   const Geometry g{3, 4, 8, 16, KvDtype::bf16};
   const uint64_t tile = 16 * 8;
   EXPECT_EQ(page_k_offset(g, 0, 0, 0, 0), 0u);
-  EXPECT_EQ(page_k_offset(g, 0, 0, 1, 0), 8u);      // next token: one head_dim on
-  EXPECT_EQ(page_k_offset(g, 0, 1, 0, 0), tile);    // next head: one T×D tile on
+  EXPECT_EQ(page_k_offset(g, 0, 0, 1, 0), 8u);        // next token: one head_dim on
+  EXPECT_EQ(page_k_offset(g, 0, 1, 0, 0), tile);      // next head: one T×D tile on
   EXPECT_EQ(page_v_offset(g, 0, 0, 0, 0), 4 * tile);  // V after all K heads of the layer
   EXPECT_EQ(page_k_offset(g, 1, 0, 0, 0), 8 * tile);  // next layer after K and V
   // The last element of the page is the last element of the page size.

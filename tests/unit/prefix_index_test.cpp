@@ -21,7 +21,46 @@ Key key(Namespace ns, const BlockHash& h) {
   return {ns, h.lo, h.hi};
 }
 
-std::map<Key, PageId> contents(const PrefixIndex& index) {
+// The index stores tags and page ids; the keys live with the pages (the pool's page metadata).
+// This double keeps them in a map, as the pool keeps them in its pages, and gives the tests a
+// key-based view: find/erase by key, for_each with keys.
+class KeyedIndex {
+ public:
+  KeyedIndex(uint32_t max_entries, uint64_t seed) : index_(max_entries, seed) {}
+
+  void insert(Namespace ns, const BlockHash& h, PageId page) {
+    keys_[page] = key(ns, h);
+    index_.insert(ns, h, page);
+  }
+  PageId find(Namespace ns, const BlockHash& h) const {
+    return index_.find(ns, h, [&](PageId p) {
+      const auto it = keys_.find(p);
+      return it != keys_.end() && it->second == key(ns, h);
+    });
+  }
+  bool erase(Namespace ns, const BlockHash& h) {
+    const PageId page = find(ns, h);
+    if (page == kNoPage) return false;
+    keys_.erase(page);
+    return index_.erase(ns, h, page);
+  }
+  uint32_t size() const { return index_.size(); }
+  template <typename Fn>
+  void for_each(Fn&& fn) const {
+    index_.for_each([&](uint32_t tag, PageId page) {
+      const auto& [ns, lo, hi] = keys_.at(page);
+      EXPECT_EQ(tag, index_.tag(ns, BlockHash{lo, hi})) << "page " << page;
+      fn(ns, BlockHash{lo, hi}, page);
+    });
+  }
+  PrefixIndex& raw() { return index_; }
+
+ private:
+  PrefixIndex index_;
+  std::map<PageId, Key> keys_;
+};
+
+std::map<Key, PageId> contents(const KeyedIndex& index) {
   std::map<Key, PageId> out;
   index.for_each([&](Namespace ns, const BlockHash& h, PageId page) {
     EXPECT_NE(page, kNoPage);
@@ -31,7 +70,7 @@ std::map<Key, PageId> contents(const PrefixIndex& index) {
 }
 
 TEST(PrefixIndex, StartsEmpty) {
-  const PrefixIndex index(100, 1);
+  const KeyedIndex index(100, 1);
   EXPECT_EQ(index.size(), 0u);
   EXPECT_EQ(index.find(0, BlockHash{}), kNoPage);
   EXPECT_EQ(index.find(1, hash_of(5)), kNoPage);
@@ -39,7 +78,7 @@ TEST(PrefixIndex, StartsEmpty) {
 }
 
 TEST(PrefixIndex, InsertFindErase) {
-  PrefixIndex index(100, 1);
+  KeyedIndex index(100, 1);
   index.insert(1, hash_of(1), 10);
   index.insert(1, hash_of(2), 20);
   index.insert(1, BlockHash{}, 30);  // the all-zero hash is an ordinary key
@@ -62,7 +101,7 @@ TEST(PrefixIndex, InsertFindErase) {
 }
 
 TEST(PrefixIndex, EraseOfAnAbsentKeyReturnsFalseAndChangesNothing) {
-  PrefixIndex index(16, 7);
+  KeyedIndex index(16, 7);
   EXPECT_FALSE(index.erase(0, hash_of(1)));  // empty index
   index.insert(1, hash_of(1), 4);
   EXPECT_FALSE(index.erase(1, hash_of(2)));  // never inserted
@@ -74,8 +113,46 @@ TEST(PrefixIndex, EraseOfAnAbsentKeyReturnsFalseAndChangesNothing) {
   EXPECT_EQ(index.size(), 0u);
 }
 
+TEST(PrefixIndex, EraseNeedsTheRightKeyAndPage) {
+  KeyedIndex index(16, 7);
+  index.insert(1, hash_of(1), 4);
+  index.insert(1, hash_of(2), 5);
+  PrefixIndex& raw = index.raw();
+  EXPECT_FALSE(raw.erase(1, hash_of(1), 5));        // page stored, under another key
+  EXPECT_FALSE(raw.erase(2, hash_of(1), 4));        // right page, other namespace
+  EXPECT_FALSE(raw.erase(1, hash_of(1), kNoPage));  // the empty-slot marker
+  EXPECT_EQ(raw.size(), 2u);
+  EXPECT_TRUE(raw.erase(1, hash_of(1), 4));
+  EXPECT_EQ(index.find(1, hash_of(1)), kNoPage);
+  EXPECT_EQ(index.find(1, hash_of(2)), 5u);
+}
+
+TEST(PrefixIndex, FindConfirmsTagMatchesWithThePredicate) {
+  PrefixIndex index(16, 9);
+  index.insert(3, hash_of(8), 2);
+  int asked = 0;
+  // A predicate that denies every page: the tag matched, but the key is not the page's.
+  EXPECT_EQ(index.find(3, hash_of(8),
+                       [&](PageId p) {
+                         ++asked;
+                         return p != 2;
+                       }),
+            kNoPage);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(index.find(3, hash_of(8), [](PageId p) { return p == 2; }), 2u);
+  // A key whose tag differs never reaches the predicate.
+  asked = 0;
+  EXPECT_EQ(index.find(3, hash_of(9),
+                       [&](PageId) {
+                         ++asked;
+                         return true;
+                       }),
+            kNoPage);
+  EXPECT_EQ(asked, 0);
+}
+
 TEST(PrefixIndex, NamespacesAndBothHashHalvesAreDistinctKeys) {
-  PrefixIndex index(64, 3);
+  KeyedIndex index(64, 3);
   const BlockHash h{0x1234, 0x5678};
   index.insert(1, h, 1);
   index.insert(2, h, 2);
@@ -101,7 +178,7 @@ TEST(PrefixIndex, NamespacesAndBothHashHalvesAreDistinctKeys) {
 
 TEST(PrefixIndex, SameContentsWhateverTheSeed) {
   for (uint64_t seed : {uint64_t{0}, uint64_t{1}, uint64_t{0xDEADBEEF}, ~uint64_t{0}}) {
-    PrefixIndex index(50, seed);
+    KeyedIndex index(50, seed);
     for (uint32_t i = 0; i < 50; ++i)
       index.insert(i % 3, hash_of(i), i);
     for (uint32_t i = 0; i < 50; ++i) {
@@ -113,7 +190,7 @@ TEST(PrefixIndex, SameContentsWhateverTheSeed) {
 
 TEST(PrefixIndex, FillsToCapacity) {
   for (const uint32_t cap : {1u, 7u, 8u, 9u, 1000u, 4096u}) {
-    PrefixIndex index(cap, cap);
+    KeyedIndex index(cap, cap);
     std::map<Key, PageId> want;
     for (uint32_t i = 0; i < cap; ++i) {
       const Namespace ns = i % 2;
@@ -138,7 +215,7 @@ TEST(PrefixIndex, FillsToCapacity) {
 // times the capacity, so every probe run is repeatedly cut by backward-shift deletion.
 void churn(uint64_t seed, uint32_t cap, uint32_t universe, uint32_t ops) {
   std::mt19937_64 rng(seed);
-  PrefixIndex index(cap, seed);
+  KeyedIndex index(cap, seed);
   std::map<Key, PageId> ref;
   std::vector<std::pair<Namespace, BlockHash>> keys;
   for (uint32_t i = 0; i < universe; ++i)
@@ -182,7 +259,7 @@ TEST(PrefixIndex, ChurnAtCapacityMatchesMap) {
 }
 
 TEST(PrefixIndex, ForEachVisitsEachEntryOnce) {
-  PrefixIndex index(300, 5);
+  KeyedIndex index(300, 5);
   std::map<Key, PageId> want;
   for (uint32_t i = 0; i < 300; ++i) {
     index.insert(i % 4, hash_of(i), 1000 + i);
