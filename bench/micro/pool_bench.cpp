@@ -5,6 +5,7 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <span>
 #include <vector>
 
 #include "daemon/core/page_pool.h"
@@ -41,6 +42,32 @@ double seconds_since(Clock::time_point t0) {
 
 void check(const kvpool::Status& s, benchmark::State& state) {
   if (!s.ok()) state.SkipWithError(s.message().c_str());
+}
+
+// Pairs pages with hashes never used before, for publish.
+class FreshHashes {
+ public:
+  std::span<const PublishItem> items_for(std::span<const PageId> pages) {
+    items_.resize(pages.size());
+    results_.resize(pages.size());
+    for (size_t i = 0; i < pages.size(); ++i)
+      items_[i] = {pages[i], hash_of(next_++)};
+    return items_;
+  }
+  std::span<PublishResult> results() { return results_; }
+
+ private:
+  std::vector<PublishItem> items_;
+  std::vector<PublishResult> results_;
+  uint64_t next_ = 0;
+};
+
+// Publishes fresh hashes on held pages and releases them: they end CACHED.
+void cache(PagePool& pool, OwnerId o, std::span<const PageId> pages, FreshHashes& fresh,
+           benchmark::State& state) {
+  const auto items = fresh.items_for(pages);  // sizes results() too: call it first
+  check(pool.publish(o, kNs, items, fresh.results()), state);
+  check(pool.release(o, pages), state);
 }
 
 // alloc(n) then release(n) of unpublished pages: FREE → IN_USE → FREE.
@@ -95,17 +122,15 @@ void BM_Lookup(benchmark::State& state) {
   const size_t chains = std::max<size_t>(1, 4096 / len);
   PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
   const OwnerId o = pool.open_owner();
-  std::vector<std::vector<BlockHash>> hashes(chains, std::vector<BlockHash>(len));
+  std::vector<std::vector<BlockHash>> hashes(chains);
   std::vector<PageId> pages(len);
-  std::vector<PublishItem> items(len);
-  std::vector<PublishResult> results(len);
+  FreshHashes fresh;
   for (size_t c = 0; c < chains; ++c) {
     check(pool.alloc(o, pages), state);
-    for (size_t i = 0; i < len; ++i) {
-      hashes[c][i] = hash_of(c * len + i);
-      items[i] = {pages[i], hashes[c][i]};
-    }
-    check(pool.publish(o, kNs, items, results), state);
+    const auto items = fresh.items_for(pages);
+    for (const PublishItem& item : items)
+      hashes[c].push_back(item.hash);
+    check(pool.publish(o, kNs, items, fresh.results()), state);
     check(pool.release(o, pages), state);
   }
   std::vector<std::vector<PageId>> found(chains, std::vector<PageId>(len));
@@ -114,6 +139,7 @@ void BM_Lookup(benchmark::State& state) {
     for (size_t c = 0; c < chains; ++c) {
       uint32_t hits = 0;
       check(pool.lookup(o, kNs, hashes[c], found[c], hits), state);
+      if (hits != len) state.SkipWithError("lookup missed a cached page");
     }
     state.SetIterationTime(seconds_since(t0));
     for (size_t c = 0; c < chains; ++c)
@@ -146,15 +172,12 @@ void BM_Publish(benchmark::State& state) {
   PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
   const OwnerId o = pool.open_owner();
   std::vector<PageId> pages(n);
-  std::vector<PublishItem> items(n);
-  std::vector<PublishResult> results(n);
-  uint64_t next = 0;
+  FreshHashes fresh;
   for (auto _ : state) {
     check(pool.alloc(o, pages), state);
-    for (size_t i = 0; i < n; ++i)
-      items[i] = {pages[i], hash_of(next++)};
+    const auto items = fresh.items_for(pages);
     const auto t0 = Clock::now();
-    check(pool.publish(o, kNs, items, results), state);
+    check(pool.publish(o, kNs, items, fresh.results()), state);
     state.SetIterationTime(seconds_since(t0));
     check(pool.release(o, pages), state);
     pool.flush();
@@ -170,24 +193,16 @@ void BM_AllocEvicting(benchmark::State& state) {
   PagePool pool(PoolOptions{kPoolPages, nullptr, 1});
   const OwnerId o = pool.open_owner();
   std::vector<PageId> pages(n);
-  std::vector<PublishItem> items(n);
-  std::vector<PublishResult> results(n);
-  uint64_t next = 0;
-  auto fill = [&] {  // publish + release n fresh pages, ending with every page CACHED
-    for (size_t i = 0; i < n; ++i)
-      items[i] = {pages[i], hash_of(next++)};
-    check(pool.publish(o, kNs, items, results), state);
-    check(pool.release(o, pages), state);
-  };
-  for (uint32_t k = 0; k < kPoolPages / n; ++k) {
+  FreshHashes fresh;
+  for (uint32_t k = 0; k < kPoolPages / n; ++k) {  // every page CACHED
     check(pool.alloc(o, pages), state);
-    fill();
+    cache(pool, o, pages, fresh, state);
   }
   for (auto _ : state) {
     const auto t0 = Clock::now();
     check(pool.alloc(o, pages), state);
     state.SetIterationTime(seconds_since(t0));
-    fill();
+    cache(pool, o, pages, fresh, state);
   }
   state.counters["evicted"] = double(pool.stats().counters.evicted);
   per_item(state, "per_page", double(n));
@@ -200,15 +215,10 @@ void BM_Flush(benchmark::State& state) {
   PagePool pool(PoolOptions{n, nullptr, 1});
   const OwnerId o = pool.open_owner();
   std::vector<PageId> pages(n);
-  std::vector<PublishItem> items(n);
-  std::vector<PublishResult> results(n);
-  uint64_t next = 0;
+  FreshHashes fresh;
   for (auto _ : state) {
     check(pool.alloc(o, pages), state);
-    for (uint32_t i = 0; i < n; ++i)
-      items[i] = {pages[i], hash_of(next++)};
-    check(pool.publish(o, kNs, items, results), state);
-    check(pool.release(o, pages), state);
+    cache(pool, o, pages, fresh, state);
     const auto t0 = Clock::now();
     benchmark::DoNotOptimize(pool.flush());
     state.SetIterationTime(seconds_since(t0));
