@@ -24,6 +24,30 @@ std::string_view errc_name(Errc code) {
       return "duplicate_item";
     case Errc::refcount_overflow:
       return "refcount_overflow";
+    case Errc::malformed_frame:
+      return "malformed_frame";
+    case Errc::unsupported_version:
+      return "unsupported_version";
+    case Errc::unknown_opcode:
+      return "unknown_opcode";
+    case Errc::frame_too_large:
+      return "frame_too_large";
+    case Errc::not_attached:
+      return "not_attached";
+    case Errc::already_attached:
+      return "already_attached";
+    case Errc::no_such_pool:
+      return "no_such_pool";
+    case Errc::quota_exceeded:
+      return "quota_exceeded";
+    case Errc::permission_denied:
+      return "permission_denied";
+    case Errc::too_many_sessions:
+      return "too_many_sessions";
+    case Errc::connection_lost:
+      return "connection_lost";
+    case Errc::internal:
+      return "internal";
   }
   return "unknown_error";
 }
@@ -61,6 +85,26 @@ std::string Status::message() const {
     case Errc::refcount_overflow:
       out += ": page " + v + at + " has too many references";
       break;
+    case Errc::frame_too_large:
+      out += ": frame of " + v + " bytes exceeds the maximum";
+      break;
+    case Errc::unsupported_version:
+      out += ": protocol version " + v + " is not supported";
+      break;
+    case Errc::unknown_opcode:
+      out += ": opcode " + v + " is not known";
+      break;
+    case Errc::quota_exceeded:
+      out += ": " + v + " pages would exceed the quota";
+      break;
+    case Errc::malformed_frame:
+    case Errc::not_attached:
+    case Errc::already_attached:
+    case Errc::no_such_pool:
+    case Errc::permission_denied:
+    case Errc::too_many_sessions:
+    case Errc::connection_lost:
+    case Errc::internal:
     case Errc::ok:
       break;
   }

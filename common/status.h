@@ -23,6 +23,19 @@ enum class Errc : uint16_t {
   already_published = 7,  // the page already carries a different hash
   duplicate_item = 8,     // the same page listed twice where that is not allowed
   refcount_overflow = 9,  // a page's reference count would overflow
+  // Protocol and service errors.
+  malformed_frame = 20,      // bytes that do not decode as the message they claim to be
+  unsupported_version = 21,  // a frame of a protocol version this side does not speak
+  unknown_opcode = 22,       // an opcode this side does not know
+  frame_too_large = 23,      // a frame longer than the maximum frame size
+  not_attached = 24,         // an operation before hello
+  already_attached = 25,     // a second hello on one connection
+  no_such_pool = 26,         // hello names a pool the daemon does not have
+  quota_exceeded = 27,       // a session or tenant limit would be exceeded
+  permission_denied = 28,    // the peer's credentials do not allow this
+  too_many_sessions = 29,    // the daemon's session limit is reached
+  connection_lost = 30,      // client side: the daemon closed the connection or is not there
+  internal = 31,             // a daemon-side failure (e.g. a system call); the message says which
 };
 
 std::string_view errc_name(Errc code);

@@ -11,6 +11,8 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev    # trace parsing (kvpool-replay)
   libcli11-dev          # command-line parsing
+  libboost-dev          # Asio (daemon event loop), Interprocess (host shared memory)
+  libyaml-cpp-dev       # kvpoold configuration
 )
 
 missing=()

@@ -43,19 +43,6 @@
 
 namespace kvpool::core {
 
-struct PublishItem {
-  PageId page = kNoPage;
-  BlockHash hash;
-};
-
-struct PublishResult {
-  enum class Kind : uint8_t { stored, duplicate };
-  Kind kind = Kind::stored;
-  // stored: the page that was published. duplicate: the page that already carries this hash,
-  // now retained for the caller (who may release its own copy and use this one).
-  PageId page = kNoPage;
-};
-
 struct PoolCounters {
   uint64_t lookups = 0;        // lookup calls
   uint64_t lookup_blocks = 0;  // hashes asked for

@@ -3,19 +3,19 @@
 
 #include <cstdint>
 
+#include "common/types.h"
+
 namespace kvpool::core {
 
-// A page is named by its index in the pool, never by an address: the address is
-// pool_base + page · page_bytes in every process that maps the pool.
-using PageId = uint32_t;
+using kvpool::kNoPage;
+using kvpool::Namespace;
+using kvpool::PageId;
+using kvpool::PublishItem;
+using kvpool::PublishResult;
+
 // An owner holds references (a daemon session, or one replayed request stream). The low 32 bits
 // name a slot, the high 32 bits the slot's generation, so an id is never valid again once closed.
 using OwnerId = uint64_t;
-// The prefix index is scoped by namespace; the daemon derives it from the session's pool and
-// tenant, never from what a client claims.
-using Namespace = uint32_t;
-
-inline constexpr PageId kNoPage = UINT32_MAX;
 // Pool size limit: page ids stay below kNoPage and a page's reference count fits 31 bits.
 inline constexpr uint32_t kMaxPages = (uint32_t{1} << 31) - 1;
 

@@ -1,0 +1,226 @@
+// The kvpool wire protocol: length-prefixed, versioned, little-endian binary frames.
+//
+// Frame = 16-byte header + payload:
+//   u32 magic       kFrameMagic ("KVPL" read as little-endian bytes 'K','V','P','L')
+//   u32 length      payload bytes after the header, ≤ kMaxPayloadBytes
+//   u16 version     kProtocolVersion
+//   u16 opcode      an Opcode; replies carry the request's opcode | kReplyBit
+//   u32 request_id  chosen by the client, echoed in the reply
+//
+// Request payloads (all integers little-endian; "string" = u32 length + bytes; "hash" = u64 lo,
+// u64 hi):
+//   hello    string worker_name, string pool_name          (≤ kMaxNameBytes each)
+//   alloc    u32 count
+//   retain   u32 n, n × u32 page
+//   release  u32 n, n × u32 page
+//   lookup   u32 n, n × hash
+//   publish  u32 n, n × (u32 page, hash)
+//   stats    (empty)
+// Every count is checked against the bytes present and against kMaxBatch before anything is
+// allocated, and a payload must be consumed exactly: trailing bytes are malformed.
+//
+// Reply payloads start with u16 status code (an Errc). When it is not ok, the rest is
+//   u32 item, u64 value, string message            (the error, see common/status.h)
+// and otherwise the opcode's body:
+//   hello    u64 session_id, PoolInfo (u32 layers, u32 kv_heads, u32 head_dim,
+//            u32 tokens_per_page, u8 dtype, u32 num_pages, u64 page_stride, u64 segment_bytes,
+//            string pool_name, string backend, string tenant)
+//            — a host-backend daemon passes the pool's memory fd with this reply (SCM_RIGHTS)
+//   alloc    u32 n, n × u32 page
+//   retain   (empty)
+//   release  (empty)
+//   lookup   u32 hits, hits × u32 page
+//   publish  u32 n, n × (u8 kind, u32 page)
+//   stats    u32 total, u32 free, u32 in_use, u32 cached, u32 sessions,
+//            9 × u64 counters (lookups, lookup_blocks, hit_blocks, allocated, released,
+//            published, duplicates, evicted, flushed), u32 session_held_pages
+//
+// Encoding and decoding are pure functions: bytes in, a message or an error out; no I/O, no
+// global state. Decoders never trust a length and never read past the span they are given.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "common/geometry.h"
+#include "common/status.h"
+#include "common/types.h"
+
+namespace kvpool::wire {
+
+inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
+inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr size_t kHeaderBytes = 16;
+inline constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // 4 MiB
+inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
+inline constexpr uint32_t kMaxNameBytes = 256;
+inline constexpr uint16_t kReplyBit = 0x8000;
+
+enum class Opcode : uint16_t {
+  hello = 1,
+  alloc = 2,
+  retain = 3,
+  release = 4,
+  lookup = 5,
+  publish = 6,
+  stats = 7,
+};
+
+struct FrameHeader {
+  uint32_t magic = kFrameMagic;
+  uint32_t length = 0;
+  uint16_t version = kProtocolVersion;
+  uint16_t opcode = 0;
+  uint32_t request_id = 0;
+  friend constexpr bool operator==(const FrameHeader&, const FrameHeader&) = default;
+};
+
+// An error with the text that names its cause.
+struct Error {
+  Status status;
+  std::string message;
+  friend bool operator==(const Error&, const Error&) = default;
+};
+
+// Either a T or an Error.
+template <typename T>
+class Result {
+ public:
+  Result(T value) : v_(std::move(value)) {}   // NOLINT(google-explicit-constructor)
+  Result(Error error) : v_(std::move(error)) {}  // NOLINT(google-explicit-constructor)
+  bool ok() const { return v_.index() == 0; }
+  T& value() { return std::get<0>(v_); }
+  const T& value() const { return std::get<0>(v_); }
+  const Error& error() const { return std::get<1>(v_); }
+
+ private:
+  std::variant<T, Error> v_;
+};
+
+// Requests ----------------------------------------------------------------------------------
+
+struct HelloRequest {
+  std::string worker_name;
+  std::string pool_name;  // empty = the daemon's default pool
+  friend bool operator==(const HelloRequest&, const HelloRequest&) = default;
+};
+struct AllocRequest {
+  uint32_t count = 0;
+  friend bool operator==(const AllocRequest&, const AllocRequest&) = default;
+};
+struct RetainRequest {
+  std::vector<PageId> pages;
+  friend bool operator==(const RetainRequest&, const RetainRequest&) = default;
+};
+struct ReleaseRequest {
+  std::vector<PageId> pages;
+  friend bool operator==(const ReleaseRequest&, const ReleaseRequest&) = default;
+};
+struct LookupRequest {
+  std::vector<BlockHash> chain;
+  friend bool operator==(const LookupRequest&, const LookupRequest&) = default;
+};
+struct PublishRequest {
+  std::vector<PublishItem> items;
+  friend bool operator==(const PublishRequest&, const PublishRequest&) = default;
+};
+struct StatsRequest {
+  friend bool operator==(const StatsRequest&, const StatsRequest&) = default;
+};
+
+// Alternative i is the request of opcode i + 1.
+using Request = std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest,
+                             LookupRequest, PublishRequest, StatsRequest>;
+
+Opcode opcode_of(const Request& r);
+
+// Replies -----------------------------------------------------------------------------------
+
+struct PoolInfo {
+  Geometry geometry;
+  uint32_t num_pages = 0;
+  uint64_t page_stride = 0;    // bytes from one page to the next in the mapping
+  uint64_t segment_bytes = 0;  // bytes to map from the passed memory
+  std::string pool_name;
+  std::string backend;  // "host", "cuda-vmm", "cuda-ipc"
+  std::string tenant;   // the tenant the daemon assigned from the peer's credentials
+  friend bool operator==(const PoolInfo&, const PoolInfo&) = default;
+};
+
+struct HelloReply {
+  uint64_t session_id = 0;
+  PoolInfo pool;
+  friend bool operator==(const HelloReply&, const HelloReply&) = default;
+};
+struct AllocReply {
+  std::vector<PageId> pages;
+  friend bool operator==(const AllocReply&, const AllocReply&) = default;
+};
+struct RetainReply {
+  friend bool operator==(const RetainReply&, const RetainReply&) = default;
+};
+struct ReleaseReply {
+  friend bool operator==(const ReleaseReply&, const ReleaseReply&) = default;
+};
+struct LookupReply {
+  std::vector<PageId> pages;  // the hits, in chain order
+  friend bool operator==(const LookupReply&, const LookupReply&) = default;
+};
+struct PublishReply {
+  std::vector<PublishResult> results;
+  friend bool operator==(const PublishReply&, const PublishReply&) = default;
+};
+struct StatsReply {
+  uint32_t total = 0;
+  uint32_t free = 0;
+  uint32_t in_use = 0;
+  uint32_t cached = 0;
+  uint32_t sessions = 0;
+  uint64_t lookups = 0;
+  uint64_t lookup_blocks = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t allocated = 0;
+  uint64_t released = 0;
+  uint64_t published = 0;
+  uint64_t duplicates = 0;
+  uint64_t evicted = 0;
+  uint64_t flushed = 0;
+  uint32_t session_held_pages = 0;  // distinct pages the asking session holds
+  friend bool operator==(const StatsReply&, const StatsReply&) = default;
+};
+
+// Alternative i is the reply of opcode i + 1.
+using Reply = std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply,
+                           PublishReply, StatsReply>;
+
+Opcode opcode_of(const Reply& r);
+
+// Encoding: appends one whole frame (header + payload) to `out`. ----------------------------
+
+void encode_request(uint32_t request_id, const Request& request, std::vector<std::byte>& out);
+void encode_reply(uint32_t request_id, const Reply& reply, std::vector<std::byte>& out);
+// An error reply to a request of `opcode` (any u16, so unknown opcodes can be answered too).
+void encode_error(uint32_t request_id, uint16_t opcode, const Error& error,
+                  std::vector<std::byte>& out);
+
+// Decoding ----------------------------------------------------------------------------------
+
+// The header of a frame from its first kHeaderBytes bytes: checks magic (malformed_frame),
+// version (unsupported_version) and length (frame_too_large). `bytes` must hold at least
+// kHeaderBytes bytes (invalid_argument otherwise).
+Result<FrameHeader> decode_header(std::span<const std::byte> bytes);
+
+// A request from its header and exactly header.length payload bytes: unknown_opcode for an
+// opcode that is not a request, malformed_frame for a payload that does not decode, is cut
+// short, has bytes left over, or carries a count above kMaxBatch or a name above kMaxNameBytes.
+Result<Request> decode_request(const FrameHeader& header, std::span<const std::byte> payload);
+
+// A reply, for the client: the decoded body, or the Error it carries (status and message as the
+// daemon sent them), or malformed_frame / unknown_opcode when the bytes are wrong.
+Result<Reply> decode_reply(const FrameHeader& header, std::span<const std::byte> payload);
+
+}  // namespace kvpool::wire

@@ -1,0 +1,97 @@
+// kvpoold configuration: the YAML schema, its defaults and its validation.
+//
+// A config file is YAML (yaml-cpp). Every key is known: an unknown key or an invalid value is
+// rejected with "FILE:LINE: KEY: what is wrong", KEY being the full dotted path
+// (e.g. "pools[1].geometry.head_dim"). With no file, default_config() runs: auto backend (host
+// where there is no GPU), one pool named "default" of a small model geometry.
+//
+// Schema (config/kvpoold.yaml documents every key with its default):
+//   socket:   { path: STR, mode: "0660", group: STR }
+//   backend:  auto | host | cuda-vmm | cuda-ipc
+//   device:   INT                                   (CUDA device ordinal, default 0)
+//   limits:   { max_sessions: INT, max_pages_per_session: INT, max_pages_per_tenant: INT }
+//   pools:    [ { name: STR, policy: lru, capacity: "1GiB" | "4096 pages" | "40%",
+//                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
+//                             dtype: fp16 | bf16 | fp8_e4m3 | int8 } } ]
+//   tenants:  [ { name: STR, uids: [INT], gids: [INT], pools: [STR] } ]
+//   default_tenant: STR        (tenant of peers no tenant entry matches; "" = refuse them)
+//   logging:  { level: debug | info | warn | error }
+//
+// Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/geometry.h"
+#include "common/protocol.h"
+
+namespace kvpool::daemon {
+
+struct Capacity {
+  enum class Unit : uint8_t { bytes, pages, fraction };
+  Unit unit = Unit::bytes;
+  uint64_t value = 0;     // bytes or pages
+  double fraction = 0.0;  // of the backend's free memory, in (0, 1]
+  friend bool operator==(const Capacity&, const Capacity&) = default;
+};
+
+struct PoolConfig {
+  std::string name;
+  Geometry geometry;
+  Capacity capacity;
+  std::string policy = "lru";
+  friend bool operator==(const PoolConfig&, const PoolConfig&) = default;
+};
+
+struct TenantConfig {
+  std::string name;
+  std::vector<uint32_t> uids;
+  std::vector<uint32_t> gids;
+  std::vector<std::string> pools;  // pools this tenant may attach to; empty = all
+  friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
+};
+
+struct Config {
+  std::string source = "<built-in>";  // file the config came from
+
+  std::string socket_path;     // default: default_socket_path()
+  uint32_t socket_mode = 0660;
+  std::string socket_group;    // empty = the daemon's own group
+
+  std::string backend = "auto";  // auto | host | cuda-vmm | cuda-ipc
+  int device = 0;
+
+  uint32_t max_sessions = 1024;
+  uint64_t max_pages_per_session = 0;  // 0 = no limit
+  uint64_t max_pages_per_tenant = 0;   // 0 = no limit
+
+  std::vector<PoolConfig> pools;
+  std::vector<TenantConfig> tenants;
+  std::string default_tenant = "default";
+
+  std::string log_level = "info";
+
+  friend bool operator==(const Config&, const Config&) = default;
+};
+
+// $XDG_RUNTIME_DIR/kvpool/kvpoold.sock when XDG_RUNTIME_DIR is set, else /run/kvpool/kvpoold.sock.
+std::string default_socket_path();
+
+// The built-in configuration: one pool "default" (32 layers, 8 KV heads, head dim 128, 16 tokens
+// per page, bf16: 2 MiB pages), 256 MiB, auto backend, socket at default_socket_path().
+Config default_config();
+
+// Parses YAML text; `source` names it in error messages. Keys absent from the text keep their
+// default_config() values, except pools: a file that lists pools replaces the default pool.
+wire::Result<Config> parse_config(std::string_view yaml, std::string_view source);
+
+// Reads and parses a file; an unreadable file is an Error naming the path and errno text.
+wire::Result<Config> load_config(const std::string& path);
+
+// Parses "1GiB", "512 MiB", "1000000000" (bytes), "4096 pages", "40%"; empty on error.
+std::string parse_capacity(std::string_view text, Capacity& out);
+
+}  // namespace kvpool::daemon
