@@ -323,4 +323,9 @@ uint32_t PagePool::held(OwnerId owner, PageId page) const {
   return l == nullptr || !valid_page(page) ? 0 : l->count(page);
 }
 
+uint32_t PagePool::owner_pages(OwnerId owner) const {
+  const Ledger* l = ledger(owner);
+  return l == nullptr ? 0 : l->size();
+}
+
 }  // namespace kvpool::core

@@ -117,6 +117,7 @@ class PagePool {
   PageState state(PageId page) const;               // precondition: valid_page(page)
   uint32_t refcount(PageId page) const;             // precondition: valid_page(page)
   uint32_t held(OwnerId owner, PageId page) const;  // 0 for an unknown owner or page
+  uint32_t owner_pages(OwnerId owner) const;        // distinct pages held; 0 if unknown
   const EvictionPolicy& policy() const { return *policy_; }
 
   // Verifies invariants I1–I5. Returns an empty string when they hold, else the first violation.

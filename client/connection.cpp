@@ -1,0 +1,216 @@
+#include "client/connection.h"
+
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace kvpool::client {
+
+namespace {
+
+Error error(Errc code, std::string message) {
+  return Error{Status(code), std::move(message)};
+}
+
+// Reads exactly n bytes (recvmsg, so a passed descriptor is caught wherever it rides).
+// Returns 0, or the errno (-1 for an orderly close by the peer).
+int read_exact(int fd, std::byte* dst, size_t n, int* passed_fd) {
+  size_t got = 0;
+  while (got < n) {
+    iovec iov{dst + got, n - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    const ssize_t r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
+    if (r == 0) return -1;
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+        int received = -1;
+        std::memcpy(&received, CMSG_DATA(c), sizeof received);
+        if (passed_fd != nullptr && *passed_fd < 0) {
+          *passed_fd = received;
+        } else {
+          ::close(received);  // not expected here: do not leak it
+        }
+      }
+    }
+    got += static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+int write_all(int fd, const std::byte* src, size_t n) {
+  size_t put = 0;
+  while (put < n) {
+    const ssize_t r = ::send(fd, src + put, n - put, MSG_NOSIGNAL);
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    put += static_cast<size_t>(r);
+  }
+  return 0;
+}
+
+template <typename T>
+Result<T> expect(Result<wire::Reply> r) {
+  if (!r.ok()) return r.error();
+  if (auto* v = std::get_if<T>(&r.value())) return std::move(*v);
+  return error(Errc::malformed_frame, "reply of the wrong kind");
+}
+
+}  // namespace
+
+std::string default_socket_path() {
+  if (const char* s = std::getenv("KVPOOL_SOCKET"); s != nullptr && *s != '\0') return s;
+  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x != '\0') {
+    return std::string(x) + "/kvpool/kvpoold.sock";
+  }
+  return "/run/kvpool/kvpoold.sock";
+}
+
+Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket_path,
+                                                       const std::string& worker_name,
+                                                       const std::string& pool_name) {
+  sockaddr_un addr{};
+  if (socket_path.size() >= sizeof addr.sun_path) {
+    return error(Errc::invalid_argument, "socket path too long: " + socket_path);
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return error(Errc::internal, std::string("socket: ") + std::strerror(errno));
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, socket_path.c_str(), socket_path.size() + 1);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    const int e = errno;
+    ::close(fd);
+    std::string why;
+    if (e == ENOENT) {
+      why = "kvpoold is not running: there is no socket at " + socket_path;
+    } else if (e == ECONNREFUSED) {
+      why = "kvpoold is not running: nothing listens on " + socket_path + " (a stale socket)";
+    } else if (e == EACCES) {
+      why = "permission denied on " + socket_path +
+            " (is this user in the socket's group? see kvpoold's socket.group)";
+    } else {
+      why = "cannot connect to " + socket_path + ": " + std::strerror(e);
+    }
+    return error(Errc::connection_lost, why);
+  }
+  std::unique_ptr<Connection> c(new Connection(fd));
+  c->out_.clear();
+  const uint32_t id = c->next_id_++;
+  wire::encode_request(id, wire::HelloRequest{worker_name, pool_name}, c->out_);
+  int mem_fd = -1;
+  auto reply = c->round_trip(id, &mem_fd);
+  auto hello = expect<wire::HelloReply>(std::move(reply));
+  if (!hello.ok()) {
+    if (mem_fd >= 0) ::close(mem_fd);
+    return hello.error();
+  }
+  c->pool_ = hello.value().pool;
+  c->session_id_ = hello.value().session_id;
+  if (mem_fd < 0) {
+    return error(Errc::internal, "kvpoold sent no memory descriptor for pool " +
+                                     c->pool_.pool_name + " (backend " + c->pool_.backend + ")");
+  }
+  void* p = ::mmap(nullptr, c->pool_.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mem_fd, 0);
+  const int map_errno = errno;
+  ::close(mem_fd);
+  if (p == MAP_FAILED) {
+    return error(Errc::internal, "cannot map pool " + c->pool_.pool_name + " (" +
+                                     std::to_string(c->pool_.segment_bytes) +
+                                     " bytes): " + std::strerror(map_errno));
+  }
+  c->base_ = static_cast<std::byte*>(p);
+  c->mapped_ = c->pool_.segment_bytes;
+  return c;
+}
+
+Connection::~Connection() {
+  if (base_ != nullptr) ::munmap(base_, mapped_);
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Error Connection::lost(const std::string& what) {
+  return error(Errc::connection_lost, "connection to kvpoold lost: " + what);
+}
+
+Result<wire::Reply> Connection::round_trip(uint32_t request_id, int* passed_fd) {
+  if (fd_ < 0) return lost("connection already failed");
+  if (const int e = write_all(fd_, out_.data(), out_.size()); e != 0) {
+    return lost(std::string("send: ") + std::strerror(e));
+  }
+  in_.resize(wire::kHeaderBytes);
+  if (const int e = read_exact(fd_, in_.data(), wire::kHeaderBytes, passed_fd); e != 0) {
+    return lost(e < 0 ? "the daemon closed the connection" : std::strerror(e));
+  }
+  const auto header = wire::decode_header(in_);
+  if (!header.ok()) return header.error();
+  in_.resize(header.value().length);
+  if (const int e = read_exact(fd_, in_.data(), in_.size(), passed_fd); e != 0) {
+    return lost(e < 0 ? "the daemon closed the connection mid-reply" : std::strerror(e));
+  }
+  auto reply = wire::decode_reply(header.value(), in_);
+  // Request id 0 is the daemon refusing the connection itself (e.g. too many sessions).
+  if (header.value().request_id != request_id && header.value().request_id != 0) {
+    return error(Errc::malformed_frame, "reply to request " +
+                                            std::to_string(header.value().request_id) +
+                                            ", expected " + std::to_string(request_id));
+  }
+  return reply;
+}
+
+Result<wire::Reply> Connection::call(const wire::Request& request) {
+  out_.clear();
+  const uint32_t id = next_id_++;
+  wire::encode_request(id, request, out_);
+  return round_trip(id, nullptr);
+}
+
+Result<std::vector<PageId>> Connection::alloc(uint32_t count) {
+  auto r = expect<wire::AllocReply>(call(wire::AllocRequest{count}));
+  if (!r.ok()) return r.error();
+  return std::move(r.value().pages);
+}
+
+Result<Ok> Connection::retain(std::span<const PageId> pages) {
+  auto r = expect<wire::RetainReply>(call(wire::RetainRequest{{pages.begin(), pages.end()}}));
+  if (!r.ok()) return r.error();
+  return Ok{};
+}
+
+Result<Ok> Connection::release(std::span<const PageId> pages) {
+  auto r = expect<wire::ReleaseReply>(call(wire::ReleaseRequest{{pages.begin(), pages.end()}}));
+  if (!r.ok()) return r.error();
+  return Ok{};
+}
+
+Result<std::vector<PageId>> Connection::lookup(std::span<const BlockHash> chain) {
+  auto r = expect<wire::LookupReply>(call(wire::LookupRequest{{chain.begin(), chain.end()}}));
+  if (!r.ok()) return r.error();
+  return std::move(r.value().pages);
+}
+
+Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishItem> items) {
+  auto r = expect<wire::PublishReply>(call(wire::PublishRequest{{items.begin(), items.end()}}));
+  if (!r.ok()) return r.error();
+  return std::move(r.value().results);
+}
+
+Result<wire::StatsReply> Connection::stats() {
+  return expect<wire::StatsReply>(call(wire::StatsRequest{}));
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,82 @@
+// libkvpool: a worker's connection to kvpoold.
+//
+// Connection::attach() connects to the daemon's Unix socket, says hello, receives the pool's
+// memory (a file descriptor passed with the reply) and maps it, so page p of the pool is at
+// page(p) = base() + p · page_stride in this process as in every other worker of the pool.
+// Every call is one request and one reply, batched: alloc(n), retain(ids), release(ids),
+// lookup(chain), publish(pairs), stats(). Expected failures (out of pages, not held, quota, the
+// daemon gone) come back as an Error value carrying the daemon's code and message; nothing
+// throws.
+//
+// The pages a session holds are released by the daemon when the connection closes, however it
+// closes (destructor, exit, kill -9). A worker publishes a page only after writing all its
+// bytes, and reads a page only while holding a reference to it.
+//
+// Thread-safety: a Connection serves one call at a time; use one per thread or lock around it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/protocol.h"
+
+namespace kvpool::client {
+
+using wire::Error;
+template <typename T>
+using Result = wire::Result<T>;
+struct Ok {};
+
+// $KVPOOL_SOCKET if set, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock, else
+// /run/kvpool/kvpoold.sock (the daemon's default, see daemon/config.h).
+std::string default_socket_path();
+
+class Connection {
+ public:
+  static Result<std::unique_ptr<Connection>> attach(const std::string& socket_path,
+                                                    const std::string& worker_name,
+                                                    const std::string& pool_name = "");
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  const wire::PoolInfo& pool() const { return pool_; }
+  uint64_t session_id() const { return session_id_; }
+  std::byte* base() const { return base_; }
+  std::byte* page(PageId p) const { return base_ + uint64_t{p} * pool_.page_stride; }
+
+  Result<std::vector<PageId>> alloc(uint32_t count);
+  Result<Ok> retain(std::span<const PageId> pages);
+  Result<Ok> release(std::span<const PageId> pages);
+  // The pages of the longest cached prefix of `chain`, each now held by this session.
+  Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain);
+  Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items);
+  Result<wire::StatsReply> stats();
+
+  // One request, one reply (the typed calls above use it).
+  Result<wire::Reply> call(const wire::Request& request);
+
+  // The socket, for tests that need to send raw bytes.
+  int socket_fd() const { return fd_; }
+
+ private:
+  explicit Connection(int fd) : fd_(fd) {}
+  // Sends out_, reads one reply frame into a Reply (or Error). Captures a passed fd, if any.
+  Result<wire::Reply> round_trip(uint32_t request_id, int* passed_fd);
+  Error lost(const std::string& what);
+
+  int fd_ = -1;
+  uint32_t next_id_ = 1;
+  std::vector<std::byte> out_;
+  std::vector<std::byte> in_;
+  wire::PoolInfo pool_;
+  uint64_t session_id_ = 0;
+  std::byte* base_ = nullptr;
+  size_t mapped_ = 0;
+};
+
+}  // namespace kvpool::client

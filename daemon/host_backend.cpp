@@ -1,0 +1,103 @@
+#include "daemon/host_backend.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <boost/interprocess/shared_memory_object.hpp>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <string>
+
+namespace kvpool::daemon {
+
+namespace bip = boost::interprocess;
+
+namespace {
+
+constexpr std::string_view kPrefix = "kvpool-";
+
+class HostSegment final : public MemorySegment {
+ public:
+  HostSegment(bip::shared_memory_object shm, uint64_t bytes)
+      : shm_(std::move(shm)), bytes_(bytes) {}
+  uint64_t bytes() const override { return bytes_; }
+  int shareable_fd() const override { return shm_.get_mapping_handle().handle; }
+
+ private:
+  bip::shared_memory_object shm_;  // owns the descriptor; its name is already gone
+  uint64_t bytes_;
+};
+
+uint64_t mem_available() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+uint64_t HostBackend::available_bytes() const {
+  uint64_t avail = mem_available();
+  struct statvfs vfs {};
+  if (::statvfs("/dev/shm", &vfs) == 0) {
+    const uint64_t shm_free = uint64_t{vfs.f_bavail} * vfs.f_frsize;
+    if (avail == 0 || shm_free < avail) avail = shm_free;
+  }
+  return avail;
+}
+
+uint64_t HostBackend::granularity() const {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<uint64_t>(page) : 4096;
+}
+
+wire::Result<std::unique_ptr<MemorySegment>> HostBackend::create(uint64_t bytes,
+                                                                 std::string_view label) {
+  static std::atomic<uint32_t> counter{0};
+  const std::string name =
+      std::string(kPrefix) + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  const uint64_t g = granularity();
+  const uint64_t rounded = (bytes + g - 1) / g * g;
+  try {
+    bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, 0600);
+    // Unlink first: whatever happens next, the name never outlives this call.
+    bip::shared_memory_object::remove(name.c_str());
+    shm.truncate(static_cast<bip::offset_t>(rounded));
+    return std::unique_ptr<MemorySegment>(std::make_unique<HostSegment>(std::move(shm), rounded));
+  } catch (const bip::interprocess_exception& e) {
+    bip::shared_memory_object::remove(name.c_str());
+    return wire::Error{Status(Errc::internal), "host backend: cannot create " +
+                                                   std::to_string(rounded) +
+                                                   "-byte shared memory segment for pool " +
+                                                   std::string(label) + ": " + e.what()};
+  }
+}
+
+int HostBackend::remove_stale_segments() {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  int removed = 0;
+  while (const dirent* ent = ::readdir(dir)) {
+    const std::string_view n = ent->d_name;
+    if (n.substr(0, kPrefix.size()) != kPrefix) continue;
+    const std::string rest(n.substr(kPrefix.size()));
+    const auto dash = rest.find('-');
+    if (dash == std::string::npos) continue;
+    const long pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
+    if (pid <= 0 || ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (bip::shared_memory_object::remove(std::string(n).c_str())) ++removed;
+  }
+  ::closedir(dir);
+  return removed;
+}
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,27 @@
+// The host backend: pool memory in POSIX shared memory (Boost.Interprocess).
+//
+// A segment is created under a fresh name "/kvpool-<pid>-<n>", sized, and its name is removed at
+// once: from then on only the daemon's descriptor (and the descriptors workers receive over
+// SCM_RIGHTS) reach it, no process can open it by name, and nothing is left in /dev/shm when
+// the daemon stops, normally or by kill -9. The kernel frees the memory when the last
+// descriptor and mapping are gone. At start, remove_stale_segments() removes names a daemon
+// killed inside that short window left behind (their pid no longer runs).
+#pragma once
+
+#include "daemon/memory_backend.h"
+
+namespace kvpool::daemon {
+
+class HostBackend final : public MemoryBackend {
+ public:
+  std::string_view name() const override { return "host"; }
+  uint64_t available_bytes() const override;
+  uint64_t granularity() const override;
+  wire::Result<std::unique_ptr<MemorySegment>> create(uint64_t bytes,
+                                                      std::string_view label) override;
+
+  // Removes /dev/shm/kvpool-<pid>-* entries whose pid is not running. Returns how many.
+  static int remove_stale_segments();
+};
+
+}  // namespace kvpool::daemon

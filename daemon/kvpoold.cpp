@@ -1,0 +1,135 @@
+// kvpoold: the kvpool daemon. Owns the pools, serves workers on a Unix socket.
+//
+//   kvpoold [--config FILE] [--socket PATH]      run (built-in default config without --config)
+//   kvpoold --check-config FILE                  validate a config file and exit
+//   kvpoold --version
+//
+// Signals: SIGTERM / SIGINT stop (every session is released, the socket removed); SIGHUP is
+// logged and ignored until live reload lands.
+
+#include <CLI/CLI.hpp>
+#include <csignal>
+#include <iostream>
+
+#include "daemon/config.h"
+#include "daemon/host_backend.h"
+#include "daemon/log.h"
+#include "daemon/server.h"
+#include "daemon/service.h"
+
+#ifndef KVPOOL_VERSION
+#define KVPOOL_VERSION "0.0.0"
+#endif
+
+namespace {
+
+using namespace kvpool::daemon;
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "kvpoold: the kvpool KV-cache page pool daemon.\n"
+      "Owns the pools of its config and serves model workers on a Unix socket."};
+  std::string config_path;
+  std::string check_path;
+  std::string socket_override;
+  int frame_timeout_ms = 10000;
+  bool version = false;
+  app.add_option("--config", config_path, "Config file (YAML); the built-in default without it");
+  app.add_option("--check-config", check_path, "Validate this config file and exit (0 = valid)");
+  app.add_option("--socket", socket_override, "Listen on this path instead of the config's");
+  app.add_option("--frame-timeout-ms", frame_timeout_ms,
+                 "Close a connection that leaves a frame incomplete this long")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3600 * 1000));
+  app.add_flag("--version", version, "Print the version and exit");
+  CLI11_PARSE(app, argc, argv);
+
+  if (version) {
+    std::cout << "kvpoold " << KVPOOL_VERSION << "\n";
+    return 0;
+  }
+  if (!check_path.empty()) {
+    const auto cfg = load_config(check_path);
+    if (!cfg.ok()) {
+      std::cerr << "kvpoold: " << cfg.error().message << "\n";
+      return 1;
+    }
+    std::cout << check_path << ": valid (" << cfg.value().pools.size() << " pool(s), "
+              << cfg.value().tenants.size() << " tenant(s))\n";
+    return 0;
+  }
+
+  auto loaded = config_path.empty() ? kvpool::wire::Result<Config>(default_config())
+                                    : load_config(config_path);
+  if (!loaded.ok()) {
+    std::cerr << "kvpoold: " << loaded.error().message << "\n";
+    return 1;
+  }
+  Config config = std::move(loaded.value());
+  if (!socket_override.empty()) config.socket_path = socket_override;
+  LogLevel level = LogLevel::info;
+  parse_log_level(config.log_level, level);
+  set_log_level(level);
+  log_event(LogLevel::info, "starting",
+            {kv("version", KVPOOL_VERSION), kv("config", config.source), kv("pid", ::getpid())});
+
+  const int stale = HostBackend::remove_stale_segments();
+  if (stale > 0) log_event(LogLevel::info, "stale_segments_removed", {kv("count", stale)});
+
+  std::string why;
+  auto backend = make_backend(config.backend, config.device, why);
+  if (!backend.ok()) {
+    log_event(LogLevel::error, "backend_failed", {kv("error", backend.error().message)});
+    std::cerr << "kvpoold: " << backend.error().message << "\n";
+    return 1;
+  }
+  log_event(LogLevel::info, "backend", {kv("name", backend.value()->name()), kv("why", why)});
+  auto service = Service::create(config, std::move(backend.value()));
+  if (!service.ok()) {
+    log_event(LogLevel::error, "pool_failed", {kv("error", service.error().message)});
+    std::cerr << "kvpoold: " << service.error().message << "\n";
+    return 1;
+  }
+
+  boost::asio::io_context io(1);
+  Server server(io, *service.value(), std::chrono::milliseconds(frame_timeout_ms));
+  const auto listening = server.listen(config.socket_path, config.socket_mode, config.socket_group);
+  if (!listening.ok()) {
+    log_event(LogLevel::error, "listen_failed", {kv("error", listening.error().message)});
+    std::cerr << "kvpoold: " << listening.error().message << "\n";
+    return 1;
+  }
+  boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int sig) {
+        if (ec) return;
+        if (sig == SIGHUP) {
+          log_event(LogLevel::warn, "reload_unsupported",
+                    {kv("detail", "SIGHUP ignored: live reload is not implemented yet")});
+          signals.async_wait(on_signal);
+          return;
+        }
+        log_event(LogLevel::info, "stopping",
+                  {kv("signal", sig), kv("sessions", server.connections())});
+        server.stop();
+        io.stop();
+      };
+  signals.async_wait(on_signal);
+  log_event(LogLevel::info, "ready",
+            {kv("socket", config.socket_path), kv("pools", service.value()->pools().size())});
+  io.run();
+  log_event(LogLevel::info, "stopped");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kvpoold: fatal: " << e.what() << "\n";
+    return 1;
+  }
+}

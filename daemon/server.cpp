@@ -1,0 +1,342 @@
+#include "daemon/server.h"
+
+#include <grp.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "daemon/log.h"
+
+namespace kvpool::daemon {
+
+namespace asio = boost::asio;
+using Local = asio::local::stream_protocol;
+
+namespace {
+
+std::string errno_text(int e) {
+  return std::strerror(e);
+}
+
+// True when something accepts connections on `path` (another daemon is running there).
+bool socket_answers(const std::string& path) {
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
+}  // namespace
+
+// One client connection: buffers, framing and the session it carries.
+class Server::Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Server& server, Local::socket socket, std::unique_ptr<SessionState> session)
+      : server_(server),
+        socket_(std::move(socket)),
+        session_(std::move(session)),
+        frame_timer_(server.io_) {}
+
+  void start() { wait_readable(); }
+
+  // Closes the socket and releases the session (idempotent).
+  void close(std::string_view reason) {
+    if (closed_) return;
+    closed_ = true;
+    frame_timer_.cancel();
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    log_event(LogLevel::info, "session_close",
+              {kv("session", session_->id), kv("reason", std::string(reason)),
+               kv("held_pages", session_->held_pages)});
+    server_.service_.close_session(*session_);
+    server_.closed(shared_from_this());
+  }
+
+  // Queues an error reply and closes once it is sent (or could not be).
+  void fail(uint32_t request_id, uint16_t opcode, const wire::Error& e) {
+    wire::encode_error(request_id, opcode, e, out_);
+    close_after_flush_ = true;
+    close_reason_ = e.message;
+  }
+
+ private:
+  void wait_readable() {
+    if (closed_ || reading_paused_) return;
+    socket_.async_wait(Local::socket::wait_read,
+                       [self = shared_from_this()](const boost::system::error_code& ec) {
+                         if (ec) {
+                           if (ec != asio::error::operation_aborted) self->close(ec.message());
+                           return;
+                         }
+                         self->on_readable();
+                       });
+  }
+
+  void on_readable() {
+    if (closed_) return;
+    for (;;) {
+      if (in_.size() - in_len_ < kReadChunk) in_.resize(in_len_ + kReadChunk);
+      const ssize_t n =
+          ::recv(socket_.native_handle(), in_.data() + in_len_, in_.size() - in_len_, MSG_DONTWAIT);
+      if (n > 0) {
+        in_len_ += static_cast<size_t>(n);
+        if (static_cast<size_t>(n) < kReadChunk) break;  // drained for now
+        continue;
+      }
+      if (n == 0) return close("peer closed the connection");
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return close("recv: " + errno_text(errno));
+    }
+    process_frames();
+    if (closed_) return;
+    flush();
+    if (closed_) return;
+    if (pending_bytes() > kMaxBacklogBytes) {
+      reading_paused_ = true;  // resumed by flush() once the peer reads its replies
+      return;
+    }
+    wait_readable();
+  }
+
+  void process_frames() {
+    size_t pos = 0;
+    while (!close_after_flush_ && in_len_ - pos >= wire::kHeaderBytes) {
+      const std::span<const std::byte> avail(in_.data() + pos, in_len_ - pos);
+      const auto header = wire::decode_header(avail);
+      if (!header.ok()) {
+        uint16_t opcode = 0;
+        uint32_t request_id = 0;
+        std::memcpy(&opcode, avail.data() + 10, sizeof opcode);
+        std::memcpy(&request_id, avail.data() + 12, sizeof request_id);
+        fail(request_id, opcode, header.error());
+        break;
+      }
+      const size_t total = wire::kHeaderBytes + header.value().length;
+      if (avail.size() < total) break;  // wait for the rest of the frame
+      const auto payload = avail.subspan(wire::kHeaderBytes, header.value().length);
+      const auto request = wire::decode_request(header.value(), payload);
+      if (!request.ok()) {
+        // The frame's length was sound, so the stream stays in step: answer and go on.
+        wire::encode_error(header.value().request_id, header.value().opcode, request.error(), out_);
+      } else {
+        int fd = -1;
+        const size_t reply_at = out_.size();
+        server_.service_.handle(*session_, header.value().request_id, request.value(), out_, &fd);
+        if (fd >= 0) {
+          fd_to_pass_ = fd;
+          fd_at_ = reply_at;
+        }
+      }
+      pos += total;
+    }
+    // Keep the unconsumed tail at the front of the buffer.
+    if (pos > 0) {
+      std::memmove(in_.data(), in_.data() + pos, in_len_ - pos);
+      in_len_ -= pos;
+    }
+    if (in_len_ > 0 && !close_after_flush_) {
+      arm_frame_timer();
+    } else {
+      frame_timer_.cancel();
+      timer_armed_ = false;
+    }
+  }
+
+  void arm_frame_timer() {
+    if (timer_armed_) return;
+    timer_armed_ = true;
+    frame_timer_.expires_after(server_.frame_timeout_);
+    frame_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      self->timer_armed_ = false;
+      if (ec || self->closed_ || self->in_len_ == 0) return;
+      self->close("incomplete frame: no full frame within the frame timeout");
+    });
+  }
+
+  size_t pending_bytes() const { return out_.size() - sent_; }
+
+  // Sends what is queued without blocking; waits for writability when the socket is full.
+  void flush() {
+    while (!closed_ && sent_ < out_.size()) {
+      size_t len = out_.size() - sent_;
+      msghdr msg{};
+      iovec iov{};
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+      const bool with_fd = fd_to_pass_ >= 0 && fd_at_ == sent_;
+      if (fd_to_pass_ >= 0 && fd_at_ > sent_) len = fd_at_ - sent_;  // the fd rides on fd_at_
+      iov.iov_base = out_.data() + sent_;
+      iov.iov_len = len;
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      if (with_fd) {
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        cmsghdr* c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        std::memcpy(CMSG_DATA(c), &fd_to_pass_, sizeof(int));
+      }
+      const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        sent_ += static_cast<size_t>(n);
+        if (with_fd) fd_to_pass_ = -1;
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        if (!write_waiting_) {
+          write_waiting_ = true;
+          socket_.async_wait(Local::socket::wait_write,
+                             [self = shared_from_this()](const boost::system::error_code& ec) {
+                               self->write_waiting_ = false;
+                               if (ec || self->closed_) return;
+                               self->flush();
+                             });
+        }
+        return;
+      }
+      return close(n < 0 ? "send: " + errno_text(errno) : "send returned 0");
+    }
+    if (closed_) return;
+    out_.clear();
+    sent_ = 0;
+    fd_at_ = 0;
+    if (close_after_flush_) return close(close_reason_);
+    if (reading_paused_) {
+      reading_paused_ = false;
+      wait_readable();
+    }
+  }
+
+  static constexpr size_t kReadChunk = 64 * 1024;
+
+  Server& server_;
+  Local::socket socket_;
+  std::unique_ptr<SessionState> session_;
+  asio::steady_timer frame_timer_;
+
+  std::vector<std::byte> in_;
+  size_t in_len_ = 0;
+  std::vector<std::byte> out_;
+  size_t sent_ = 0;
+  int fd_to_pass_ = -1;  // owned by the pool's segment; sent once with the byte at fd_at_
+  size_t fd_at_ = 0;
+
+  bool closed_ = false;
+  bool close_after_flush_ = false;
+  std::string close_reason_;
+  bool reading_paused_ = false;
+  bool write_waiting_ = false;
+  bool timer_armed_ = false;
+};
+
+Server::Server(asio::io_context& io, Service& service, std::chrono::milliseconds frame_timeout)
+    : io_(io), service_(service), frame_timeout_(frame_timeout), acceptor_(io) {}
+
+Server::~Server() {
+  stop();
+}
+
+wire::Result<bool> Server::listen(const std::string& path, uint32_t mode,
+                                  const std::string& group) {
+  auto fail = [&](const std::string& what) {
+    return wire::Error{Status(Errc::internal), "socket " + path + ": " + what};
+  };
+  if (path.size() >= sizeof(sockaddr_un::sun_path)) return fail("path is too long");
+  std::error_code fec;
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty() && !std::filesystem::exists(dir, fec)) {
+    std::filesystem::create_directories(dir, fec);
+    if (fec) return fail("cannot create directory " + dir.string() + ": " + fec.message());
+  }
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    if (!S_ISSOCK(st.st_mode)) return fail("exists and is not a socket");
+    if (socket_answers(path)) return fail("another kvpoold is listening there");
+    ::unlink(path.c_str());
+  }
+  gid_t gid = static_cast<gid_t>(-1);
+  if (!group.empty()) {
+    const struct group* g = ::getgrnam(group.c_str());
+    if (g == nullptr) return fail("group " + group + " does not exist");
+    gid = g->gr_gid;
+  }
+  boost::system::error_code ec;
+  acceptor_.open(Local(), ec);
+  if (ec) return fail("socket: " + ec.message());
+  const mode_t old_mask = ::umask(0177);  // born 0600, widened below: never briefly too open
+  acceptor_.bind(Local::endpoint(path), ec);
+  ::umask(old_mask);
+  if (ec) return fail("bind: " + ec.message());
+  if (::chmod(path.c_str(), static_cast<mode_t>(mode)) != 0)
+    return fail("chmod: " + errno_text(errno));
+  if (gid != static_cast<gid_t>(-1) && ::chown(path.c_str(), static_cast<uid_t>(-1), gid) != 0) {
+    return fail("chown to group " + group + ": " + errno_text(errno));
+  }
+  acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return fail("listen: " + ec.message());
+  path_ = path;
+  accept();
+  return true;
+}
+
+void Server::accept() {
+  acceptor_.async_accept([this](const boost::system::error_code& ec, Local::socket socket) {
+    if (stopping_) return;
+    if (ec) {
+      if (ec == asio::error::operation_aborted) return;
+      log_event(LogLevel::warn, "accept_failed", {kv("error", ec.message())});
+    } else {
+      ucred cred{};
+      socklen_t len = sizeof cred;
+      PeerCredentials peer;
+      if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        peer = PeerCredentials{cred.pid, cred.uid, cred.gid};
+      }
+      auto session = service_.open_session(peer);
+      if (!session.ok()) {
+        // Refused: say why in an error frame, then close.
+        std::vector<std::byte> out;
+        wire::encode_error(0, static_cast<uint16_t>(wire::Opcode::hello), session.error(), out);
+        (void)::send(socket.native_handle(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+        log_event(LogLevel::warn, "session_refused",
+                  {kv("pid", peer.pid), kv("uid", peer.uid), kv("error", session.error().message)});
+      } else {
+        log_event(LogLevel::debug, "session_open",
+                  {kv("session", session.value()->id), kv("pid", peer.pid), kv("uid", peer.uid)});
+        auto c = std::make_shared<Connection>(*this, std::move(socket), std::move(session.value()));
+        connections_.insert(c);
+        c->start();
+      }
+    }
+    accept();
+  });
+}
+
+void Server::closed(const std::shared_ptr<Connection>& c) {
+  connections_.erase(c);
+}
+
+void Server::stop() {
+  if (stopping_) return;
+  stopping_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+  while (!connections_.empty())
+    (*connections_.begin())->close("daemon stopping");
+  if (!path_.empty()) ::unlink(path_.c_str());
+}
+
+}  // namespace kvpool::daemon

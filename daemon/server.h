@@ -1,0 +1,64 @@
+// Server: kvpoold's Unix-socket front end on one Boost.Asio event loop.
+//
+// One thread runs the io_context; it alone touches the Service (and so the pools), so no pool
+// state is ever shared with a lock. Each connection reads with non-blocking recv() when the
+// socket is readable, decodes every complete frame in what arrived, hands each request to the
+// Service and sends the replies with non-blocking sendmsg() (which also carries the pool's file
+// descriptor with the hello reply, SCM_RIGHTS). Nothing in the loop ever waits on a client:
+//   - a client that stops reading its replies: its output queue grows to kMaxBacklogBytes, then
+//     the server stops reading its requests until the queue drains (backpressure, bounded memory);
+//   - a client that sends part of a frame and stalls: after frame_timeout its connection is
+//     closed;
+//   - a malformed header (bad magic, version, oversized length) cannot be resynchronised: the
+//     client gets an error reply and the connection is closed; a payload that does not decode
+//     gets an error reply and the connection goes on.
+// When a connection closes for any reason, its session's references are released at once.
+//
+// Thread-safety: everything runs on the io_context's thread.
+#pragma once
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "daemon/config.h"
+#include "daemon/service.h"
+
+namespace kvpool::daemon {
+
+class Server {
+ public:
+  static constexpr size_t kMaxBacklogBytes = 64u << 20;
+
+  Server(boost::asio::io_context& io, Service& service, std::chrono::milliseconds frame_timeout);
+  ~Server();
+
+  // Binds and listens on `path` with `mode` and (if not empty) group `group`. Refuses a path on
+  // which another daemon answers; removes a stale socket file. Errors name the path and cause.
+  wire::Result<bool> listen(const std::string& path, uint32_t mode, const std::string& group);
+  // Stops accepting, closes every connection (releasing its references) and removes the socket.
+  void stop();
+
+  size_t connections() const { return connections_.size(); }
+
+ private:
+  class Connection;
+  friend class Connection;
+
+  void accept();
+  void closed(const std::shared_ptr<Connection>& c);
+
+  boost::asio::io_context& io_;
+  Service& service_;
+  std::chrono::milliseconds frame_timeout_;
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::string path_;
+  std::set<std::shared_ptr<Connection>> connections_;
+  bool stopping_ = false;
+};
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,312 @@
+#include "daemon/service.h"
+
+#include <algorithm>
+#include <random>
+
+#include "daemon/log.h"
+
+namespace kvpool::daemon {
+
+namespace {
+
+wire::Error from_status(const Status& s) {
+  return wire::Error{s, s.message()};
+}
+
+wire::Error error(Errc code, std::string message, uint64_t value = 0) {
+  return wire::Error{Status(code, kNoItem, value), std::move(message)};
+}
+
+std::string bytes_text(uint64_t b) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  size_t u = 0;
+  while (v >= 1024 && u + 1 < std::size(kUnits)) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+}  // namespace
+
+Service::Service(const Config& config, std::unique_ptr<MemoryBackend> backend)
+    : config_(config), backend_(std::move(backend)) {}
+
+wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
+                                                       std::unique_ptr<MemoryBackend> backend) {
+  std::unique_ptr<Service> svc(new Service(config, std::move(backend)));
+  for (const PoolConfig& pc : config.pools) {
+    const Geometry& g = pc.geometry;
+    const uint64_t per_page = page_data_bytes(g) + page_scale_bytes(g);
+    uint64_t pages = 0;
+    switch (pc.capacity.unit) {
+      case Capacity::Unit::pages:
+        pages = pc.capacity.value;
+        break;
+      case Capacity::Unit::bytes:
+        pages = pc.capacity.value / per_page;
+        break;
+      case Capacity::Unit::fraction:
+        pages = static_cast<uint64_t>(static_cast<double>(svc->backend_->available_bytes()) *
+                                      pc.capacity.fraction) /
+                per_page;
+        break;
+    }
+    if (pages == 0) {
+      return error(Errc::invalid_argument,
+                   "pool " + pc.name + ": its capacity holds no page of " + bytes_text(per_page));
+    }
+    if (pages > core::kMaxPages) {
+      return error(Errc::invalid_argument,
+                   "pool " + pc.name + ": " + std::to_string(pages) + " pages exceed the limit");
+    }
+    auto segment = svc->backend_->create(pages * per_page, pc.name);
+    if (!segment.ok()) return segment.error();
+
+    auto pool = std::make_unique<Pool>();
+    pool->config = pc;
+    pool->segment = std::move(segment.value());
+    core::PoolOptions opts;
+    opts.num_pages = static_cast<uint32_t>(pages);
+    opts.policy = core::make_policy(pc.policy);
+    if (!opts.policy) return error(Errc::invalid_argument, "pool " + pc.name + ": unknown policy");
+    pool->pages = std::make_unique<core::PagePool>(std::move(opts));
+    pool->info.geometry = g;
+    pool->info.num_pages = static_cast<uint32_t>(pages);
+    pool->info.page_stride = page_data_bytes(g);
+    pool->info.segment_bytes = pool->segment->bytes();
+    pool->info.pool_name = pc.name;
+    pool->info.backend = std::string(svc->backend_->name());
+    log_event(LogLevel::info, "pool_ready",
+              {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
+               kv("bytes", pool->info.segment_bytes), kv("size", bytes_text(pages * per_page)),
+               kv("backend", pool->info.backend), kv("policy", pc.policy)});
+    svc->pools_.push_back(std::move(pool));
+  }
+  for (const TenantConfig& t : config.tenants)
+    svc->tenant_names_.push_back(t.name);
+  if (!config.default_tenant.empty()) {
+    const auto it =
+        std::find(svc->tenant_names_.begin(), svc->tenant_names_.end(), config.default_tenant);
+    svc->default_tenant_ = static_cast<int>(it - svc->tenant_names_.begin());
+    if (it == svc->tenant_names_.end()) svc->tenant_names_.push_back(config.default_tenant);
+  }
+  svc->tenant_held_.assign(svc->tenant_names_.size(), 0);
+  return svc;
+}
+
+int Service::tenant_of(const PeerCredentials& peer) const {
+  for (size_t i = 0; i < config_.tenants.size(); ++i) {
+    const TenantConfig& t = config_.tenants[i];
+    if (std::find(t.uids.begin(), t.uids.end(), peer.uid) != t.uids.end() ||
+        std::find(t.gids.begin(), t.gids.end(), peer.gid) != t.gids.end()) {
+      return static_cast<int>(i);
+    }
+  }
+  return default_tenant_;
+}
+
+bool Service::tenant_may_use(uint32_t tenant, const Pool& pool) const {
+  if (tenant >= config_.tenants.size()) return true;  // the implicit default tenant
+  const auto& allowed = config_.tenants[tenant].pools;
+  return allowed.empty() ||
+         std::find(allowed.begin(), allowed.end(), pool.config.name) != allowed.end();
+}
+
+wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCredentials& peer) {
+  if (sessions_ >= config_.max_sessions) {
+    return error(Errc::too_many_sessions, "the daemon serves its maximum of " +
+                                              std::to_string(config_.max_sessions) +
+                                              " sessions (limits.max_sessions)");
+  }
+  const int tenant = tenant_of(peer);
+  if (tenant < 0) {
+    return error(Errc::permission_denied, "uid " + std::to_string(peer.uid) + " gid " +
+                                              std::to_string(peer.gid) +
+                                              " matches no tenant and there is no default tenant");
+  }
+  auto s = std::make_unique<SessionState>();
+  s->id = next_session_id_++;
+  s->peer = peer;
+  s->tenant = static_cast<uint32_t>(tenant);
+  ++sessions_;
+  return s;
+}
+
+void Service::close_session(SessionState& s) {
+  if (s.attached) {
+    const Status st = s.pool->pages->close_owner(s.owner);
+    if (!st.ok()) {
+      log_event(LogLevel::error, "session_close_failed",
+                {kv("session", s.id), kv("error", st.message())});
+    }
+    tenant_held_[s.tenant] -= s.held_pages;
+    s.held_pages = 0;
+    s.attached = false;
+#ifndef NDEBUG
+    // Debug and sanitizer builds verify DESIGN §3 whenever a session's references go back, so
+    // the integration tests (kill -9 of workers included) check the invariants too.
+    const std::string broken = s.pool->pages->check_invariants();
+    if (!broken.empty()) {
+      log_event(LogLevel::error, "invariant_broken",
+                {kv("pool", s.pool->config.name), kv("detail", broken)});
+      std::abort();
+    }
+#endif
+  }
+  --sessions_;
+}
+
+void Service::refresh_held(SessionState& s) {
+  const uint64_t now = s.pool->pages->owner_pages(s.owner);
+  tenant_held_[s.tenant] = tenant_held_[s.tenant] - s.held_pages + now;
+  s.held_pages = now;
+}
+
+void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& request,
+                     std::vector<std::byte>& out, int* fd_to_pass) {
+  *fd_to_pass = -1;
+  const wire::Opcode op = wire::opcode_of(request);
+  wire::Result<wire::Reply> reply = error(Errc::internal, "unhandled request");
+  if (!s.attached && op != wire::Opcode::hello) {
+    reply = error(Errc::not_attached, "send hello before any other request");
+  } else {
+    reply = std::visit(
+        [&](const auto& r) -> wire::Result<wire::Reply> {
+          using T = std::decay_t<decltype(r)>;
+          if constexpr (std::is_same_v<T, wire::HelloRequest>) return hello(s, r, fd_to_pass);
+          if constexpr (std::is_same_v<T, wire::AllocRequest>) return alloc(s, r);
+          if constexpr (std::is_same_v<T, wire::RetainRequest>) return retain(s, r);
+          if constexpr (std::is_same_v<T, wire::ReleaseRequest>) return release(s, r);
+          if constexpr (std::is_same_v<T, wire::LookupRequest>) return lookup(s, r);
+          if constexpr (std::is_same_v<T, wire::PublishRequest>) return publish(s, r);
+          if constexpr (std::is_same_v<T, wire::StatsRequest>) return stats(s);
+        },
+        request);
+  }
+  if (reply.ok()) {
+    wire::encode_reply(request_id, reply.value(), out);
+  } else {
+    *fd_to_pass = -1;
+    wire::encode_error(request_id, static_cast<uint16_t>(op), reply.error(), out);
+  }
+}
+
+wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloRequest& r, int* fd) {
+  if (s.attached) return error(Errc::already_attached, "this connection already said hello");
+  Pool* pool = nullptr;
+  if (r.pool_name.empty()) {
+    if (pools_.empty()) return error(Errc::no_such_pool, "the daemon has no pools");
+    pool = pools_.front().get();
+  } else {
+    for (const auto& p : pools_) {
+      if (p->config.name == r.pool_name) pool = p.get();
+    }
+  }
+  if (pool == nullptr) return error(Errc::no_such_pool, "no pool named " + r.pool_name);
+  if (!tenant_may_use(s.tenant, *pool)) {
+    return error(Errc::permission_denied,
+                 "tenant " + tenant_names_[s.tenant] + " may not use pool " + pool->config.name);
+  }
+  s.pool = pool;
+  s.owner = pool->pages->open_owner();
+  s.attached = true;
+  s.worker_name = r.worker_name;
+  *fd = pool->segment->shareable_fd();
+  wire::HelloReply h;
+  h.session_id = s.id;
+  h.pool = pool->info;
+  h.pool.tenant = tenant_names_[s.tenant];
+  log_event(LogLevel::info, "session_attach",
+            {kv("session", s.id), kv("worker", r.worker_name), kv("pid", s.peer.pid),
+             kv("uid", s.peer.uid), kv("tenant", tenant_names_[s.tenant]),
+             kv("pool", pool->config.name)});
+  return wire::Reply(std::move(h));
+}
+
+wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocRequest& r) {
+  const uint64_t n = r.count;
+  if (config_.max_pages_per_session != 0 && s.held_pages + n > config_.max_pages_per_session) {
+    return error(Errc::quota_exceeded,
+                 "session holds " + std::to_string(s.held_pages) + " pages; " + std::to_string(n) +
+                     " more would pass limits.max_pages_per_session = " +
+                     std::to_string(config_.max_pages_per_session),
+                 n);
+  }
+  if (config_.max_pages_per_tenant != 0 &&
+      tenant_held_[s.tenant] + n > config_.max_pages_per_tenant) {
+    return error(Errc::quota_exceeded,
+                 "tenant " + tenant_names_[s.tenant] + " holds " +
+                     std::to_string(tenant_held_[s.tenant]) + " pages; " + std::to_string(n) +
+                     " more would pass limits.max_pages_per_tenant = " +
+                     std::to_string(config_.max_pages_per_tenant),
+                 n);
+  }
+  wire::AllocReply a;
+  a.pages.resize(n);
+  const Status st = s.pool->pages->alloc(s.owner, a.pages);
+  if (!st.ok()) return from_status(st);
+  refresh_held(s);
+  return wire::Reply(std::move(a));
+}
+
+wire::Result<wire::Reply> Service::retain(SessionState& s, const wire::RetainRequest& r) {
+  const Status st = s.pool->pages->retain(s.owner, r.pages);
+  if (!st.ok()) return from_status(st);
+  return wire::Reply(wire::RetainReply{});
+}
+
+wire::Result<wire::Reply> Service::release(SessionState& s, const wire::ReleaseRequest& r) {
+  const Status st = s.pool->pages->release(s.owner, r.pages);
+  if (!st.ok()) return from_status(st);
+  refresh_held(s);
+  return wire::Reply(wire::ReleaseReply{});
+}
+
+wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupRequest& r) {
+  wire::LookupReply l;
+  l.pages.resize(r.chain.size());
+  uint32_t hits = 0;
+  const Namespace ns = s.tenant + 1;
+  const Status st = s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits);
+  if (!st.ok()) return from_status(st);
+  l.pages.resize(hits);
+  refresh_held(s);
+  return wire::Reply(std::move(l));
+}
+
+wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishRequest& r) {
+  wire::PublishReply p;
+  p.results.resize(r.items.size());
+  const Namespace ns = s.tenant + 1;
+  const Status st = s.pool->pages->publish(s.owner, ns, r.items, p.results);
+  if (!st.ok()) return from_status(st);
+  refresh_held(s);
+  return wire::Reply(std::move(p));
+}
+
+wire::Result<wire::Reply> Service::stats(SessionState& s) {
+  const core::PoolStats ps = s.pool->pages->stats();
+  wire::StatsReply r;
+  r.total = ps.total;
+  r.free = ps.free;
+  r.in_use = ps.in_use;
+  r.cached = ps.cached;
+  r.sessions = sessions_;
+  r.lookups = ps.counters.lookups;
+  r.lookup_blocks = ps.counters.lookup_blocks;
+  r.hit_blocks = ps.counters.hit_blocks;
+  r.allocated = ps.counters.allocated;
+  r.released = ps.counters.released;
+  r.published = ps.counters.published;
+  r.duplicates = ps.counters.duplicates;
+  r.evicted = ps.counters.evicted;
+  r.flushed = ps.counters.flushed;
+  r.session_held_pages = static_cast<uint32_t>(s.held_pages);
+  return wire::Reply(r);
+}
+
+}  // namespace kvpool::daemon

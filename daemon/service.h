@@ -1,0 +1,107 @@
+// Service: what kvpoold does for its sessions, without the sockets.
+//
+// It owns the pools (a PagePool and a memory segment each), maps peers to tenants, enforces the
+// limits of the config and turns each decoded request of a session into a reply. The Server does
+// the I/O and calls it from the one event-loop thread; the Service never blocks and never does
+// I/O, so it is driven directly by tests as well.
+//
+// Namespaces: a session's namespace is the index of its tenant, derived here from the peer's
+// credentials (SO_PEERCRED) and the config, never from the client. Two tenants sharing a pool
+// therefore never hit, probe or time each other's prefixes (DESIGN §5).
+//
+// Quotas: alloc is refused with quota_exceeded when the session's or its tenant's distinct held
+// pages plus the request would pass max_pages_per_session / max_pages_per_tenant. Pages reached
+// through lookup or a duplicate publish are shared, not new memory, so they count towards the
+// total but are never refused.
+//
+// Thread-safety: none; one thread (the event loop) owns a Service.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/protocol.h"
+#include "daemon/config.h"
+#include "daemon/core/page_pool.h"
+#include "daemon/memory_backend.h"
+
+namespace kvpool::daemon {
+
+struct PeerCredentials {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  gid_t gid = 0;
+};
+
+struct Pool {
+  PoolConfig config;
+  wire::PoolInfo info;
+  std::unique_ptr<MemorySegment> segment;
+  std::unique_ptr<core::PagePool> pages;
+};
+
+// Per-connection state the Service keeps; the Server holds one per connection.
+struct SessionState {
+  uint64_t id = 0;
+  PeerCredentials peer;
+  std::string worker_name;
+  bool attached = false;
+  Pool* pool = nullptr;
+  uint32_t tenant = 0;  // index into Service::tenants()
+  core::OwnerId owner = 0;
+  uint64_t held_pages = 0;  // distinct pages held, as of the last call
+};
+
+class Service {
+ public:
+  // Builds the pools of `config` on `backend`. Errors name the pool and the cause.
+  static wire::Result<std::unique_ptr<Service>> create(const Config& config,
+                                                       std::unique_ptr<MemoryBackend> backend);
+
+  // A new connection. Fails (too_many_sessions, permission_denied) when it must be refused.
+  wire::Result<std::unique_ptr<SessionState>> open_session(const PeerCredentials& peer);
+  // The connection is gone: everything the session holds is released (published pages stay
+  // cached, the rest become free).
+  void close_session(SessionState& session);
+
+  // Handles one request, appending the whole reply frame to `out`. When the reply must carry a
+  // file descriptor (hello on the host backend), *fd_to_pass is set to it (owned by the pool).
+  void handle(SessionState& session, uint32_t request_id, const wire::Request& request,
+              std::vector<std::byte>& out, int* fd_to_pass);
+
+  const std::vector<std::unique_ptr<Pool>>& pools() const { return pools_; }
+  const std::vector<std::string>& tenants() const { return tenant_names_; }
+  uint32_t session_count() const { return sessions_; }
+  const MemoryBackend& backend() const { return *backend_; }
+
+ private:
+  Service(const Config& config, std::unique_ptr<MemoryBackend> backend);
+
+  // Index into tenant_names_ for a peer, or -1 to refuse it.
+  int tenant_of(const PeerCredentials& peer) const;
+  bool tenant_may_use(uint32_t tenant, const Pool& pool) const;
+  void refresh_held(SessionState& s);
+
+  wire::Result<wire::Reply> hello(SessionState& s, const wire::HelloRequest& r, int* fd);
+  wire::Result<wire::Reply> alloc(SessionState& s, const wire::AllocRequest& r);
+  wire::Result<wire::Reply> retain(SessionState& s, const wire::RetainRequest& r);
+  wire::Result<wire::Reply> release(SessionState& s, const wire::ReleaseRequest& r);
+  wire::Result<wire::Reply> lookup(SessionState& s, const wire::LookupRequest& r);
+  wire::Result<wire::Reply> publish(SessionState& s, const wire::PublishRequest& r);
+  wire::Result<wire::Reply> stats(SessionState& s);
+
+  Config config_;
+  std::unique_ptr<MemoryBackend> backend_;
+  std::vector<std::unique_ptr<Pool>> pools_;
+  std::vector<std::string> tenant_names_;  // [i] = config_.tenants[i].name; last may be default
+  std::vector<uint64_t> tenant_held_;      // distinct pages held by the tenant's sessions
+  int default_tenant_ = -1;
+  uint32_t sessions_ = 0;
+  uint64_t next_session_id_ = 1;
+};
+
+}  // namespace kvpool::daemon

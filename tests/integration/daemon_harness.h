@@ -1,0 +1,69 @@
+// Test harness: a real kvpoold process with its own config and socket in a temporary
+// directory, and worker processes forked from the test.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+
+namespace kvpool::testing {
+
+// A scratch directory under /tmp, removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+class Daemon {
+ public:
+  // Writes `config_yaml` (empty = run with the built-in default config) and starts kvpoold on
+  // a socket in a fresh temporary directory. Extra command-line arguments may be given.
+  explicit Daemon(const std::string& config_yaml, const std::string& extra_args = "");
+  ~Daemon();  // SIGKILL if still running
+
+  // Starts the process and waits (up to 10 s) until the socket accepts connections.
+  // Returns false, with the daemon's log in log(), if it exits or never becomes ready.
+  bool start();
+  // SIGTERM and wait; returns the exit status (as waitpid reports it) or -1.
+  int stop();
+  // SIGKILL and wait.
+  void kill9();
+  bool running();
+
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+  std::string log() const;  // the daemon's stderr so far
+
+ private:
+  TempDir dir_;
+  std::string socket_;
+  std::string config_;
+  std::string extra_;
+  pid_t pid_ = -1;
+};
+
+// Runs `fn` in a forked child process; returns its exit code (128 + signal if killed).
+// The child exits with fn's return value; an uncaught exception or a failed EXPECT in the child
+// does not reach the parent, so fn reports failure through its return value.
+int run_worker(const std::function<int()>& fn);
+
+// Forks a child that runs `fn` (which may block); returns its pid for the test to signal.
+pid_t spawn_worker(const std::function<int()>& fn);
+// Waits for a child; returns its exit code (128 + signal if killed).
+int wait_worker(pid_t pid);
+
+// Runs a command line through the shell; returns its exit code and fills `output` with its
+// stdout and stderr.
+int run_command(const std::string& command, std::string& output);
+
+// Names in /dev/shm that start with "kvpool-<pid>-".
+int shm_segments_of(pid_t pid);
+
+}  // namespace kvpool::testing
