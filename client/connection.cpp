@@ -149,11 +149,12 @@ Error Connection::lost(const std::string& what) {
 
 Result<wire::Reply> Connection::round_trip(uint32_t request_id, int* passed_fd) {
   if (fd_ < 0) return lost("connection already failed");
-  if (const int e = write_all(fd_, out_.data(), out_.size()); e != 0) {
-    return lost(std::string("send: ") + std::strerror(e));
-  }
+  // A daemon that refuses the connection sends its reason and closes, possibly before our
+  // request is out: so a failed send still reads whatever reply is waiting.
+  const int send_error = write_all(fd_, out_.data(), out_.size());
   in_.resize(wire::kHeaderBytes);
   if (const int e = read_exact(fd_, in_.data(), wire::kHeaderBytes, passed_fd); e != 0) {
+    if (send_error != 0) return lost(std::string("send: ") + std::strerror(send_error));
     return lost(e < 0 ? "the daemon closed the connection" : std::strerror(e));
   }
   const auto header = wire::decode_header(in_);

@@ -1,0 +1,145 @@
+#include "client/sequence_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace kvpool::client {
+
+SequenceCache::SequenceCache(Connection& conn, BlockHasher& hasher, const BlockHash& root)
+    : conn_(conn), hasher_(hasher), root_(root), tpp_(conn.pool().geometry.tokens_per_page) {}
+
+SequenceCache::~SequenceCache() {
+  (void)release();
+}
+
+void SequenceCache::hash_new_full_blocks() {
+  for (uint32_t b = static_cast<uint32_t>(hashes_.size()); b < full_blocks(); ++b) {
+    const BlockHash& parent = b == 0 ? root_ : hashes_[b - 1];
+    hashes_.push_back(hasher_.block(parent, std::span(tokens_).subspan(uint64_t{b} * tpp_, tpp_)));
+  }
+}
+
+Result<uint32_t> SequenceCache::begin(std::span<const uint32_t> prompt) {
+  if (!tokens_.empty()) {
+    return Error{Status(Errc::invalid_argument), "begin() on a sequence that has tokens"};
+  }
+  tokens_.assign(prompt.begin(), prompt.end());
+  hash_new_full_blocks();
+  auto hits = conn_.lookup(hashes_);
+  if (!hits.ok()) {
+    tokens_.clear();
+    hashes_.clear();
+    return hits.error();
+  }
+  pages_ = std::move(hits.value());
+  published_ = static_cast<uint32_t>(pages_.size());
+  const uint32_t blocks = (tokens() + tpp_ - 1) / tpp_;
+  if (blocks > pages_.size()) {
+    auto fresh = conn_.alloc(blocks - static_cast<uint32_t>(pages_.size()));
+    if (!fresh.ok()) {
+      (void)release();
+      return fresh.error();
+    }
+    pages_.insert(pages_.end(), fresh.value().begin(), fresh.value().end());
+  }
+  return published_ * tpp_;
+}
+
+Result<SequenceCache::Slot> SequenceCache::append(uint32_t token) {
+  if (tokens() % tpp_ == 0) {
+    auto page = conn_.alloc(1);
+    if (!page.ok()) return page.error();
+    pages_.push_back(page.value()[0]);
+  }
+  tokens_.push_back(token);
+  hash_new_full_blocks();
+  return slot(tokens() - 1);
+}
+
+SequenceCache::Slot SequenceCache::slot(uint32_t pos) const {
+  return Slot{pages_[pos / tpp_], pos % tpp_};
+}
+
+Result<uint32_t> SequenceCache::publish_full() {
+  const uint32_t full = full_blocks();
+  if (full <= published_) return 0u;
+  std::vector<PublishItem> items;
+  std::vector<uint32_t> blocks;
+  for (uint32_t b = published_; b < full; ++b) {
+    if (pages_[b] == kNoPage) continue;  // dropped by the window before it was published
+    items.push_back({pages_[b], hashes_[b]});
+    blocks.push_back(b);
+  }
+  auto results = conn_.publish(items);
+  if (!results.ok()) return results.error();
+  std::vector<PageId> own_copies;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const PublishResult& r = results.value()[i];
+    if (r.kind == PublishResult::Kind::duplicate) {
+      own_copies.push_back(pages_[blocks[i]]);
+      pages_[blocks[i]] = r.page;  // already retained for us by the daemon
+    }
+  }
+  published_ = full;
+  if (!own_copies.empty()) {
+    auto rel = conn_.release(own_copies);
+    if (!rel.ok()) return rel.error();
+  }
+  return static_cast<uint32_t>(own_copies.size());
+}
+
+Result<std::unique_ptr<SequenceCache>> SequenceCache::fork() {
+  auto child = std::make_unique<SequenceCache>(conn_, hasher_, root_);
+  const uint32_t full = full_blocks();
+  std::vector<PageId> shared;
+  for (uint32_t b = 0; b < full; ++b) {
+    if (pages_[b] != kNoPage) shared.push_back(pages_[b]);
+  }
+  if (!shared.empty()) {
+    auto r = conn_.retain(shared);
+    if (!r.ok()) return r.error();
+  }
+  child->tokens_ = tokens_;
+  child->hashes_ = hashes_;
+  child->published_ = published_;
+  child->pages_.assign(pages_.begin(), pages_.begin() + full);
+  if (tokens() % tpp_ != 0) {
+    // The partial last block will be written by both sequences: the child gets its own copy.
+    auto page = conn_.alloc(1);
+    if (!page.ok()) return page.error();  // child's destructor releases what it retained
+    const uint64_t stride = conn_.pool().page_stride;
+    std::memcpy(conn_.page(page.value()[0]), conn_.page(pages_.back()), stride);
+    child->pages_.push_back(page.value()[0]);
+  }
+  return child;
+}
+
+Result<Ok> SequenceCache::apply_window(uint32_t window) {
+  if (tokens() <= window) return Ok{};
+  const uint32_t first_kept = tokens() - window;  // oldest token still inside the window
+  const uint32_t droppable = first_kept / tpp_;   // blocks entirely before it
+  std::vector<PageId> drop;
+  for (uint32_t b = droppable; b-- > 0;) {  // tail first
+    if (pages_[b] != kNoPage) drop.push_back(pages_[b]);
+  }
+  if (drop.empty()) return Ok{};
+  auto r = conn_.release(drop);
+  if (!r.ok()) return r.error();
+  std::fill(pages_.begin(), pages_.begin() + droppable, kNoPage);
+  return Ok{};
+}
+
+Result<Ok> SequenceCache::release() {
+  std::vector<PageId> held;
+  for (auto it = pages_.rbegin(); it != pages_.rend(); ++it) {
+    if (*it != kNoPage) held.push_back(*it);
+  }
+  tokens_.clear();
+  pages_.clear();
+  hashes_.clear();
+  published_ = 0;
+  if (held.empty()) return Ok{};
+  return conn_.release(held);
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,88 @@
+// SequenceCache: one sequence's KV pages, on the worker side.
+//
+// It keeps the sequence's block table (page per block of tokens_per_page tokens), computes the
+// block-hash chain of its full blocks (common/block_hash.h), and drives the daemon:
+//   begin(prompt)        lookup of the prompt's full blocks → the cached prefix needs no compute;
+//                        pages for the rest are allocated in one call;
+//   slot(pos)/append()   where token pos's K/V go (page, offset), allocating as blocks fill;
+//   publish_full()       publishes the full blocks written since the last call; a block another
+//                        worker published first is adopted: its page replaces ours, ours goes back;
+//   fork()               a second sequence sharing every full block (retained, zero copy); the
+//                        partial last block is copied into a page of its own (copy on write);
+//   apply_window(n)      drops the pages whose tokens all left a sliding window of n tokens;
+//   release()            gives every page back, tail first, so tails are evicted before heads.
+// Invariants: block b holds tokens [b·T, (b+1)·T); blocks [0, published_) are published (or
+// adopted); a dropped block's entry is kNoPage; the cache holds exactly one reference to every
+// page in its table.
+//
+// The caller writes K/V into the slots between begin()/append() and publish_full(), and must not
+// publish before those bytes are complete and visible (on a GPU: after the stream finished).
+// Thread-safety: one thread at a time, like the Connection it uses.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "client/connection.h"
+#include "common/block_hash.h"
+
+namespace kvpool::client {
+
+class SequenceCache {
+ public:
+  struct Slot {
+    PageId page = kNoPage;
+    uint32_t offset = 0;  // token index inside the page
+  };
+
+  // `root` comes from BlockHasher::root() for the model; conn and hasher must outlive the cache.
+  SequenceCache(Connection& conn, BlockHasher& hasher, const BlockHash& root);
+  ~SequenceCache();  // release()
+  SequenceCache(const SequenceCache&) = delete;
+  SequenceCache& operator=(const SequenceCache&) = delete;
+
+  // Starts the sequence with `prompt`. Returns how many leading tokens are already cached (their
+  // K/V are in the pool, written by whoever published them); a multiple of tokens_per_page.
+  // Precondition: the sequence is empty.
+  Result<uint32_t> begin(std::span<const uint32_t> prompt);
+  // Appends one token; returns its slot.
+  Result<Slot> append(uint32_t token);
+  // The slot of token `pos` (< tokens()); page is kNoPage once the window dropped it.
+  Slot slot(uint32_t pos) const;
+
+  // Publishes every full block not yet published; returns how many blocks were adopted from
+  // another worker instead of stored.
+  Result<uint32_t> publish_full();
+
+  Result<std::unique_ptr<SequenceCache>> fork();
+
+  // Releases the pages of blocks whose tokens are all older than the last `window` tokens.
+  Result<Ok> apply_window(uint32_t window);
+
+  // Releases every page, tail first. The sequence is empty afterwards.
+  Result<Ok> release();
+
+  uint32_t tokens() const { return static_cast<uint32_t>(tokens_.size()); }
+  uint32_t tokens_per_page() const { return tpp_; }
+  const std::vector<PageId>& block_table() const { return pages_; }
+  const std::vector<BlockHash>& block_hashes() const { return hashes_; }
+  uint32_t published_blocks() const { return published_; }
+
+ private:
+  uint32_t full_blocks() const { return tokens() / tpp_; }
+  // Hashes of blocks [hashes_.size(), full_blocks()).
+  void hash_new_full_blocks();
+
+  Connection& conn_;
+  BlockHasher& hasher_;
+  BlockHash root_;
+  uint32_t tpp_;
+  std::vector<uint32_t> tokens_;
+  std::vector<PageId> pages_;
+  std::vector<BlockHash> hashes_;  // one per full block
+  uint32_t published_ = 0;
+};
+
+}  // namespace kvpool::client
