@@ -57,9 +57,9 @@ struct TenantConfig {
 struct Config {
   std::string source = "<built-in>";  // file the config came from
 
-  std::string socket_path;     // default: default_socket_path()
+  std::string socket_path;  // default: default_socket_path()
   uint32_t socket_mode = 0660;
-  std::string socket_group;    // empty = the daemon's own group
+  std::string socket_group;  // empty = the daemon's own group
 
   std::string backend = "auto";  // auto | host | cuda-vmm | cuda-ipc
   int device = 0;
@@ -91,7 +91,8 @@ wire::Result<Config> parse_config(std::string_view yaml, std::string_view source
 // Reads and parses a file; an unreadable file is an Error naming the path and errno text.
 wire::Result<Config> load_config(const std::string& path);
 
-// Parses "1GiB", "512 MiB", "1000000000" (bytes), "4096 pages", "40%"; empty on error.
+// Parses "1GiB", "512 MiB", "1000000000" (bytes), "4096 pages", "40%" into out. Returns ""
+// on success, else the error text (and leaves out untouched).
 std::string parse_capacity(std::string_view text, Capacity& out);
 
 }  // namespace kvpool::daemon

@@ -1,1 +1,663 @@
+#include "daemon/config.h"
+
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvpool::daemon {
+namespace {
+
+constexpr std::string_view kSource = "test.yaml";
+
+// Sets (or, with nullopt, unsets) XDG_RUNTIME_DIR for one scope.
+class ScopedXdg {
+ public:
+  explicit ScopedXdg(std::optional<std::string> value) {
+    if (const char* old = std::getenv("XDG_RUNTIME_DIR")) old_ = old;
+    if (value) {
+      setenv("XDG_RUNTIME_DIR", value->c_str(), 1);
+    } else {
+      unsetenv("XDG_RUNTIME_DIR");
+    }
+  }
+  ~ScopedXdg() {
+    if (old_) {
+      setenv("XDG_RUNTIME_DIR", old_->c_str(), 1);
+    } else {
+      unsetenv("XDG_RUNTIME_DIR");
+    }
+  }
+  ScopedXdg(const ScopedXdg&) = delete;
+  ScopedXdg& operator=(const ScopedXdg&) = delete;
+
+ private:
+  std::optional<std::string> old_;
+};
+
+Config parse_ok(std::string_view yaml) {
+  auto r = parse_config(yaml, kSource);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? r.value() : Config{};
+}
+
+std::string parse_error(std::string_view yaml) {
+  auto r = parse_config(yaml, kSource);
+  EXPECT_FALSE(r.ok()) << "parsed:\n" << yaml;
+  if (r.ok()) return {};
+  EXPECT_EQ(r.error().status, Status{Errc::invalid_argument});
+  return r.error().message;
+}
+
+// The error must read "test.yaml:LINE: KEY: ..." and contain `what`.
+void expect_error(std::string_view yaml, int line, const std::string& key,
+                  const std::string& what) {
+  const std::string msg = parse_error(yaml);
+  const std::string prefix =
+      std::string(kSource) + ":" + std::to_string(line) + ": " + (key.empty() ? "" : key + ": ");
+  EXPECT_TRUE(msg.starts_with(prefix)) << "message: " << msg << "\nexpected prefix: " << prefix;
+  EXPECT_NE(msg.find(what), std::string::npos) << "message: " << msg << "\nexpected: " << what;
+}
+
+// A valid pool list, lines 1-8; tests append to it.
+constexpr std::string_view kPools = R"(pools:
+  - name: a
+    capacity: 64MiB
+    geometry:
+      layers: 2
+      kv_heads: 2
+      head_dim: 64
+      tokens_per_page: 16
+)";
+
+std::string with_pools(std::string_view rest) {
+  return std::string(kPools) + "      dtype: fp16\n" + std::string(rest);
+}
+
+std::string example_path() {
+  return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "config" / "kvpoold.yaml")
+      .lexically_normal()
+      .string();
+}
+
+// Default config and socket path ------------------------------------------------------------
+
+TEST(ConfigTest, DefaultConfig) {
+  ScopedXdg xdg(std::nullopt);
+  const Config c = default_config();
+  EXPECT_EQ(c.source, "<built-in>");
+  EXPECT_EQ(c.socket_path, "/run/kvpool/kvpoold.sock");
+  EXPECT_EQ(c.socket_mode, 0660u);
+  EXPECT_EQ(c.socket_group, "");
+  EXPECT_EQ(c.backend, "auto");
+  EXPECT_EQ(c.device, 0);
+  EXPECT_EQ(c.max_sessions, 1024u);
+  EXPECT_EQ(c.max_pages_per_session, 0u);
+  EXPECT_EQ(c.max_pages_per_tenant, 0u);
+  ASSERT_EQ(c.pools.size(), 1u);
+  const PoolConfig& p = c.pools[0];
+  EXPECT_EQ(p.name, "default");
+  EXPECT_EQ(p.policy, "lru");
+  EXPECT_EQ(p.geometry, (Geometry{32, 8, 128, 16, KvDtype::bf16}));
+  EXPECT_EQ(page_data_bytes(p.geometry), 2u << 20);
+  EXPECT_EQ(p.capacity, (Capacity{Capacity::Unit::bytes, 256u << 20, 0.0}));
+  EXPECT_TRUE(validate(p.geometry).empty());
+  EXPECT_TRUE(c.tenants.empty());
+  EXPECT_EQ(c.default_tenant, "default");
+  EXPECT_EQ(c.log_level, "info");
+}
+
+TEST(ConfigTest, DefaultSocketPathFollowsXdgRuntimeDir) {
+  {
+    ScopedXdg xdg("/run/user/1000");
+    EXPECT_EQ(default_socket_path(), "/run/user/1000/kvpool/kvpoold.sock");
+    EXPECT_EQ(default_config().socket_path, "/run/user/1000/kvpool/kvpoold.sock");
+  }
+  {
+    ScopedXdg xdg(std::nullopt);
+    EXPECT_EQ(default_socket_path(), "/run/kvpool/kvpoold.sock");
+  }
+  {
+    ScopedXdg xdg("");  // set but empty: ignored
+    EXPECT_EQ(default_socket_path(), "/run/kvpool/kvpoold.sock");
+  }
+  {
+    ScopedXdg xdg("relative/dir");  // the XDG spec says to ignore relative paths
+    EXPECT_EQ(default_socket_path(), "/run/kvpool/kvpoold.sock");
+  }
+}
+
+// Valid files -------------------------------------------------------------------------------
+
+TEST(ConfigTest, EmptyFileIsTheDefaultConfig) {
+  for (std::string_view text : {"", "\n\n", "# only a comment\n", "---\n", "~\n"}) {
+    SCOPED_TRACE(std::string(text));
+    Config c = parse_ok(text);
+    EXPECT_EQ(c.source, "test.yaml");
+    c.source = "<built-in>";
+    EXPECT_EQ(c, default_config());
+  }
+}
+
+TEST(ConfigTest, FullFileWithEveryKey) {
+  const Config c = parse_ok(R"(# every key, none at its default
+socket:
+  path: /tmp/kvpool-test/kvpoold.sock
+  mode: "0600"
+  group: kvpool
+backend: host
+device: 3
+limits:
+  max_sessions: 16
+  max_pages_per_session: 1000
+  max_pages_per_tenant: 5000
+pools:
+  - name: llama
+    policy: lru
+    capacity: 1GiB
+    geometry:
+      layers: 32
+      kv_heads: 8
+      head_dim: 128
+      tokens_per_page: 16
+      dtype: bf16
+  - name: small
+    capacity: "4096 pages"
+    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 32, dtype: fp8}
+  - name: frac
+    capacity: 40%
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 8, dtype: int8}
+tenants:
+  - name: team-a
+    uids: [1000, 1001]
+    gids: [2000]
+    pools: [llama, small]
+  - name: team-b
+    uids:
+      - 1002
+    gids: []
+    pools: []
+  - name: bare
+default_tenant: team-a
+logging:
+  level: debug
+)");
+  EXPECT_EQ(c.source, "test.yaml");
+  EXPECT_EQ(c.socket_path, "/tmp/kvpool-test/kvpoold.sock");
+  EXPECT_EQ(c.socket_mode, 0600u);
+  EXPECT_EQ(c.socket_group, "kvpool");
+  EXPECT_EQ(c.backend, "host");
+  EXPECT_EQ(c.device, 3);
+  EXPECT_EQ(c.max_sessions, 16u);
+  EXPECT_EQ(c.max_pages_per_session, 1000u);
+  EXPECT_EQ(c.max_pages_per_tenant, 5000u);
+  ASSERT_EQ(c.pools.size(), 3u);
+  EXPECT_EQ(c.pools[0], (PoolConfig{"llama", Geometry{32, 8, 128, 16, KvDtype::bf16},
+                                    Capacity{Capacity::Unit::bytes, 1u << 30, 0.0}, "lru"}));
+  EXPECT_EQ(c.pools[1], (PoolConfig{"small", Geometry{4, 2, 64, 32, KvDtype::fp8_e4m3},
+                                    Capacity{Capacity::Unit::pages, 4096, 0.0}, "lru"}));
+  EXPECT_EQ(c.pools[2].name, "frac");
+  EXPECT_EQ(c.pools[2].geometry.dtype, KvDtype::int8);
+  EXPECT_EQ(c.pools[2].capacity.unit, Capacity::Unit::fraction);
+  EXPECT_DOUBLE_EQ(c.pools[2].capacity.fraction, 0.4);
+  ASSERT_EQ(c.tenants.size(), 3u);
+  EXPECT_EQ(c.tenants[0], (TenantConfig{"team-a", {1000, 1001}, {2000}, {"llama", "small"}}));
+  EXPECT_EQ(c.tenants[1], (TenantConfig{"team-b", {1002}, {}, {}}));
+  EXPECT_EQ(c.tenants[2], (TenantConfig{"bare", {}, {}, {}}));
+  EXPECT_EQ(c.default_tenant, "team-a");
+  EXPECT_EQ(c.log_level, "debug");
+}
+
+TEST(ConfigTest, AbsentKeysKeepTheirDefaults) {
+  Config c = parse_ok("backend: host\nlimits:\n  max_sessions: 7\n");
+  Config expected = default_config();
+  expected.source = "test.yaml";
+  expected.backend = "host";
+  expected.max_sessions = 7;
+  EXPECT_EQ(c, expected);
+
+  // Sections whose entries are all commented out are empty, not errors.
+  c = parse_ok("socket:\n  # path: /x\nlimits:\nlogging:\ntenants:\n");
+  expected = default_config();
+  expected.source = "test.yaml";
+  EXPECT_EQ(c, expected);
+}
+
+TEST(ConfigTest, PoolDefaultsAndPoolsReplaceTheDefaultPool) {
+  const Config c = parse_ok(R"(pools:
+  - name: only
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}
+)");
+  ASSERT_EQ(c.pools.size(), 1u);
+  EXPECT_EQ(c.pools[0].name, "only");
+  EXPECT_EQ(c.pools[0].policy, "lru");
+  EXPECT_EQ(c.pools[0].capacity, default_config().pools[0].capacity);
+}
+
+TEST(ConfigTest, SocketModeForms) {
+  const std::pair<std::string_view, uint32_t> cases[] = {
+      {"\"0660\"", 0660}, {"\"660\"", 0660}, {"\"0o600\"", 0600}, {"'0777'", 0777},
+      {"0660", 0660},     {"0o640", 0640},   {"432", 0660},       {"0", 0},
+      {"511", 0777},      {"\"0\"", 0},
+  };
+  for (const auto& [text, mode] : cases) {
+    SCOPED_TRACE(std::string(text));
+    EXPECT_EQ(parse_ok("socket:\n  mode: " + std::string(text) + "\n").socket_mode, mode);
+  }
+}
+
+TEST(ConfigTest, DefaultTenantSpecialNames) {
+  EXPECT_EQ(parse_ok("default_tenant: default\n").default_tenant, "default");
+  EXPECT_EQ(parse_ok("default_tenant: \"\"\n").default_tenant, "");
+  EXPECT_EQ(parse_ok("tenants:\n  - name: t\ndefault_tenant: t\n").default_tenant, "t");
+  // A tenant entry named "default" configures the implicit tenant.
+  const Config c = parse_ok("tenants:\n  - name: default\n    pools: [default]\n");
+  ASSERT_EQ(c.tenants.size(), 1u);
+  EXPECT_EQ(c.tenants[0].pools, std::vector<std::string>{"default"});
+}
+
+// Errors: "FILE:LINE: KEY: what is wrong" ----------------------------------------------------
+
+TEST(ConfigErrorTest, UnknownKeys) {
+  expect_error("backend: host\nsockets:\n  path: /x\n", 2, "sockets", "unknown key");
+  expect_error("socket:\n  path: /x\n  owner: root\n", 3, "socket.owner", "unknown key");
+  expect_error("limits:\n  max_session: 3\n", 2, "limits.max_session", "max_sessions");
+  expect_error("logging:\n  format: json\n", 2, "logging.format", "unknown key");
+  expect_error(with_pools("    colour: red\n"), 10, "pools[0].colour", "unknown key");
+  expect_error(with_pools("      head_dims: 64\n"), 10, "pools[0].geometry.head_dims",
+               "unknown key");
+  expect_error("tenants:\n  - name: t\n    uid: [1]\n", 3, "tenants[0].uid", "unknown key");
+}
+
+TEST(ConfigErrorTest, DottedPathNamesTheListItem) {
+  const std::string yaml = with_pools(R"(  - name: b
+    geometry:
+      layers: 2
+      kv_heads: 2
+      head_dim: 0
+      tokens_per_page: 16
+      dtype: fp16
+)");
+  expect_error(yaml, 14, "pools[1].geometry.head_dim", "at least 1");
+}
+
+TEST(ConfigErrorTest, WrongTypes) {
+  expect_error(with_pools("").replace(with_pools("").find("layers: 2"), 9, "layers: abc"), 5,
+               "pools[0].geometry.layers", "must be an integer");
+  expect_error("device: \"1\"\n", 1, "device", "not the string");
+  expect_error("device: 1.5\n", 1, "device", "must be an integer");
+  expect_error("device: -1\n", 1, "device", "must not be negative");
+  expect_error("device: 0x10\n", 1, "device", "must be an integer");
+  expect_error("device: 010\n", 1, "device", "leading zeros");
+  expect_error("device: 99999999999\n", 1, "device", "at most");
+  expect_error("limits:\n  max_pages_per_session: -5\n", 2, "limits.max_pages_per_session",
+               "negative");
+  expect_error("limits:\n  max_pages_per_tenant: 18446744073709551616\n", 2,
+               "limits.max_pages_per_tenant", "at most");
+  expect_error("socket: [a, b]\n", 1, "socket", "must be a mapping, not a list");
+  expect_error("limits: 5\n", 1, "limits", "must be a mapping");
+  expect_error("backend: {a: 1}\n", 1, "backend", "must be a string, not a mapping");
+  expect_error("socket:\n  group: [wheel]\n", 2, "socket.group", "must be a string");
+  expect_error("pools: {name: a}\n", 1, "pools", "must be a list");
+  expect_error("tenants:\n  - name: t\n    uids: 1000\n", 3, "tenants[0].uids", "must be a list");
+  expect_error("tenants:\n  - name: t\n    uids: [abc]\n", 3, "tenants[0].uids[0]",
+               "must be an integer");
+  expect_error("tenants:\n  - name: t\n    gids: [-1]\n", 3, "tenants[0].gids[0]", "negative");
+  expect_error("tenants:\n  - name: t\n    uids: [4294967295]\n", 3, "tenants[0].uids[0]",
+               "at most");
+  expect_error("tenants:\n  - just-a-string\n", 2, "tenants[0]", "must be a mapping");
+}
+
+TEST(ConfigErrorTest, NullValues) {
+  expect_error("backend:\ndevice: 1\n", 1, "backend", "has no value");
+  expect_error("device: ~\n", 1, "device", "has no value");
+  expect_error("socket:\n  path:\n  mode: \"0660\"\n", 2, "socket.path", "has no value");
+  expect_error("pools:\n  -\n", 2, "pools[0]", "must be a mapping");
+}
+
+TEST(ConfigErrorTest, DuplicateKeys) {
+  expect_error("backend: host\ndevice: 1\nbackend: auto\n", 3, "backend", "duplicate key");
+  expect_error("socket:\n  mode: \"0600\"\n  mode: \"0660\"\n", 3, "socket.mode", "line 2");
+}
+
+TEST(ConfigErrorTest, SocketValues) {
+  expect_error("socket:\n  mode: 999\n", 2, "socket.mode", "0660");
+  expect_error("socket:\n  mode: 660\n", 2, "socket.mode", "<= 0777");
+  expect_error("socket:\n  mode: \"0999\"\n", 2, "socket.mode", "octal");
+  expect_error("socket:\n  mode: \"01000\"\n", 2, "socket.mode", "octal");
+  expect_error("socket:\n  mode: \"rw-rw----\"\n", 2, "socket.mode", "octal");
+  expect_error("socket:\n  mode: \"\"\n", 2, "socket.mode", "octal");
+  expect_error("socket:\n  mode: -1\n", 2, "socket.mode", "octal");
+  expect_error("socket:\n  mode: [1]\n", 2, "socket.mode", "must be a mode");
+  expect_error("socket:\n  path: \"\"\n", 2, "socket.path", "must not be empty");
+  expect_error("socket:\n  path: run/kvpool.sock\n", 2, "socket.path", "absolute");
+  expect_error("socket:\n  path: /" + std::string(200, 'x') + "\n", 2, "socket.path",
+               "at most 107");
+}
+
+TEST(ConfigErrorTest, OutOfRangeChoices) {
+  expect_error("limits:\n  max_sessions: 0\n", 2, "limits.max_sessions", "at least 1");
+  expect_error("backend: cuda\n", 1, "backend", "auto, host, cuda-vmm, cuda-ipc");
+  expect_error("logging:\n  level: verbose\n", 2, "logging.level", "debug, info, warn, error");
+  expect_error(with_pools("    policy: fifo\n"), 10, "pools[0].policy",
+               "\"fifo\" is not one of lru");
+}
+
+TEST(ConfigErrorTest, Geometry) {
+  std::string yaml = with_pools("");
+  yaml.replace(yaml.find("dtype: fp16"), 11, "dtype: fp32");
+  expect_error(yaml, 9, "pools[0].geometry.dtype", "\"fp32\" is not one of");
+
+  yaml = std::string(kPools);  // no dtype
+  expect_error(yaml, 4, "pools[0].geometry", "missing required key \"dtype\"");
+
+  yaml = with_pools("");
+  yaml.replace(yaml.find("tokens_per_page: 16"), 19, "tokens_per_page: 0");
+  expect_error(yaml, 8, "pools[0].geometry.tokens_per_page", "at least 1");
+
+  // validate(): a page above 1 TiB, reported at the geometry.
+  expect_error(R"(pools:
+  - name: huge
+    geometry:
+      layers: 4096
+      kv_heads: 4096
+      head_dim: 4096
+      tokens_per_page: 4096
+      dtype: fp16
+)",
+               3, "pools[0].geometry", "exceeds 1 TiB");
+
+  expect_error("pools:\n  - name: a\n    capacity: 1GiB\n", 2, "pools[0]",
+               "missing required key \"geometry\"");
+  expect_error("pools:\n  - name: a\n    geometry: [1, 2]\n", 3, "pools[0].geometry",
+               "must be a mapping");
+  expect_error("pools:\n  - name: a\n    geometry:\n", 3, "pools[0].geometry", "must be a mapping");
+}
+
+TEST(ConfigErrorTest, Capacity) {
+  std::string yaml = with_pools("");
+  const size_t at = yaml.find("64MiB");
+  auto with_capacity = [&](std::string_view cap) {
+    std::string y = yaml;
+    y.replace(at, 5, cap);
+    return y;
+  };
+  expect_error(with_capacity("lots"), 3, "pools[0].capacity", "\"lots\"");
+  expect_error(with_capacity("0"), 3, "pools[0].capacity", "zero");
+  expect_error(with_capacity("0 pages"), 3, "pools[0].capacity", "zero");
+  expect_error(with_capacity("0%"), 3, "pools[0].capacity", "(0%, 100%]");
+  expect_error(with_capacity("150%"), 3, "pools[0].capacity", "(0%, 100%]");
+  expect_error(with_capacity("16 EiB"), 3, "pools[0].capacity", "unknown unit");
+  expect_error(with_capacity("99999999999999999999"), 3, "pools[0].capacity", "2^63");
+  expect_error(with_capacity("[1GiB]"), 3, "pools[0].capacity", "must be a capacity");
+  // 2·2·2·16·64·2 = 16 KiB pages: 1000 bytes hold none.
+  expect_error(with_capacity("1000"), 3, "pools[0].capacity", "no whole page of 16384 bytes");
+  expect_error(with_capacity("3000000000 pages"), 3, "pools[0].capacity", "a pool can hold");
+  // A geometry whose page exceeds the default 256 MiB capacity needs an explicit capacity.
+  expect_error(R"(pools:
+  - name: big
+    geometry: {layers: 256, kv_heads: 64, head_dim: 128, tokens_per_page: 64, dtype: fp16}
+)",
+               2, "pools[0].capacity (default 256MiB)", "no whole page");
+}
+
+TEST(ConfigErrorTest, PoolsList) {
+  expect_error("backend: host\npools: []\n", 2, "pools", "at least one pool");
+  expect_error("backend: host\npools:\n", 2, "pools", "at least one pool");
+  expect_error(
+      "pools:\n  - geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 8, "
+      "dtype: fp16}\n",
+      2, "pools[0]", "missing required key \"name\"");
+  expect_error("pools:\n  - policy: lru\n    name: \"\"\n", 3, "pools[0].name",
+               "must not be empty");
+  const std::string dup = with_pools(R"(  - name: a
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 8, dtype: fp16}
+)");
+  expect_error(dup, 10, "pools[1].name", "duplicate pool name \"a\"");
+  expect_error("pools:\n  - name: " + std::string(300, 'p') + "\n", 2, "pools[0].name",
+               "longer than 256");
+}
+
+TEST(ConfigErrorTest, Tenants) {
+  expect_error(with_pools(R"(tenants:
+  - name: t1
+  - name: t1
+)"),
+               12, "tenants[1].name", "duplicate tenant name \"t1\"");
+  expect_error(with_pools(R"(tenants:
+  - name: t1
+    uids: [1000, 1001]
+  - name: t2
+    uids: [1002, 1001]
+)"),
+               14, "tenants[1].uids[1]", "uid 1001 is already listed in tenant \"t1\"");
+  expect_error(with_pools(R"(tenants:
+  - name: t1
+    gids:
+      - 2000
+  - name: t2
+    gids:
+      - 2000
+)"),
+               16, "tenants[1].gids[0]", "gid 2000 is already listed in tenant \"t1\"");
+  expect_error(with_pools("tenants:\n  - name: t1\n    uids: [5, 5]\n"), 12, "tenants[0].uids[1]",
+               "already listed in this tenant");
+  // A uid in one tenant and the same number as a gid in another is fine.
+  parse_ok(with_pools("tenants:\n  - name: t1\n    uids: [5]\n  - name: t2\n    gids: [5]\n"));
+  expect_error(with_pools("tenants:\n  - name: t1\n    pools: [a, b]\n"), 12, "tenants[0].pools[1]",
+               "no pool is named \"b\"");
+  // The default pool is gone once a file lists pools.
+  expect_error(with_pools("tenants:\n  - name: t1\n    pools:\n      - default\n"), 13,
+               "tenants[0].pools[0]", "no pool is named \"default\"");
+  expect_error(with_pools("tenants:\n  - name: t1\n    pools: [a, a]\n"), 12, "tenants[0].pools[1]",
+               "listed twice");
+  expect_error("tenants:\n  - uids: [1]\n", 2, "tenants[0]", "missing required key \"name\"");
+}
+
+TEST(ConfigErrorTest, DefaultTenant) {
+  expect_error("tenants:\n  - name: t\ndefault_tenant: nobody\n", 3, "default_tenant",
+               "no tenant is named \"nobody\"");
+  expect_error("default_tenant: [a]\n", 1, "default_tenant", "must be a string");
+}
+
+TEST(ConfigErrorTest, YamlSyntax) {
+  expect_error("backend: host\ndevice: [1, 2\nlimits: {}\n", 3, "", "YAML syntax error");
+  expect_error("socket:\n  path: /x\n   mode: 1\n", 3, "", "YAML syntax error");
+  expect_error("backend: host\n\tdevice: 1\n", 2, "", "YAML syntax error");
+  expect_error("backend: host\ndevice: b: c\n", 2, "", "YAML syntax error");
+  expect_error("backend: &x host\ndevice: *y\n", 2, "", "anchor");
+}
+
+TEST(ConfigErrorTest, DocumentShape) {
+  expect_error("- a\n- b\n", 1, "", "must be a mapping");
+  expect_error("just text\n", 1, "", "must be a mapping");
+  expect_error("backend: host\n---\nbackend: auto\n", 3, "", "one YAML document");
+  expect_error("[1]: x\n", 1, "", "a key must be a plain string");
+}
+
+TEST(ConfigErrorTest, SourceNameInEveryMessage) {
+  auto r = parse_config("device: x\n", "/etc/kvpool/kvpoold.yaml");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message.rfind("/etc/kvpool/kvpoold.yaml:1: device: ", 0), 0u)
+      << r.error().message;
+}
+
+// Capacity ----------------------------------------------------------------------------------
+
+TEST(CapacityTest, Valid) {
+  using U = Capacity::Unit;
+  struct Case {
+    std::string_view text;
+    U unit;
+    uint64_t value;
+    double fraction;
+  };
+  const Case cases[] = {
+      {"1GiB", U::bytes, 1ull << 30, 0},
+      {"1 GiB", U::bytes, 1ull << 30, 0},
+      {"  1   GiB  ", U::bytes, 1ull << 30, 0},
+      {"512MiB", U::bytes, 512ull << 20, 0},
+      {"512 MiB", U::bytes, 512ull << 20, 0},
+      {"4KiB", U::bytes, 4096, 0},
+      {"2TiB", U::bytes, 2ull << 40, 0},
+      {"1GB", U::bytes, 1000000000, 0},
+      {"1MB", U::bytes, 1000000, 0},
+      {"1KB", U::bytes, 1000, 0},
+      {"1kB", U::bytes, 1000, 0},
+      {"3TB", U::bytes, 3000000000000, 0},
+      {"1000000000", U::bytes, 1000000000, 0},
+      {"1", U::bytes, 1, 0},
+      {"1024B", U::bytes, 1024, 0},
+      {"1024 B", U::bytes, 1024, 0},
+      {"4096 pages", U::pages, 4096, 0},
+      {"4096pages", U::pages, 4096, 0},
+      {"1 page", U::pages, 1, 0},
+      {"40%", U::fraction, 0, 0.40},
+      {"40 %", U::fraction, 0, 0.40},
+      {"12.5%", U::fraction, 0, 0.125},
+      {"100%", U::fraction, 0, 1.0},
+      {"0.5%", U::fraction, 0, 0.005},
+      {"9223372036854775808", U::bytes, 1ull << 63, 0},  // 2^63: the largest
+      {"8388608TiB", U::bytes, 1ull << 63, 0},
+      {"9223372036854775808 pages", U::pages, 1ull << 63, 0},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.text));
+    Capacity out;
+    EXPECT_EQ(parse_capacity(c.text, out), "");
+    EXPECT_EQ(out.unit, c.unit);
+    EXPECT_EQ(out.value, c.value);
+    EXPECT_DOUBLE_EQ(out.fraction, c.fraction);
+  }
+}
+
+TEST(CapacityTest, Invalid) {
+  struct Case {
+    std::string_view text;
+    std::string_view names;  // the error text must contain this
+  };
+  const Case cases[] = {
+      {"", "empty"},
+      {"   ", "empty"},
+      {"abc", "does not start with a number"},
+      {"GiB", "does not start with a number"},
+      {"0", "zero"},
+      {"0GiB", "zero"},
+      {"0 pages", "zero"},
+      {"0%", "(0%, 100%]"},
+      {"0.0%", "(0%, 100%]"},
+      {"100.5%", "(0%, 100%]"},
+      {"101%", "(0%, 100%]"},
+      {"-1GiB", "negative"},
+      {"-5%", "negative"},
+      {"1.5GiB", "fractional"},
+      {"1 GiBs", "unknown unit"},
+      {"1 gib", "unknown unit"},
+      {"1 G", "unknown unit"},
+      {"1 2 GiB", "unknown unit"},
+      {"0x10", "unknown unit"},
+      {"1e3", "unknown unit"},
+      {"9223372036854775809", "2^63"},
+      {"18446744073709551616", "2^63"},
+      {"99999999999999999999999", "2^63"},
+      {"8388609TiB", "2^63"},
+      {"9223372036854775809 pages", "2^63"},
+      {"40%%", "percentage"},
+      {"%", "percentage"},
+      {"nan%", "percentage"},
+      {"inf%", "percentage"},
+      {"1e2%", "percentage"},
+      {"4.%", "percentage"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(c.text));
+    Capacity out{Capacity::Unit::pages, 77, 0.0};
+    const std::string err = parse_capacity(c.text, out);
+    EXPECT_NE(err.find(c.names), std::string::npos) << err;
+    if (c.text.find_first_not_of(' ') != std::string_view::npos) {
+      EXPECT_NE(err.find(c.text), std::string::npos) << err;
+    }
+    EXPECT_EQ(out, (Capacity{Capacity::Unit::pages, 77, 0.0}));  // untouched on error
+  }
+}
+
+// Files -------------------------------------------------------------------------------------
+
+TEST(ConfigTest, LoadMissingFile) {
+  const std::string path = "/nonexistent-kvpool-dir/kvpoold.yaml";
+  auto r = load_config(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().status, Status{Errc::invalid_argument});
+  EXPECT_NE(r.error().message.find(path), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("No such file or directory"), std::string::npos)
+      << r.error().message;
+}
+
+TEST(ConfigTest, LoadDirectory) {
+  auto r = load_config("/");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("Is a directory"), std::string::npos) << r.error().message;
+}
+
+TEST(ConfigTest, LoadFileSetsSource) {
+  const std::string path =
+      testing::TempDir() + "kvpool_config_test_" + std::to_string(getpid()) + ".yaml";
+  {
+    std::ofstream f(path);
+    f << "backend: host\nlimits:\n  max_sessions: bad\n";
+  }
+  auto r = load_config(path);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().message.rfind(path + ":3: limits.max_sessions: ", 0), 0u)
+      << r.error().message;
+  {
+    std::ofstream f(path);
+    f << "backend: host\n";
+  }
+  r = load_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().source, path);
+  EXPECT_EQ(r.value().backend, "host");
+  {
+    std::ofstream f(path);  // empty: the default config, named after the file
+  }
+  r = load_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().source, path);
+  EXPECT_EQ(r.value().pools, default_config().pools);
+  std::filesystem::remove(path);
+}
+
+TEST(ConfigTest, ExampleFileParsesAndMatchesItsComments) {
+  ScopedXdg xdg(std::nullopt);
+  const std::string path = example_path();
+  auto r = load_config(path);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  Config c = r.value();
+  EXPECT_EQ(c.source, path);
+  // Keys whose comments state their values.
+  EXPECT_EQ(c.socket_path, "/run/kvpool/kvpoold.sock");
+  EXPECT_EQ(c.socket_mode, 0660u);
+  EXPECT_EQ(c.backend, "auto");
+  EXPECT_EQ(c.max_sessions, 1024u);
+  ASSERT_EQ(c.pools.size(), 1u);
+  EXPECT_EQ(c.pools[0].capacity, (Capacity{Capacity::Unit::bytes, 256u << 20, 0.0}));
+  EXPECT_EQ(page_data_bytes(c.pools[0].geometry), 2u << 20);  // "(2 MiB here)"
+  EXPECT_EQ(c.default_tenant, "default");
+  EXPECT_EQ(c.log_level, "info");
+  // The example tenant, which matches no peer.
+  ASSERT_EQ(c.tenants.size(), 1u);
+  EXPECT_EQ(c.tenants[0], (TenantConfig{"example", {}, {}, {"default"}}));
+  // Everything else is the built-in default, as the header comment says.
+  c.tenants.clear();
+  c.source = "<built-in>";
+  EXPECT_EQ(c, default_config());
+}
+
+}  // namespace
+}  // namespace kvpool::daemon
