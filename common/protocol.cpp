@@ -1,1 +1,665 @@
+// The kvpool wire codec (see protocol.h for the layouts).
+//
+// How decoding stays safe: every read goes through Reader, which holds a pointer and the number
+// of bytes left in the span it was given and refuses (returns false, recording the cause) any read
+// larger than that, so nothing is ever read past the span. A batch count is checked against
+// kMaxBatch and against the bytes that are actually left before a vector is sized, so a forged
+// count can neither allocate nor read anything; a string length is checked against kMaxNameBytes
+// and the bytes left before a string is built. Enumerations (dtype, publish result kind, status
+// code) are range-checked before they are cast. A payload must be consumed exactly. Every failure
+// becomes an Error whose message names the message type, the field and the numbers involved.
+//
+// Encoding computes the exact frame size first, grows the output once and writes into it with
+// memcpy; arrays of plain little-endian integers are copied in one piece.
 #include "common/protocol.h"
+
+#include <algorithm>
+#include <array>
+#include <cassert>
+#include <charconv>
+#include <concepts>
+#include <cstddef>
+#include <cstring>
+#include <initializer_list>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+namespace kvpool::wire {
+namespace {
+
+constexpr size_t kNumOpcodes = std::variant_size_v<Request>;
+static_assert(std::variant_size_v<Reply> == kNumOpcodes);
+static_assert(kNumOpcodes == static_cast<size_t>(Opcode::stats));
+
+constexpr std::array<std::string_view, kNumOpcodes> kRequestNames = {
+    "hello", "alloc", "retain", "release", "lookup", "publish", "stats"};
+constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
+    "hello reply",  "alloc reply",   "retain reply", "release reply",
+    "lookup reply", "publish reply", "stats reply"};
+
+// Wire sizes of the fixed parts.
+constexpr size_t kU8 = 1;
+constexpr size_t kU16 = 2;
+constexpr size_t kU32 = 4;
+constexpr size_t kU64 = 8;
+constexpr size_t kHashBytes = 2 * kU64;
+constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
+constexpr size_t kPublishResultBytes = kU8 + kU32;
+constexpr size_t kPoolInfoFixedBytes = 4 * kU32 + kU8 + kU32 + 2 * kU64 + 3 * kU32;
+constexpr size_t kStatsBytes = 5 * kU32 + 9 * kU64 + kU32;
+constexpr size_t kErrorFixedBytes = kU16 + kU32 + kU64 + kU32;  // status, item, value, length
+constexpr size_t kMaxErrorMessageBytes = kMaxPayloadBytes - kErrorFixedBytes;
+
+// Page ids and hashes are copied as whole arrays: their in-memory layout is the wire layout.
+static_assert(sizeof(PageId) == kU32);
+static_assert(std::is_trivially_copyable_v<BlockHash> && sizeof(BlockHash) == kHashBytes &&
+              offsetof(BlockHash, lo) == 0 && offsetof(BlockHash, hi) == kU64);
+
+// Error messages are built only on failure, with one allocation: cat() joins pieces of text and
+// numbers that are formatted in place.
+struct Hex {
+  uint64_t value;
+  int digits;
+};
+
+class Piece {
+ public:
+  Piece(std::string_view s) : text_(s) {}  // NOLINT(google-explicit-constructor)
+  Piece(const char* s) : text_(s) {}       // NOLINT(google-explicit-constructor)
+  template <std::integral T>
+  Piece(T v) {  // NOLINT(google-explicit-constructor)
+    const auto [end, ec] = std::to_chars(buf_, buf_ + sizeof buf_, v);
+    len_ = static_cast<size_t>(end - buf_);
+  }
+  Piece(Hex h) {  // NOLINT(google-explicit-constructor)
+    static constexpr char kDigits[] = "0123456789abcdef";
+    len_ = static_cast<size_t>(h.digits) + 2;
+    buf_[0] = '0';
+    buf_[1] = 'x';
+    for (size_t i = len_; i > 2; --i, h.value >>= 4)
+      buf_[i - 1] = kDigits[h.value & 0xf];
+  }
+  std::string_view view() const { return len_ != 0 ? std::string_view(buf_, len_) : text_; }
+
+ private:
+  std::string_view text_;
+  char buf_[24] = {};
+  size_t len_ = 0;
+};
+
+std::string cat(std::initializer_list<Piece> pieces) {
+  size_t n = 0;
+  for (const Piece& p : pieces)
+    n += p.view().size();
+  std::string s;
+  s.reserve(n);
+  for (const Piece& p : pieces)
+    s += p.view();
+  return s;
+}
+
+Error make_error(Errc code, uint64_t value, std::string message, uint32_t item = kNoItem) {
+  return Error{Status(code, item, value), std::move(message)};
+}
+
+// A known Errc value. No default: a new code that is not listed here is a -Wswitch warning.
+bool is_known_errc(uint16_t v) {
+  switch (static_cast<Errc>(v)) {
+    case Errc::ok:
+    case Errc::invalid_argument:
+    case Errc::invalid_page:
+    case Errc::invalid_owner:
+    case Errc::not_held:
+    case Errc::out_of_pages:
+    case Errc::exceeds_capacity:
+    case Errc::already_published:
+    case Errc::duplicate_item:
+    case Errc::refcount_overflow:
+    case Errc::malformed_frame:
+    case Errc::unsupported_version:
+    case Errc::unknown_opcode:
+    case Errc::frame_too_large:
+    case Errc::not_attached:
+    case Errc::already_attached:
+    case Errc::no_such_pool:
+    case Errc::quota_exceeded:
+    case Errc::permission_denied:
+    case Errc::too_many_sessions:
+    case Errc::connection_lost:
+    case Errc::internal:
+      return true;
+  }
+  return false;
+}
+
+// Encoding ------------------------------------------------------------------------------------
+
+// Writes into a buffer that the caller has sized exactly.
+class Writer {
+ public:
+  explicit Writer(std::byte* p) : p_(p) {}
+
+  template <typename T>
+  void put(T v) {
+    static_assert(std::is_integral_v<T>);
+    std::memcpy(p_, &v, sizeof v);
+    p_ += sizeof v;
+  }
+  void raw(const void* src, size_t n) {
+    if (n != 0) std::memcpy(p_, src, n);
+    p_ += n;
+  }
+  void str(std::string_view s) {
+    put(static_cast<uint32_t>(s.size()));
+    raw(s.data(), s.size());
+  }
+  template <typename T>
+  void array(const std::vector<T>& v) {
+    put(static_cast<uint32_t>(v.size()));
+    raw(v.data(), v.size() * sizeof(T));
+  }
+  const std::byte* pos() const { return p_; }
+
+ private:
+  std::byte* p_;
+};
+
+// Payload sizes (replies: without the status code).
+size_t body_size(const HelloRequest& m) {
+  return 2 * kU32 + m.worker_name.size() + m.pool_name.size();
+}
+size_t body_size(const AllocRequest&) {
+  return kU32;
+}
+size_t body_size(const RetainRequest& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const ReleaseRequest& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const LookupRequest& m) {
+  return kU32 + m.chain.size() * kHashBytes;
+}
+size_t body_size(const PublishRequest& m) {
+  return kU32 + m.items.size() * kPublishItemBytes;
+}
+size_t body_size(const StatsRequest&) {
+  return 0;
+}
+size_t body_size(const HelloReply& m) {
+  return kU64 + kPoolInfoFixedBytes + m.pool.pool_name.size() + m.pool.backend.size() +
+         m.pool.tenant.size();
+}
+size_t body_size(const AllocReply& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const RetainReply&) {
+  return 0;
+}
+size_t body_size(const ReleaseReply&) {
+  return 0;
+}
+size_t body_size(const LookupReply& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const PublishReply& m) {
+  return kU32 + m.results.size() * kPublishResultBytes;
+}
+size_t body_size(const StatsReply&) {
+  return kStatsBytes;
+}
+
+void put_body(Writer& w, const HelloRequest& m) {
+  w.str(m.worker_name);
+  w.str(m.pool_name);
+}
+void put_body(Writer& w, const AllocRequest& m) {
+  w.put(m.count);
+}
+void put_body(Writer& w, const RetainRequest& m) {
+  w.array(m.pages);
+}
+void put_body(Writer& w, const ReleaseRequest& m) {
+  w.array(m.pages);
+}
+void put_body(Writer& w, const LookupRequest& m) {
+  w.array(m.chain);
+}
+void put_body(Writer& w, const PublishRequest& m) {
+  w.put(static_cast<uint32_t>(m.items.size()));
+  for (const PublishItem& it : m.items) {
+    w.put(it.page);
+    w.put(it.hash.lo);
+    w.put(it.hash.hi);
+  }
+}
+void put_body(Writer&, const StatsRequest&) {}
+void put_body(Writer& w, const HelloReply& m) {
+  const PoolInfo& p = m.pool;
+  w.put(m.session_id);
+  w.put(p.geometry.layers);
+  w.put(p.geometry.kv_heads);
+  w.put(p.geometry.head_dim);
+  w.put(p.geometry.tokens_per_page);
+  w.put(static_cast<uint8_t>(p.geometry.dtype));
+  w.put(p.num_pages);
+  w.put(p.page_stride);
+  w.put(p.segment_bytes);
+  w.str(p.pool_name);
+  w.str(p.backend);
+  w.str(p.tenant);
+}
+void put_body(Writer& w, const AllocReply& m) {
+  w.array(m.pages);
+}
+void put_body(Writer&, const RetainReply&) {}
+void put_body(Writer&, const ReleaseReply&) {}
+void put_body(Writer& w, const LookupReply& m) {
+  w.array(m.pages);
+}
+void put_body(Writer& w, const PublishReply& m) {
+  w.put(static_cast<uint32_t>(m.results.size()));
+  for (const PublishResult& r : m.results) {
+    w.put(static_cast<uint8_t>(r.kind));
+    w.put(r.page);
+  }
+}
+void put_body(Writer& w, const StatsReply& m) {
+  w.put(m.total);
+  w.put(m.free);
+  w.put(m.in_use);
+  w.put(m.cached);
+  w.put(m.sessions);
+  w.put(m.lookups);
+  w.put(m.lookup_blocks);
+  w.put(m.hit_blocks);
+  w.put(m.allocated);
+  w.put(m.released);
+  w.put(m.published);
+  w.put(m.duplicates);
+  w.put(m.evicted);
+  w.put(m.flushed);
+  w.put(m.session_held_pages);
+}
+
+// Appends header + `payload` bytes to `out` (growing it at most once) and lets `body` write the
+// payload.
+template <typename Body>
+void put_frame(uint32_t request_id, uint16_t opcode, size_t payload, std::vector<std::byte>& out,
+               Body&& body) {
+  const size_t base = out.size();
+  const size_t end = base + kHeaderBytes + payload;
+  if (end > out.capacity()) out.reserve(std::max(end, 2 * out.capacity()));
+  out.resize(end);
+  Writer w(out.data() + base);
+  w.put(kFrameMagic);
+  w.put(static_cast<uint32_t>(payload));
+  w.put(kProtocolVersion);
+  w.put(opcode);
+  w.put(request_id);
+  std::forward<Body>(body)(w);
+  assert(w.pos() == out.data() + end);
+}
+
+// Decoding ------------------------------------------------------------------------------------
+
+// A bounds-checked cursor over one payload. Every read checks the bytes left first; the first
+// failure records an Error naming the message (`what`), the field and the numbers, and returns
+// false so that decoders can chain reads with &&.
+class Reader {
+ public:
+  Reader(std::span<const std::byte> bytes, std::string_view what)
+      : p_(bytes.data()), left_(bytes.size()), size_(bytes.size()), what_(what) {}
+
+  size_t left() const { return left_; }
+
+  // `field` and `suffix` name what is read (the suffix saves building a string on success).
+  template <typename T>
+  bool get(T& v, std::string_view field, std::string_view suffix = {}) {
+    static_assert(std::is_integral_v<T>);
+    if (left_ < sizeof(T)) {
+      return fail(left_, cat({what_, ": payload ends at byte ", size_ - left_, " in ", field,
+                              suffix, " (needs ", sizeof(T), " bytes, ", left_, " left)"}));
+    }
+    std::memcpy(&v, p_, sizeof(T));
+    skip(sizeof(T));
+    return true;
+  }
+
+  // A batch count: at most kMaxBatch, and count × item_bytes bytes must follow. Nothing is sized
+  // from `n` unless this returns true.
+  bool count(uint32_t& n, size_t item_bytes, std::string_view field) {
+    if (!get(n, field)) return false;
+    if (n > kMaxBatch) {
+      return fail(n, cat({what_, ": ", field, " ", n, " is above kMaxBatch (", kMaxBatch, ")"}));
+    }
+    if (uint64_t{n} * item_bytes > left_) {
+      return fail(n, cat({what_, ": ", field, " ", n, " but only ", left_, " bytes follow (needs ",
+                          uint64_t{n} * item_bytes, ")"}));
+    }
+    return true;
+  }
+
+  // A u32 count of T followed by that many Ts whose memory layout is the wire layout.
+  template <typename T>
+  bool array(std::vector<T>& v, std::string_view field) {
+    uint32_t n = 0;
+    if (!count(n, sizeof(T), field)) return false;
+    v.resize(n);
+    return raw(v.data(), size_t{n} * sizeof(T), field);
+  }
+
+  // A u32 length followed by that many bytes, at most `max_bytes` (named `limit`).
+  bool str(std::string& s, std::string_view field, size_t max_bytes = kMaxNameBytes,
+           std::string_view limit = "kMaxNameBytes") {
+    uint32_t n = 0;
+    if (!get(n, field, " length")) return false;
+    if (n > max_bytes) {
+      return fail(
+          n, cat({what_, ": ", field, " is ", n, " bytes, above ", limit, " (", max_bytes, ")"}));
+    }
+    if (n > left_) {
+      return fail(n,
+                  cat({what_, ": ", field, " length ", n, " but only ", left_, " bytes follow"}));
+    }
+    s.assign(reinterpret_cast<const char*>(p_), n);
+    skip(n);
+    return true;
+  }
+
+  // The next `n` bytes, or nullptr (and an error) when fewer are left. For batches whose size
+  // count() has validated, so that the items can then be read without a check each.
+  const std::byte* take(size_t n, std::string_view field) {
+    if (n > left_) {  // unreachable after count(), kept so that no read is ever unchecked
+      fail(n, cat({what_, ": ", field, " need ", n, " bytes, ", left_, " left"}));
+      return nullptr;
+    }
+    const std::byte* p = p_;
+    skip(n);
+    return p;
+  }
+
+  // The whole payload was consumed.
+  bool finish() {
+    if (left_ == 0) return true;
+    return fail(left_, cat({what_, ": ", left_, left_ == 1 ? " trailing byte" : " trailing bytes",
+                            " after ", size_ - left_, " decoded bytes"}));
+  }
+
+  bool fail(uint64_t value, std::string message, uint32_t item = kNoItem) {
+    error_ = make_error(Errc::malformed_frame, value, std::move(message), item);
+    return false;
+  }
+  Error take_error() { return std::move(error_); }
+  std::string_view what() const { return what_; }
+
+ private:
+  bool raw(void* dst, size_t n, std::string_view field) {
+    const std::byte* p = take(n, field);
+    if (p == nullptr) return false;
+    if (n != 0) std::memcpy(dst, p, n);
+    return true;
+  }
+  void skip(size_t n) {
+    p_ += n;
+    left_ -= n;
+  }
+
+  const std::byte* p_;
+  size_t left_;
+  size_t size_;
+  std::string_view what_;
+  Error error_;
+};
+
+bool get_body(Reader& r, HelloRequest& m) {
+  return r.str(m.worker_name, "worker_name") && r.str(m.pool_name, "pool_name");
+}
+bool get_body(Reader& r, AllocRequest& m) {
+  if (!r.get(m.count, "count")) return false;
+  if (m.count > kMaxBatch) {
+    return r.fail(m.count,
+                  cat({r.what(), ": count ", m.count, " is above kMaxBatch (", kMaxBatch, ")"}));
+  }
+  return true;
+}
+bool get_body(Reader& r, RetainRequest& m) {
+  return r.array(m.pages, "count");
+}
+bool get_body(Reader& r, ReleaseRequest& m) {
+  return r.array(m.pages, "count");
+}
+bool get_body(Reader& r, LookupRequest& m) {
+  return r.array(m.chain, "count");
+}
+bool get_body(Reader& r, PublishRequest& m) {
+  uint32_t n = 0;
+  if (!r.count(n, kPublishItemBytes, "count")) return false;
+  const std::byte* p = r.take(size_t{n} * kPublishItemBytes, "items");
+  if (p == nullptr) return false;
+  m.items.resize(n);
+  for (PublishItem& it : m.items) {
+    std::memcpy(&it.page, p, kU32);
+    std::memcpy(&it.hash.lo, p + kU32, kU64);
+    std::memcpy(&it.hash.hi, p + kU32 + kU64, kU64);
+    p += kPublishItemBytes;
+  }
+  return true;
+}
+bool get_body(Reader&, StatsRequest&) {
+  return true;
+}
+
+bool get_body(Reader& r, HelloReply& m) {
+  PoolInfo& p = m.pool;
+  uint8_t dtype = 0;
+  if (!(r.get(m.session_id, "session_id") && r.get(p.geometry.layers, "layers") &&
+        r.get(p.geometry.kv_heads, "kv_heads") && r.get(p.geometry.head_dim, "head_dim") &&
+        r.get(p.geometry.tokens_per_page, "tokens_per_page") && r.get(dtype, "dtype"))) {
+    return false;
+  }
+  if (dtype > static_cast<uint8_t>(KvDtype::int8)) {
+    return r.fail(dtype, cat({r.what(), ": dtype ", dtype, " is not a KvDtype"}));
+  }
+  p.geometry.dtype = static_cast<KvDtype>(dtype);
+  return r.get(p.num_pages, "num_pages") && r.get(p.page_stride, "page_stride") &&
+         r.get(p.segment_bytes, "segment_bytes") && r.str(p.pool_name, "pool_name") &&
+         r.str(p.backend, "backend") && r.str(p.tenant, "tenant");
+}
+bool get_body(Reader& r, AllocReply& m) {
+  return r.array(m.pages, "count");
+}
+bool get_body(Reader&, RetainReply&) {
+  return true;
+}
+bool get_body(Reader&, ReleaseReply&) {
+  return true;
+}
+bool get_body(Reader& r, LookupReply& m) {
+  return r.array(m.pages, "hits");
+}
+bool get_body(Reader& r, PublishReply& m) {
+  uint32_t n = 0;
+  if (!r.count(n, kPublishResultBytes, "count")) return false;
+  const std::byte* p = r.take(size_t{n} * kPublishResultBytes, "results");
+  if (p == nullptr) return false;
+  m.results.resize(n);
+  for (uint32_t i = 0; i < n; ++i, p += kPublishResultBytes) {
+    const auto kind = static_cast<uint8_t>(p[0]);
+    if (kind > static_cast<uint8_t>(PublishResult::Kind::duplicate)) {
+      return r.fail(kind,
+                    cat({r.what(), ": result kind ", kind, " (item ", i,
+                         ") is neither stored (0) nor duplicate (1)"}),
+                    i);
+    }
+    m.results[i].kind = static_cast<PublishResult::Kind>(kind);
+    std::memcpy(&m.results[i].page, p + kU8, kU32);
+  }
+  return true;
+}
+bool get_body(Reader& r, StatsReply& m) {
+  return r.get(m.total, "total") && r.get(m.free, "free") && r.get(m.in_use, "in_use") &&
+         r.get(m.cached, "cached") && r.get(m.sessions, "sessions") &&
+         r.get(m.lookups, "lookups") && r.get(m.lookup_blocks, "lookup_blocks") &&
+         r.get(m.hit_blocks, "hit_blocks") && r.get(m.allocated, "allocated") &&
+         r.get(m.released, "released") && r.get(m.published, "published") &&
+         r.get(m.duplicates, "duplicates") && r.get(m.evicted, "evicted") &&
+         r.get(m.flushed, "flushed") && r.get(m.session_held_pages, "session_held_pages");
+}
+
+// Opcode → decoder: entry i decodes alternative i (opcode i + 1) of the variant V in place.
+template <typename V>
+using BodyDecoder = bool (*)(Reader&, V&);
+
+template <typename V, size_t I>
+bool decode_alternative(Reader& r, V& out) {
+  return get_body(r, out.template emplace<I>());
+}
+
+template <typename V, size_t... I>
+constexpr std::array<BodyDecoder<V>, sizeof...(I)> make_decoders(std::index_sequence<I...>) {
+  return {&decode_alternative<V, I>...};
+}
+
+constexpr auto kRequestDecoders = make_decoders<Request>(std::make_index_sequence<kNumOpcodes>{});
+constexpr auto kReplyDecoders = make_decoders<Reply>(std::make_index_sequence<kNumOpcodes>{});
+
+// The variant index (opcode − 1) when `op` names an operation, else kNumOpcodes.
+size_t opcode_index(uint16_t op) {
+  return op >= 1 && op <= kNumOpcodes ? op - 1u : kNumOpcodes;
+}
+
+Error length_mismatch(std::string_view what, const FrameHeader& h, size_t payload) {
+  return make_error(
+      Errc::malformed_frame, payload,
+      cat({what, ": header length ", h.length, " but the payload holds ", payload, " bytes"}));
+}
+
+}  // namespace
+
+Opcode opcode_of(const Request& r) {
+  return static_cast<Opcode>(r.index() + 1);
+}
+Opcode opcode_of(const Reply& r) {
+  return static_cast<Opcode>(r.index() + 1);
+}
+
+void encode_request(uint32_t request_id, const Request& request, std::vector<std::byte>& out) {
+  const auto opcode = static_cast<uint16_t>(opcode_of(request));
+  std::visit(
+      [&](const auto& m) {
+        put_frame(request_id, opcode, body_size(m), out, [&](Writer& w) { put_body(w, m); });
+      },
+      request);
+}
+
+void encode_reply(uint32_t request_id, const Reply& reply, std::vector<std::byte>& out) {
+  const auto opcode = static_cast<uint16_t>(static_cast<uint16_t>(opcode_of(reply)) | kReplyBit);
+  std::visit(
+      [&](const auto& m) {
+        put_frame(request_id, opcode, kU16 + body_size(m), out, [&](Writer& w) {
+          w.put(static_cast<uint16_t>(Errc::ok));
+          put_body(w, m);
+        });
+      },
+      reply);
+}
+
+void encode_error(uint32_t request_id, uint16_t opcode, const Error& error,
+                  std::vector<std::byte>& out) {
+  // An error reply must never read as success: an ok status here is a caller bug, sent as
+  // internal. The message is cut so that the frame stays within kMaxPayloadBytes.
+  const Errc code = error.status.ok() ? Errc::internal : error.status.code();
+  const std::string_view message = std::string_view(error.message).substr(0, kMaxErrorMessageBytes);
+  put_frame(request_id, static_cast<uint16_t>(opcode | kReplyBit),
+            kErrorFixedBytes + message.size(), out, [&](Writer& w) {
+              w.put(static_cast<uint16_t>(code));
+              w.put(error.status.item());
+              w.put(error.status.value());
+              w.str(message);
+            });
+}
+
+Result<FrameHeader> decode_header(std::span<const std::byte> bytes) {
+  if (bytes.size() < kHeaderBytes) {
+    return make_error(Errc::invalid_argument, bytes.size(),
+                      cat({"frame header needs ", kHeaderBytes, " bytes, got ", bytes.size()}));
+  }
+  FrameHeader h;
+  const std::byte* p = bytes.data();
+  std::memcpy(&h.magic, p, kU32);
+  std::memcpy(&h.length, p + 4, kU32);
+  std::memcpy(&h.version, p + 8, kU16);
+  std::memcpy(&h.opcode, p + 10, kU16);
+  std::memcpy(&h.request_id, p + 12, kU32);
+  if (h.magic != kFrameMagic) {
+    return make_error(
+        Errc::malformed_frame, h.magic,
+        cat({"frame magic ", Hex{h.magic, 8}, " is not KVPL (", Hex{kFrameMagic, 8}, ")"}));
+  }
+  if (h.version != kProtocolVersion) {
+    return make_error(Errc::unsupported_version, h.version,
+                      cat({"frame version ", h.version, " is not supported (this side speaks ",
+                           kProtocolVersion, ")"}));
+  }
+  if (h.length > kMaxPayloadBytes) {
+    return make_error(Errc::frame_too_large, h.length,
+                      cat({"frame payload of ", h.length, " bytes is above kMaxPayloadBytes (",
+                           kMaxPayloadBytes, ")"}));
+  }
+  return h;
+}
+
+Result<Request> decode_request(const FrameHeader& header, std::span<const std::byte> payload) {
+  const size_t index = opcode_index(header.opcode);  // a reply bit makes it unknown here
+  if (index == kNumOpcodes) {
+    return make_error(Errc::unknown_opcode, header.opcode,
+                      cat({"opcode ", Hex{header.opcode, 4}, " is not a request"}));
+  }
+  if (payload.size() != header.length) {
+    return length_mismatch(kRequestNames[index], header, payload.size());
+  }
+  Reader r(payload, kRequestNames[index]);
+  Request request;
+  if (!kRequestDecoders[index](r, request) || !r.finish()) return r.take_error();
+  return request;
+}
+
+Result<Reply> decode_reply(const FrameHeader& header, std::span<const std::byte> payload) {
+  if ((header.opcode & kReplyBit) == 0) {
+    return make_error(Errc::unknown_opcode, header.opcode,
+                      cat({"opcode ", Hex{header.opcode, 4}, " is not a reply (no reply bit)"}));
+  }
+  const size_t index = opcode_index(static_cast<uint16_t>(header.opcode & ~kReplyBit));
+  // An error can answer any opcode, even one this side does not know.
+  const std::string_view what = index == kNumOpcodes ? "reply" : kReplyNames[index];
+  if (payload.size() != header.length) return length_mismatch(what, header, payload.size());
+  Reader r(payload, what);
+  uint16_t code = 0;
+  if (!r.get(code, "status code")) return r.take_error();
+  if (!is_known_errc(code)) {
+    r.fail(code, cat({what, ": status code ", code, " is not a known error code"}));
+    return r.take_error();
+  }
+  if (code != static_cast<uint16_t>(Errc::ok)) {
+    uint32_t item = kNoItem;
+    uint64_t value = 0;
+    std::string message;
+    if (!(r.get(item, "error item") && r.get(value, "error value") &&
+          r.str(message, "error message", kMaxErrorMessageBytes, "the message limit") &&
+          r.finish())) {
+      return r.take_error();
+    }
+    return Error{Status(static_cast<Errc>(code), item, value), std::move(message)};
+  }
+  if (index == kNumOpcodes) {
+    return make_error(Errc::unknown_opcode, header.opcode,
+                      cat({"reply opcode ", Hex{header.opcode, 4}, " names no operation"}));
+  }
+  Reply reply;
+  if (!kReplyDecoders[index](r, reply) || !r.finish()) return r.take_error();
+  return reply;
+}
+
+}  // namespace kvpool::wire
