@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 namespace kvpool::client {
 
@@ -17,12 +18,11 @@ Error error(Errc code, std::string message) {
   return Error{Status(code), std::move(message)};
 }
 
-// Reads exactly n bytes (recvmsg, so a passed descriptor is caught wherever it rides).
-// Returns 0, or the errno (-1 for an orderly close by the peer).
-int read_exact(int fd, std::byte* dst, size_t n, int* passed_fd) {
-  size_t got = 0;
-  while (got < n) {
-    iovec iov{dst + got, n - got};
+// One recvmsg into dst[0, cap): returns bytes read, 0 on an orderly close, -errno on error.
+// A descriptor passed with the bytes goes to *passed_fd if it is free, else it is closed.
+ssize_t receive(int fd, std::byte* dst, size_t cap, int* passed_fd) {
+  for (;;) {
+    iovec iov{dst, cap};
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -30,10 +30,9 @@ int read_exact(int fd, std::byte* dst, size_t n, int* passed_fd) {
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
     const ssize_t r = ::recvmsg(fd, &msg, MSG_CMSG_CLOEXEC);
-    if (r == 0) return -1;
     if (r < 0) {
       if (errno == EINTR) continue;
-      return errno;
+      return -errno;
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -46,9 +45,8 @@ int read_exact(int fd, std::byte* dst, size_t n, int* passed_fd) {
         }
       }
     }
-    got += static_cast<size_t>(r);
+    return r;
   }
-  return 0;
 }
 
 int write_all(int fd, const std::byte* src, size_t n) {
@@ -152,22 +150,36 @@ Result<wire::Reply> Connection::round_trip(uint32_t request_id, int* passed_fd) 
   // A daemon that refuses the connection sends its reason and closes, possibly before our
   // request is out: so a failed send still reads whatever reply is waiting.
   const int send_error = write_all(fd_, out_.data(), out_.size());
-  in_.resize(wire::kHeaderBytes);
-  if (const int e = read_exact(fd_, in_.data(), wire::kHeaderBytes, passed_fd); e != 0) {
-    if (send_error != 0) return lost(std::string("send: ") + std::strerror(send_error));
-    return lost(e < 0 ? "the daemon closed the connection" : std::strerror(e));
+  // Read as much as is there: a whole small reply usually arrives in one recvmsg.
+  if (in_.size() < kReadChunk) in_.resize(kReadChunk);
+  size_t have = 0;
+  size_t need = wire::kHeaderBytes;
+  std::optional<wire::FrameHeader> header;
+  while (have < need) {
+    const ssize_t r = receive(fd_, in_.data() + have, in_.size() - have, passed_fd);
+    if (r <= 0) {
+      if (send_error != 0) return lost(std::string("send: ") + std::strerror(send_error));
+      if (r == 0)
+        return lost(have == 0 ? "the daemon closed the connection"
+                              : "the daemon closed the connection mid-reply");
+      return lost(std::strerror(static_cast<int>(-r)));
+    }
+    have += static_cast<size_t>(r);
+    if (!header && have >= wire::kHeaderBytes) {
+      auto h = wire::decode_header(std::span(in_).first(wire::kHeaderBytes));
+      if (!h.ok()) return h.error();
+      header = h.value();
+      need = wire::kHeaderBytes + header->length;
+      if (in_.size() < need) in_.resize(need);
+    }
   }
-  const auto header = wire::decode_header(in_);
-  if (!header.ok()) return header.error();
-  in_.resize(header.value().length);
-  if (const int e = read_exact(fd_, in_.data(), in_.size(), passed_fd); e != 0) {
-    return lost(e < 0 ? "the daemon closed the connection mid-reply" : std::strerror(e));
-  }
-  auto reply = wire::decode_reply(header.value(), in_);
+  // One request is in flight at a time, so nothing can follow the reply.
+  if (have != need) return error(Errc::malformed_frame, "bytes after the reply");
+  const auto payload = std::span(in_).subspan(wire::kHeaderBytes, header->length);
+  auto reply = wire::decode_reply(*header, payload);
   // Request id 0 is the daemon refusing the connection itself (e.g. too many sessions).
-  if (header.value().request_id != request_id && header.value().request_id != 0) {
-    return error(Errc::malformed_frame, "reply to request " +
-                                            std::to_string(header.value().request_id) +
+  if (header->request_id != request_id && header->request_id != 0) {
+    return error(Errc::malformed_frame, "reply to request " + std::to_string(header->request_id) +
                                             ", expected " + std::to_string(request_id));
   }
   return reply;

@@ -69,6 +69,8 @@ class Connection {
   Result<wire::Reply> round_trip(uint32_t request_id, int* passed_fd);
   Error lost(const std::string& what);
 
+  static constexpr size_t kReadChunk = 16 * 1024;
+
   int fd_ = -1;
   uint32_t next_id_ = 1;
   std::vector<std::byte> out_;

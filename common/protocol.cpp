@@ -288,6 +288,7 @@ void put_body(Writer& w, const StatsReply& m) {
 template <typename Body>
 void put_frame(uint32_t request_id, uint16_t opcode, size_t payload, std::vector<std::byte>& out,
                Body&& body) {
+  assert(payload <= UINT32_MAX);  // the limits keep real frames far below this
   const size_t base = out.size();
   const size_t end = base + kHeaderBytes + payload;
   if (end > out.capacity()) out.reserve(std::max(end, 2 * out.capacity()));
@@ -311,8 +312,6 @@ class Reader {
  public:
   Reader(std::span<const std::byte> bytes, std::string_view what)
       : p_(bytes.data()), left_(bytes.size()), size_(bytes.size()), what_(what) {}
-
-  size_t left() const { return left_; }
 
   // `field` and `suffix` name what is read (the suffix saves building a string on success).
   template <typename T>

@@ -55,7 +55,7 @@ namespace kvpool::wire {
 inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 inline constexpr uint16_t kProtocolVersion = 1;
 inline constexpr size_t kHeaderBytes = 16;
-inline constexpr uint32_t kMaxPayloadBytes = 4u << 20;  // 4 MiB
+inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
 inline constexpr uint32_t kMaxNameBytes = 256;
 inline constexpr uint16_t kReplyBit = 0x8000;

@@ -54,7 +54,8 @@ uint64_t seed_of(const SequenceCache& s, const std::vector<uint32_t>& tokens, ui
   const uint32_t t = s.tokens_per_page();
   const uint32_t b = pos / t;
   const BlockHash& parent = b == 0 ? root : s.block_hashes()[b - 1];
-  const auto block = std::span(tokens).subspan(uint64_t{b} * t, std::min<uint64_t>(t, tokens.size() - uint64_t{b} * t));
+  const auto block = std::span(tokens).subspan(
+      uint64_t{b} * t, std::min<uint64_t>(t, tokens.size() - uint64_t{b} * t));
   return kvpool::demo::token_seed(parent, block, pos % t);
 }
 
@@ -75,7 +76,8 @@ WorkerReport run_worker(const Options& o, uint32_t index, const std::vector<uint
     std::vector<uint32_t> tokens = system;
     const auto user = static_cast<uint32_t>(o.min_user_tokens +
                                             rng() % (o.max_user_tokens - o.min_user_tokens + 1));
-    for (uint32_t i = 0; i < user; ++i) tokens.push_back(100000 + index * 10000 + r * 1000 + i);
+    for (uint32_t i = 0; i < user; ++i)
+      tokens.push_back(100000 + index * 10000 + r * 1000 + i);
     SequenceCache seq(c, hasher, root);
     auto cached = seq.begin(tokens);
     if (!cached.ok()) {
@@ -95,8 +97,7 @@ WorkerReport run_worker(const Options& o, uint32_t index, const std::vector<uint
     // "Prefill" the rest.
     for (uint32_t pos = cached.value(); pos < tokens.size(); ++pos) {
       const auto slot = seq.slot(pos);
-      kvpool::demo::write_token(g, c.page(slot.page), slot.offset,
-                                seed_of(seq, tokens, pos, root));
+      kvpool::demo::write_token(g, c.page(slot.page), slot.offset, seed_of(seq, tokens, pos, root));
     }
     auto adopted = seq.publish_full();
     if (!adopted.ok()) {
@@ -132,9 +133,11 @@ int run(int argc, char** argv) {
   Options o;
   o.socket = kvpool::client::default_socket_path();
   app.add_option("--socket", o.socket, "kvpoold's socket")->capture_default_str();
-  app.add_option("--workers", o.workers, "Worker processes")->capture_default_str()
+  app.add_option("--workers", o.workers, "Worker processes")
+      ->capture_default_str()
       ->check(CLI::Range(1, 64));
-  app.add_option("--requests", o.requests, "Requests per worker")->capture_default_str()
+  app.add_option("--requests", o.requests, "Requests per worker")
+      ->capture_default_str()
       ->check(CLI::Range(1, 100000));
   app.add_option("--system-tokens", o.system_tokens, "Tokens of the shared system prompt")
       ->capture_default_str();
@@ -153,7 +156,8 @@ int run(int argc, char** argv) {
               static_cast<unsigned long long>(info.page_stride), info.geometry.tokens_per_page,
               info.backend.c_str(), info.tenant.c_str());
   std::vector<uint32_t> system(o.system_tokens);
-  for (uint32_t i = 0; i < o.system_tokens; ++i) system[i] = 1000 + (i * 7919) % 50000;
+  for (uint32_t i = 0; i < o.system_tokens; ++i)
+    system[i] = 1000 + (i * 7919) % 50000;
 
   const auto start = std::chrono::steady_clock::now();
   std::vector<pid_t> pids;
@@ -183,16 +187,16 @@ int run(int argc, char** argv) {
     ::waitpid(pids[w], &status, 0);
     const bool worker_ok = got && WIFEXITED(status) && WEXITSTATUS(status) == 0;
     ok = ok && worker_ok;
-    std::printf("worker %u: %llu requests, %llu prompt tokens, %llu cached (%.1f%%), %llu reused "
-                "pages verified, %llu mismatches, %llu pages adopted%s\n",
-                w, static_cast<unsigned long long>(rep.requests),
-                static_cast<unsigned long long>(rep.prompt_tokens),
-                static_cast<unsigned long long>(rep.cached_tokens),
-                rep.prompt_tokens ? 100.0 * double(rep.cached_tokens) / double(rep.prompt_tokens)
-                                  : 0.0,
-                static_cast<unsigned long long>(rep.pages_verified),
-                static_cast<unsigned long long>(rep.mismatches),
-                static_cast<unsigned long long>(rep.adopted), worker_ok ? "" : "  FAILED");
+    std::printf(
+        "worker %u: %llu requests, %llu prompt tokens, %llu cached (%.1f%%), %llu reused "
+        "pages verified, %llu mismatches, %llu pages adopted%s\n",
+        w, static_cast<unsigned long long>(rep.requests),
+        static_cast<unsigned long long>(rep.prompt_tokens),
+        static_cast<unsigned long long>(rep.cached_tokens),
+        rep.prompt_tokens ? 100.0 * double(rep.cached_tokens) / double(rep.prompt_tokens) : 0.0,
+        static_cast<unsigned long long>(rep.pages_verified),
+        static_cast<unsigned long long>(rep.mismatches),
+        static_cast<unsigned long long>(rep.adopted), worker_ok ? "" : "  FAILED");
     total.requests += rep.requests;
     total.prompt_tokens += rep.prompt_tokens;
     total.cached_tokens += rep.cached_tokens;
@@ -204,11 +208,11 @@ int run(int argc, char** argv) {
   auto stats = observer.value()->stats();
   if (!stats.ok()) return 1;
   const auto& s = stats.value();
-  std::printf("hit rate: %.1f%% of prompt tokens (%llu of %llu) came from the pool\n",
-              total.prompt_tokens ? 100.0 * double(total.cached_tokens) / double(total.prompt_tokens)
-                                  : 0.0,
-              static_cast<unsigned long long>(total.cached_tokens),
-              static_cast<unsigned long long>(total.prompt_tokens));
+  std::printf(
+      "hit rate: %.1f%% of prompt tokens (%llu of %llu) came from the pool\n",
+      total.prompt_tokens ? 100.0 * double(total.cached_tokens) / double(total.prompt_tokens) : 0.0,
+      static_cast<unsigned long long>(total.cached_tokens),
+      static_cast<unsigned long long>(total.prompt_tokens));
   std::printf("pages: %u free, %u in use, %u cached (of %u); %llu evicted, %llu published\n",
               s.free, s.in_use, s.cached, s.total, static_cast<unsigned long long>(s.evicted),
               static_cast<unsigned long long>(s.published));

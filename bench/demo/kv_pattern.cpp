@@ -32,7 +32,8 @@ void for_each_row(const Geometry& g, uint32_t slot, uint64_t seed, Fn&& fn) {
 uint64_t token_seed(const BlockHash& parent, std::span<const uint32_t> block_tokens,
                     uint32_t pos_in_block) {
   uint64_t s = mix(parent.lo ^ mix(parent.hi));
-  for (uint32_t i = 0; i <= pos_in_block; ++i) s = mix(s ^ block_tokens[i]);
+  for (uint32_t i = 0; i <= pos_in_block; ++i)
+    s = mix(s ^ block_tokens[i]);
   return s;
 }
 

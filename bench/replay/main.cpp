@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/replay/daemon_replay.h"
 #include "bench/replay/replay.h"
 
 namespace {
@@ -42,6 +43,54 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
       double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops));
 }
 
+void print_latency(const char* op, const kvpool::bench::LatencySummary& l) {
+  std::printf("  %-8s %10llu calls   p50 %7.1f us   p99 %7.1f us\n", op,
+              static_cast<unsigned long long>(l.calls), l.p50_us, l.p99_us);
+}
+
+// --daemon: the replay through kvpoold, then the in-process replay at the same capacity.
+int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uint32_t workers,
+               bool ordered, uint32_t page_tokens, bool json) {
+  kvpool::bench::DaemonReplayOptions o;
+  o.socket = socket;
+  o.workers = workers;
+  o.ordered = ordered;
+  o.page_tokens = page_tokens;
+  const kvpool::bench::DaemonReplayResult d = kvpool::bench::replay_through_daemon(trace, o);
+  kvpool::bench::ReplayOptions in;
+  in.capacity_blocks = d.replay.capacity_blocks;
+  in.page_tokens = page_tokens;
+  const kvpool::bench::ReplayResult p = kvpool::bench::replay(trace, in);
+  const double rps = double(d.replay.requests) / d.replay.seconds;
+  if (json) {
+    std::printf(
+        "{\"mode\":\"daemon\",\"ordered\":%s,\"workers\":%u,\"capacity\":%u,"
+        "\"capacity_pages\":%u,\"hit_rate\":%.6f,\"in_process_hit_rate\":%.6f,"
+        "\"requests\":%llu,\"blocks\":%llu,\"seconds\":%.6f,"
+        "\"requests_per_second\":%.1f,\"alloc_p50_us\":%.2f,\"alloc_p99_us\":%.2f,"
+        "\"release_p50_us\":%.2f,\"release_p99_us\":%.2f,\"lookup_p50_us\":%.2f,"
+        "\"lookup_p99_us\":%.2f}\n",
+        ordered ? "true" : "false", workers, d.replay.capacity_blocks, d.replay.capacity_pages,
+        d.replay.hit_rate(), p.hit_rate(), static_cast<unsigned long long>(d.replay.requests),
+        static_cast<unsigned long long>(trace.total_blocks), d.replay.seconds, rps, d.alloc.p50_us,
+        d.alloc.p99_us, d.release.p50_us, d.release.p99_us, d.lookup.p50_us, d.lookup.p99_us);
+  } else {
+    std::printf("replay through kvpoold at %s: %u worker processes, %s\n", socket.c_str(), workers,
+                ordered ? "in trace order" : "concurrent");
+    std::printf("  capacity %u blocks (%u pages of %u tokens)\n", d.replay.capacity_blocks,
+                d.replay.capacity_pages, page_tokens);
+    std::printf("  hit rate %.4f through the daemon, %.4f in process%s\n", d.replay.hit_rate(),
+                p.hit_rate(), d.replay.hit_pages == p.hit_pages ? " (equal)" : " (differs)");
+    std::printf("  %llu requests in %.3f s: %.0f requests/s (in process: %.0f requests/s)\n",
+                static_cast<unsigned long long>(d.replay.requests), d.replay.seconds, rps,
+                double(p.requests) / p.seconds);
+    print_latency("alloc", d.alloc);
+    print_latency("release", d.release);
+    print_latency("lookup", d.lookup);
+  }
+  return ordered && d.replay.hit_pages != p.hit_pages ? 1 : 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "Replay a Mooncake-format request trace through the kvpool pool core and report the\n"
@@ -51,6 +100,10 @@ int run(int argc, char** argv) {
   std::string policies = "lru";
   uint32_t page_tokens = kvpool::bench::kTraceBlockTokens;
   bool json = false;
+  std::string daemon_socket;
+  uint32_t workers = 4;
+  bool concurrent = false;
+  size_t limit = 0;
   app.add_option("--trace", trace_path, "Trace file (JSON lines)")->capture_default_str();
   app.add_option("--capacities", capacities, "Pool capacities in 512-token blocks, comma-separated")
       ->capture_default_str();
@@ -60,6 +113,17 @@ int run(int argc, char** argv) {
                  "Tokens per page; must divide 512 (each block becomes 512/N pages)")
       ->capture_default_str();
   app.add_flag("--json", json, "One JSON object per capacity and policy instead of a table");
+  app.add_option("--daemon", daemon_socket,
+                 "Replay through the kvpoold listening on this socket (its default pool, which "
+                 "must be empty) with --workers processes, next to the in-process replay at the "
+                 "same capacity");
+  app.add_option("--workers", workers, "Worker processes for --daemon")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_flag("--concurrent", concurrent,
+               "With --daemon: let the workers run freely instead of in trace order (throughput; "
+               "the hit rate then differs slightly from the sequential one)");
+  app.add_option("--limit", limit, "Replay only the first N requests of the trace");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<uint32_t> caps;
@@ -86,6 +150,16 @@ int run(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::cerr << "kvpool-replay: " << e.what() << "\n";
     return 1;
+  }
+
+  if (limit != 0 && limit < trace.requests.size()) {
+    trace.requests.resize(limit);
+    trace.total_blocks = 0;
+    for (const auto& r : trace.requests)
+      trace.total_blocks += r.hash_ids.size();
+  }
+  if (!daemon_socket.empty()) {
+    return run_daemon(trace, daemon_socket, workers, !concurrent, page_tokens, json);
   }
 
   const bool tty = isatty(STDERR_FILENO) != 0;

@@ -27,6 +27,7 @@
 
 #ifdef KVPOOL_TEST_ASAN
 // From <sanitizer/allocator_interface.h>, which not every toolchain ships.
+// NOLINTNEXTLINE(bugprone-reserved-identifier)
 extern "C" int __sanitizer_install_malloc_and_free_hooks(void (*malloc_hook)(const volatile void*,
                                                                              size_t),
                                                          void (*free_hook)(const volatile void*));
@@ -350,7 +351,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
   EXPECT_EQ(exact(payload_of(hello_reply)), want);
 
   const Bytes stats = encode(1, Reply{StatsReply{}});
-  EXPECT_EQ(stats.size(), kHeaderBytes + 2 + 5 * 4 + 9 * 8 + 4);
+  EXPECT_EQ(stats.size(), kHeaderBytes + 2 + size_t{5} * 4 + size_t{9} * 8 + 4);
 }
 
 // Error replies --------------------------------------------------------------------------------

@@ -1,0 +1,249 @@
+#include "bench/replay/daemon_replay.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "client/connection.h"
+
+namespace kvpool::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Latency histogram with 0.1 µs bins up to 2 ms (the last bin takes the rest).
+constexpr size_t kBins = 20000;
+constexpr double kBinUs = 0.1;
+
+enum Op { kAlloc = 0, kRelease = 1, kLookup = 2, kOps = 3 };
+
+// Written by one worker in shared memory, read by the parent after the workers exit.
+struct WorkerShare {
+  uint64_t requests = 0;
+  uint64_t pages = 0;
+  uint64_t hit_pages = 0;
+  uint64_t reused_pages = 0;
+  uint64_t allocated_pages = 0;
+  uint64_t alloc_failures = 0;
+  uint64_t page_ops = 0;
+  char error[256] = {};
+  uint32_t hist[kOps][kBins];
+};
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+void record(WorkerShare& w, Op op, Clock::time_point t0) {
+  const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+  const auto bin = std::min<size_t>(static_cast<size_t>(us / kBinUs), kBins - 1);
+  ++w.hist[op][bin];
+}
+
+void fail(WorkerShare& w, const std::string& what) {
+  std::snprintf(w.error, sizeof w.error, "%s", what.c_str());
+}
+
+// Runs the requests of one worker; returns false (with w.error set) on a failed call.
+bool work(const Trace& trace, const DaemonReplayOptions& o, uint32_t index, WorkerShare& w,
+          const std::vector<int>& ring) {
+  auto conn = client::Connection::attach(o.socket, "replay-worker-" + std::to_string(index));
+  if (!conn.ok()) {
+    fail(w, conn.error().message);
+    return false;
+  }
+  client::Connection& c = *conn.value();
+  const uint32_t per_block = kTraceBlockTokens / o.page_tokens;
+  const uint32_t n_workers = o.workers;
+  std::vector<BlockHash> chain;
+  std::vector<PageId> held;
+  for (size_t r = index; r < trace.requests.size(); r += n_workers) {
+    if (o.ordered) {
+      char token = 0;
+      if (::read(ring[index * 2], &token, 1) != 1) {
+        fail(w, "token ring broken");
+        return false;
+      }
+    }
+    chain.clear();
+    for (const uint64_t id : trace.requests[r].hash_ids) {
+      for (uint32_t j = 0; j < per_block; ++j) {
+        chain.push_back(BlockHash{mix64(id * 0x9E3779B97F4A7C15ull + j), (id << 16) | j});
+      }
+    }
+    auto t0 = Clock::now();
+    auto hits = c.lookup(chain);
+    record(w, kLookup, t0);
+    if (!hits.ok()) {
+      fail(w, "lookup: " + hits.error().message);
+      return false;
+    }
+    held = std::move(hits.value());
+    w.hit_pages += held.size();
+    w.page_ops += chain.size();
+    for (size_t i = held.size(); i < chain.size(); ++i) {
+      t0 = Clock::now();
+      auto one = c.lookup(std::span(chain).subspan(i, 1));
+      record(w, kLookup, t0);
+      if (!one.ok()) {
+        fail(w, "lookup: " + one.error().message);
+        return false;
+      }
+      ++w.page_ops;
+      if (!one.value().empty()) {
+        held.push_back(one.value()[0]);
+        ++w.reused_pages;
+        continue;
+      }
+      t0 = Clock::now();
+      auto page = c.alloc(1);
+      record(w, kAlloc, t0);
+      if (!page.ok()) {
+        if (page.error().status.code() == Errc::out_of_pages) {
+          ++w.alloc_failures;
+          continue;
+        }
+        fail(w, "alloc: " + page.error().message);
+        return false;
+      }
+      const PublishItem item{page.value()[0], chain[i]};
+      auto pub = c.publish(std::span(&item, 1));
+      if (!pub.ok()) {
+        fail(w, "publish: " + pub.error().message);
+        return false;
+      }
+      held.push_back(page.value()[0]);
+      ++w.allocated_pages;
+      w.page_ops += 2;
+    }
+    std::reverse(held.begin(), held.end());
+    t0 = Clock::now();
+    auto rel = c.release(held);
+    record(w, kRelease, t0);
+    if (!rel.ok()) {
+      fail(w, "release: " + rel.error().message);
+      return false;
+    }
+    w.page_ops += held.size();
+    w.pages += chain.size();
+    ++w.requests;
+    if (o.ordered) {
+      const char token = 't';
+      (void)!::write(ring[((index + 1) % n_workers) * 2 + 1], &token, 1);
+    }
+  }
+  return true;
+}
+
+LatencySummary summarize(const std::vector<WorkerShare*>& shares, Op op) {
+  std::vector<uint64_t> total(kBins, 0);
+  LatencySummary s;
+  for (const WorkerShare* w : shares) {
+    for (size_t b = 0; b < kBins; ++b)
+      total[b] += w->hist[op][b];
+  }
+  for (const uint64_t v : total)
+    s.calls += v;
+  if (s.calls == 0) return s;
+  auto quantile = [&](double q) {
+    const auto target = static_cast<uint64_t>(q * double(s.calls - 1));
+    uint64_t seen = 0;
+    for (size_t b = 0; b < kBins; ++b) {
+      seen += total[b];
+      if (seen > target) return (double(b) + 0.5) * kBinUs;
+    }
+    return double(kBins) * kBinUs;
+  };
+  s.p50_us = quantile(0.50);
+  s.p99_us = quantile(0.99);
+  return s;
+}
+
+}  // namespace
+
+DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayOptions& o) {
+  if (o.workers == 0) throw std::invalid_argument("need at least one worker");
+  if (o.page_tokens == 0 || kTraceBlockTokens % o.page_tokens != 0) {
+    throw std::invalid_argument("page tokens must divide 512");
+  }
+  auto probe = client::Connection::attach(o.socket, "replay-probe");
+  if (!probe.ok()) throw std::runtime_error(probe.error().message);
+  const auto before = probe.value()->stats();
+  if (!before.ok()) throw std::runtime_error(before.error().message);
+  if (before.value().in_use != 0 || before.value().cached != 0) {
+    throw std::runtime_error(
+        "the daemon's pool is not empty (" + std::to_string(before.value().cached) + " cached, " +
+        std::to_string(before.value().in_use) + " in use): replay needs a fresh daemon");
+  }
+  const uint32_t per_block = kTraceBlockTokens / o.page_tokens;
+  const size_t share_bytes = sizeof(WorkerShare) * o.workers;
+  void* mem =
+      ::mmap(nullptr, share_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) throw std::runtime_error("mmap of the result area failed");
+  std::vector<WorkerShare*> shares;
+  for (uint32_t w = 0; w < o.workers; ++w) {
+    shares.push_back(new (static_cast<WorkerShare*>(mem) + w) WorkerShare());
+  }
+  std::vector<int> ring(o.workers * 2, -1);  // ring[2w] read end of worker w, ring[2w+1] write
+  for (uint32_t w = 0; w < o.workers; ++w) {
+    if (::pipe(&ring[w * 2]) != 0) throw std::runtime_error("pipe failed");
+  }
+
+  const auto start = Clock::now();
+  std::vector<pid_t> pids;
+  std::fflush(nullptr);
+  for (uint32_t w = 0; w < o.workers; ++w) {
+    const pid_t pid = ::fork();
+    if (pid == 0) ::_exit(work(trace, o, w, *shares[w], ring) ? 0 : 1);
+    pids.push_back(pid);
+  }
+  if (o.ordered) (void)!::write(ring[1], "t", 1);
+  bool all_ok = true;
+  for (const pid_t pid : pids) {
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    all_ok = all_ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (const int fd : ring)
+    ::close(fd);
+
+  DaemonReplayResult res;
+  res.workers = o.workers;
+  res.ordered = o.ordered;
+  res.replay.policy = "daemon";
+  res.replay.page_tokens = o.page_tokens;
+  res.replay.capacity_pages = before.value().total;
+  res.replay.capacity_blocks = before.value().total / per_block;
+  res.replay.seconds = seconds;
+  std::string errors;
+  for (uint32_t w = 0; w < o.workers; ++w) {
+    const WorkerShare& s = *shares[w];
+    res.replay.requests += s.requests;
+    res.replay.pages += s.pages;
+    res.replay.hit_pages += s.hit_pages;
+    res.replay.reused_pages += s.reused_pages;
+    res.replay.allocated_pages += s.allocated_pages;
+    res.replay.alloc_failures += s.alloc_failures;
+    res.replay.page_ops += s.page_ops;
+    if (s.error[0] != '\0') errors += "worker " + std::to_string(w) + ": " + s.error + "; ";
+  }
+  res.alloc = summarize(shares, kAlloc);
+  res.release = summarize(shares, kRelease);
+  res.lookup = summarize(shares, kLookup);
+  const auto after = probe.value()->stats();
+  if (after.ok()) res.replay.evicted_pages = after.value().evicted;
+  ::munmap(mem, share_bytes);
+  if (!all_ok) throw std::runtime_error("a replay worker failed: " + errors);
+  return res;
+}
+
+}  // namespace kvpool::bench

@@ -1,0 +1,46 @@
+// Replay of a trace through a running kvpoold by N worker processes (libkvpool connections),
+// with the same per-request steps as replay.h: lookup of the chain, one-hash lookup or alloc +
+// publish for each remaining page, release last page first.
+//
+// Ordered mode (the default) passes a token around the workers so that requests run one at a
+// time in trace order, each in the worker whose turn it is: the pool sees exactly the sequence
+// of operations of the in-process replay, so the hit rate must be equal. Concurrent mode lets the
+// workers run freely (each takes every N-th request): a throughput figure, with a hit rate close
+// to but not exactly the sequential one.
+//
+// The pool must start empty and be the daemon's default pool; its page count divided by
+// 512 / page_tokens is the capacity in blocks.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "bench/replay/replay.h"
+
+namespace kvpool::bench {
+
+struct LatencySummary {
+  uint64_t calls = 0;
+  double p50_us = 0;
+  double p99_us = 0;
+};
+
+struct DaemonReplayResult {
+  ReplayResult replay;  // hit rate, counts, seconds (wall clock of the whole replay)
+  uint32_t workers = 0;
+  bool ordered = true;
+  LatencySummary alloc, release, lookup;  // round trips as the workers saw them
+};
+
+struct DaemonReplayOptions {
+  std::string socket;
+  uint32_t workers = 4;
+  bool ordered = true;
+  uint32_t page_tokens = kTraceBlockTokens;
+};
+
+// Throws std::runtime_error naming the cause (daemon unreachable, pool not empty, a worker
+// failed).
+DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayOptions& options);
+
+}  // namespace kvpool::bench
