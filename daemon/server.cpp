@@ -70,34 +70,27 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
+  // Reading goes through async_read_some: Asio keeps the socket registered edge-triggered and
+  // reads when epoll reports data, so a request costs one epoll_wait and one recv (an async_wait
+  // would re-arm the descriptor with an epoll_ctl per request).
   void wait_readable() {
     if (closed_ || reading_paused_) return;
-    socket_.async_wait(Local::socket::wait_read,
-                       [self = shared_from_this()](const boost::system::error_code& ec) {
-                         if (ec) {
-                           if (ec != asio::error::operation_aborted) self->close(ec.message());
-                           return;
-                         }
-                         self->on_readable();
-                       });
+    if (in_.size() - in_len_ < kReadChunk) in_.resize(in_len_ + kReadChunk);
+    socket_.async_read_some(
+        asio::buffer(in_.data() + in_len_, in_.size() - in_len_),
+        [self = shared_from_this()](const boost::system::error_code& ec, size_t n) {
+          if (ec) {
+            if (ec == asio::error::eof) return self->close("peer closed the connection");
+            if (ec != asio::error::operation_aborted) self->close(ec.message());
+            return;
+          }
+          self->on_read(n);
+        });
   }
 
-  void on_readable() {
+  void on_read(size_t n) {
     if (closed_) return;
-    for (;;) {
-      if (in_.size() - in_len_ < kReadChunk) in_.resize(in_len_ + kReadChunk);
-      const ssize_t n =
-          ::recv(socket_.native_handle(), in_.data() + in_len_, in_.size() - in_len_, MSG_DONTWAIT);
-      if (n > 0) {
-        in_len_ += static_cast<size_t>(n);
-        if (static_cast<size_t>(n) < kReadChunk) break;  // drained for now
-        continue;
-      }
-      if (n == 0) return close("peer closed the connection");
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      return close("recv: " + errno_text(errno));
-    }
+    in_len_ += n;
     process_frames();
     if (closed_) return;
     flush();
