@@ -4,8 +4,10 @@ target_compile_options(kvpool_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wsign-conversion
     -Wnon-virtual-dtor -Wold-style-cast -Wcast-align -Woverloaded-virtual
     -Wimplicit-fallthrough>)
+target_compile_options(kvpool_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion>)
 if(KVPOOL_WERROR)
-  target_compile_options(kvpool_flags INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  target_compile_options(kvpool_flags INTERFACE $<$<COMPILE_LANGUAGE:C,CXX>:-Werror>)
 endif()
 if(KVPOOL_SANITIZE)
   target_compile_options(kvpool_flags INTERFACE

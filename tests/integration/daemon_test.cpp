@@ -499,6 +499,14 @@ TEST(Daemon, ASecondDaemonOnTheSameSocketIsRefused) {
   EXPECT_TRUE(attach(d, "still-served") != nullptr);
 }
 
+TEST(Daemon, CApiWorksFromAWorkerWrittenInC) {
+  Daemon d(kSmallPool);
+  ASSERT_TRUE(d.start()) << d.log();
+  std::string out;
+  EXPECT_EQ(run_command(std::string(C_WORKER_BIN) + " " + d.socket(), out), 0) << out;
+  EXPECT_NE(out.find("c worker ok"), std::string::npos) << out;
+}
+
 TEST(Daemon, AttachReportsAMissingDaemonClearly) {
   TempDir dir;
   auto c = Connection::attach(dir.file("nothing.sock"), "w");

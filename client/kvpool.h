@@ -1,0 +1,83 @@
+/* kvpool.h: the C API of libkvpool, for FFI (Python ctypes/cffi, Rust, Go).
+ *
+ * The same calls as client/connection.h. Every function returns KVPOOL_OK (0) or an error
+ * code (the values of kvpool::Errc in common/status.h); kvpool_last_error() gives the message
+ * that names the cause. Out-arrays are caller-allocated and must hold the counts stated.
+ * A kvpool_conn is used by one thread at a time. Memory: page p of the pool is at
+ * (char*)kvpool_base(c) + p * info.page_stride.
+ */
+#ifndef KVPOOL_CLIENT_KVPOOL_H_
+#define KVPOOL_CLIENT_KVPOOL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVPOOL_OK 0
+
+typedef struct kvpool_conn kvpool_conn;
+typedef uint32_t kvpool_page_id;
+
+typedef struct {
+  uint64_t lo;
+  uint64_t hi;
+} kvpool_hash;
+
+typedef struct {
+  kvpool_page_id page;
+  kvpool_hash hash;
+} kvpool_publish_item;
+
+typedef struct {
+  uint8_t duplicate;   /* 0: stored on the given page; 1: another page already had the hash */
+  kvpool_page_id page; /* stored: the given page; duplicate: the existing page, now held */
+} kvpool_publish_result;
+
+typedef struct {
+  uint32_t layers;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+  uint32_t tokens_per_page;
+  uint8_t dtype; /* 0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8 */
+  uint32_t num_pages;
+  uint64_t page_stride;
+  uint64_t segment_bytes;
+} kvpool_pool_info;
+
+typedef struct {
+  uint32_t total, free, in_use, cached, sessions;
+  uint64_t lookups, lookup_blocks, hit_blocks, allocated, released, published, duplicates,
+      evicted, flushed;
+  uint32_t session_held_pages;
+} kvpool_stats;
+
+/* Connects and attaches to pool_name (NULL or "" = the daemon's default pool). socket_path NULL
+ * = $KVPOOL_SOCKET, else the daemon's default path. On failure *out is NULL and the message is
+ * copied into err (if err_len > 0). */
+int kvpool_attach(const char* socket_path, const char* worker_name, const char* pool_name,
+                  kvpool_conn** out, char* err, size_t err_len);
+/* Closes the connection; the daemon releases every page it still held. */
+void kvpool_detach(kvpool_conn* c);
+const char* kvpool_last_error(const kvpool_conn* c);
+
+void* kvpool_base(const kvpool_conn* c);
+void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out);
+
+int kvpool_alloc(kvpool_conn* c, uint32_t n, kvpool_page_id* out /* n */);
+int kvpool_retain(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
+int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
+/* *hits pages of the longest cached prefix of chain, each now held, into out (room for n). */
+int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
+                  uint32_t* hits);
+int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
+                   kvpool_publish_result* out /* n */);
+int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPOOL_CLIENT_KVPOOL_H_ */

@@ -1,0 +1,127 @@
+// The C API (client/kvpool.h) over client::Connection.
+
+#include <cstring>
+#include <string>
+
+#include "client/connection.h"
+#include "client/kvpool.h"
+
+struct kvpool_conn {
+  std::unique_ptr<kvpool::client::Connection> conn;
+  std::string last_error;
+};
+
+namespace {
+
+static_assert(sizeof(kvpool_hash) == sizeof(kvpool::BlockHash));
+
+template <typename T>
+int fail(kvpool_conn* c, const kvpool::client::Result<T>& r) {
+  c->last_error = r.error().message;
+  return static_cast<int>(r.error().status.code());
+}
+
+}  // namespace
+
+extern "C" {
+
+int kvpool_attach(const char* socket_path, const char* worker_name, const char* pool_name,
+                  kvpool_conn** out, char* err, size_t err_len) {
+  *out = nullptr;
+  const std::string path = socket_path != nullptr && *socket_path != '\0'
+                               ? socket_path
+                               : kvpool::client::default_socket_path();
+  auto r = kvpool::client::Connection::attach(path, worker_name != nullptr ? worker_name : "",
+                                              pool_name != nullptr ? pool_name : "");
+  if (!r.ok()) {
+    if (err != nullptr && err_len > 0) {
+      std::snprintf(err, err_len, "%s", r.error().message.c_str());
+    }
+    return static_cast<int>(r.error().status.code());
+  }
+  *out = new kvpool_conn{std::move(r.value()), {}};
+  return KVPOOL_OK;
+}
+
+void kvpool_detach(kvpool_conn* c) {
+  delete c;
+}
+
+const char* kvpool_last_error(const kvpool_conn* c) {
+  return c->last_error.c_str();
+}
+
+void* kvpool_base(const kvpool_conn* c) {
+  return c->conn->base();
+}
+
+void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out) {
+  const auto& p = c->conn->pool();
+  *out = kvpool_pool_info{p.geometry.layers,
+                          p.geometry.kv_heads,
+                          p.geometry.head_dim,
+                          p.geometry.tokens_per_page,
+                          static_cast<uint8_t>(p.geometry.dtype),
+                          p.num_pages,
+                          p.page_stride,
+                          p.segment_bytes};
+}
+
+int kvpool_alloc(kvpool_conn* c, uint32_t n, kvpool_page_id* out) {
+  auto r = c->conn->alloc(n);
+  if (!r.ok()) return fail(c, r);
+  std::memcpy(out, r.value().data(), r.value().size() * sizeof(kvpool_page_id));
+  return KVPOOL_OK;
+}
+
+int kvpool_retain(kvpool_conn* c, const kvpool_page_id* pages, size_t n) {
+  auto r = c->conn->retain(std::span(pages, n));
+  return r.ok() ? KVPOOL_OK : fail(c, r);
+}
+
+int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n) {
+  auto r = c->conn->release(std::span(pages, n));
+  return r.ok() ? KVPOOL_OK : fail(c, r);
+}
+
+int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
+                  uint32_t* hits) {
+  *hits = 0;
+  std::vector<kvpool::BlockHash> hashes(n);
+  for (size_t i = 0; i < n; ++i)
+    hashes[i] = kvpool::BlockHash{chain[i].lo, chain[i].hi};
+  auto r = c->conn->lookup(hashes);
+  if (!r.ok()) return fail(c, r);
+  std::memcpy(out, r.value().data(), r.value().size() * sizeof(kvpool_page_id));
+  *hits = static_cast<uint32_t>(r.value().size());
+  return KVPOOL_OK;
+}
+
+int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
+                   kvpool_publish_result* out) {
+  std::vector<kvpool::PublishItem> in(n);
+  for (size_t i = 0; i < n; ++i) {
+    in[i] =
+        kvpool::PublishItem{items[i].page, kvpool::BlockHash{items[i].hash.lo, items[i].hash.hi}};
+  }
+  auto r = c->conn->publish(in);
+  if (!r.ok()) return fail(c, r);
+  for (size_t i = 0; i < n; ++i) {
+    out[i].duplicate = r.value()[i].kind == kvpool::PublishResult::Kind::duplicate ? 1 : 0;
+    out[i].page = r.value()[i].page;
+  }
+  return KVPOOL_OK;
+}
+
+int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out) {
+  auto r = c->conn->stats();
+  if (!r.ok()) return fail(c, r);
+  const auto& s = r.value();
+  *out =
+      kvpool_stats{s.total,     s.free,          s.in_use,     s.cached,    s.sessions,
+                   s.lookups,   s.lookup_blocks, s.hit_blocks, s.allocated, s.released,
+                   s.published, s.duplicates,    s.evicted,    s.flushed,   s.session_held_pages};
+  return KVPOOL_OK;
+}
+
+}  // extern "C"
