@@ -10,6 +10,8 @@
 #include <cstring>
 #include <optional>
 
+#include "common/paths.h"
+
 namespace kvpool::client {
 
 namespace {
@@ -73,10 +75,7 @@ Result<T> expect(Result<wire::Reply> r) {
 
 std::string default_socket_path() {
   if (const char* s = std::getenv("KVPOOL_SOCKET"); s != nullptr && *s != '\0') return s;
-  if (const char* x = std::getenv("XDG_RUNTIME_DIR"); x != nullptr && *x != '\0') {
-    return std::string(x) + "/kvpool/kvpoold.sock";
-  }
-  return "/run/kvpool/kvpoold.sock";
+  return kvpool::default_socket_path();
 }
 
 Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket_path,

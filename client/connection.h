@@ -31,8 +31,7 @@ template <typename T>
 using Result = wire::Result<T>;
 struct Ok {};
 
-// $KVPOOL_SOCKET if set, else $XDG_RUNTIME_DIR/kvpool/kvpoold.sock, else
-// /run/kvpool/kvpoold.sock (the daemon's default, see daemon/config.h).
+// $KVPOOL_SOCKET if set, else the daemon's default (common/paths.h).
 std::string default_socket_path();
 
 class Connection {

@@ -16,6 +16,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/paths.h"
 #include "daemon/core/types.h"
 
 namespace kvpool::daemon {
@@ -460,12 +461,7 @@ class Parser {
 
 }  // namespace
 
-std::string default_socket_path() {
-  const char* xdg = std::getenv("XDG_RUNTIME_DIR");
-  // The XDG base directory spec: a relative path in the variable is invalid and ignored.
-  if (xdg != nullptr && xdg[0] == '/') return std::string(xdg) + "/kvpool/kvpoold.sock";
-  return "/run/kvpool/kvpoold.sock";
-}
+std::string default_socket_path() { return kvpool::default_socket_path(); }
 
 Config default_config() {
   Config config;
