@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <type_traits>
+#include <variant>
 
 #include "common/paths.h"
 
@@ -81,6 +83,10 @@ std::string default_socket_path() {
 Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket_path,
                                                        const std::string& worker_name,
                                                        const std::string& pool_name) {
+  if (worker_name.size() > wire::kMaxNameBytes || pool_name.size() > wire::kMaxNameBytes) {
+    return error(Errc::invalid_argument, "worker and pool names are limited to " +
+                                             std::to_string(wire::kMaxNameBytes) + " bytes");
+  }
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof addr.sun_path) {
     return error(Errc::invalid_argument, "socket path too long: " + socket_path);
@@ -185,6 +191,29 @@ Result<wire::Reply> Connection::round_trip(uint32_t request_id, int* passed_fd) 
 }
 
 Result<wire::Reply> Connection::call(const wire::Request& request) {
+  // Limits the daemon would refuse are refused here, with the reason, before anything is sent.
+  const size_t items = std::visit(
+      [](const auto& r) -> size_t {
+        using T = std::decay_t<decltype(r)>;
+        if constexpr (std::is_same_v<T, wire::RetainRequest> ||
+                      std::is_same_v<T, wire::ReleaseRequest>) {
+          return r.pages.size();
+        } else if constexpr (std::is_same_v<T, wire::LookupRequest>) {
+          return r.chain.size();
+        } else if constexpr (std::is_same_v<T, wire::PublishRequest>) {
+          return r.items.size();
+        } else if constexpr (std::is_same_v<T, wire::AllocRequest>) {
+          return r.count;
+        } else {
+          return 0;
+        }
+      },
+      request);
+  if (items > wire::kMaxBatch) {
+    return error(Errc::invalid_argument, "batch of " + std::to_string(items) +
+                                             " items exceeds the protocol's limit of " +
+                                             std::to_string(wire::kMaxBatch));
+  }
   out_.clear();
   const uint32_t id = next_id_++;
   wire::encode_request(id, request, out_);

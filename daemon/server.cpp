@@ -138,23 +138,26 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       std::memmove(in_.data(), in_.data() + pos, in_len_ - pos);
       in_len_ -= pos;
     }
+    // A frame left incomplete must finish within the frame timeout; the clock restarts
+    // whenever a frame completed in this read.
     if (in_len_ > 0 && !close_after_flush_) {
-      arm_frame_timer();
-    } else {
+      if (pos > 0 || !timer_active_) arm_frame_timer();
+    } else if (timer_active_) {
+      ++timer_generation_;
+      timer_active_ = false;
       frame_timer_.cancel();
-      timer_armed_ = false;
     }
   }
 
   void arm_frame_timer() {
-    if (timer_armed_) return;
-    timer_armed_ = true;
+    const uint64_t generation = ++timer_generation_;
+    timer_active_ = true;
     frame_timer_.expires_after(server_.frame_timeout_);
-    frame_timer_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
-      self->timer_armed_ = false;
-      if (ec || self->closed_ || self->in_len_ == 0) return;
-      self->close("incomplete frame: no full frame within the frame timeout");
-    });
+    frame_timer_.async_wait(
+        [self = shared_from_this(), generation](const boost::system::error_code& ec) {
+          if (ec || self->closed_ || generation != self->timer_generation_) return;
+          self->close("incomplete frame: no full frame within the frame timeout");
+        });
   }
 
   size_t pending_bytes() const { return out_.size() - sent_; }
@@ -232,7 +235,8 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   std::string close_reason_;
   bool reading_paused_ = false;
   bool write_waiting_ = false;
-  bool timer_armed_ = false;
+  bool timer_active_ = false;
+  uint64_t timer_generation_ = 0;  // a timer firing for an older generation is stale
 };
 
 Server::Server(asio::io_context& io, Service& service, std::chrono::milliseconds frame_timeout)

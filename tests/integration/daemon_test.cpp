@@ -507,6 +507,21 @@ TEST(Daemon, CApiWorksFromAWorkerWrittenInC) {
   EXPECT_NE(out.find("c worker ok"), std::string::npos) << out;
 }
 
+TEST(Daemon, ClientRefusesWhatTheProtocolCannotCarry) {
+  Daemon d(kSmallPool);
+  ASSERT_TRUE(d.start()) << d.log();
+  auto named = Connection::attach(d.socket(), std::string(wire::kMaxNameBytes + 1, 'w'));
+  ASSERT_FALSE(named.ok());
+  EXPECT_EQ(named.error().status.code(), Errc::invalid_argument);
+  auto c = attach(d, "w");
+  ASSERT_NE(c, nullptr);
+  auto big = c->release(std::vector<PageId>(wire::kMaxBatch + 1, 0));
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().status.code(), Errc::invalid_argument);
+  EXPECT_NE(big.error().message.find("exceeds"), std::string::npos);
+  EXPECT_TRUE(c->stats().ok());  // nothing was sent, the connection is fine
+}
+
 TEST(Daemon, AttachReportsAMissingDaemonClearly) {
   TempDir dir;
   auto c = Connection::attach(dir.file("nothing.sock"), "w");
