@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/ipc/ping_pong.h"
 #include "client/connection.h"
 
 namespace {
@@ -25,91 +26,9 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using kvpool::client::Connection;
 
-struct Percentiles {
-  double p50 = 0;
-  double p99 = 0;
-};
-
-Percentiles percentiles(std::vector<double>& us) {
-  std::sort(us.begin(), us.end());
-  auto at = [&](double q) { return us[static_cast<size_t>(q * double(us.size() - 1))]; };
-  return {at(0.50), at(0.99)};
-}
-
-// The ping-pong peer: answers each message [u32 request bytes][u32 reply bytes][...] with one
-// send() of the asked reply size.
-[[noreturn]] void echo_server(int listen_fd) {
-  const int fd = ::accept(listen_fd, nullptr, nullptr);
-  std::vector<char> buf(1 << 20);
-  std::vector<char> reply(1 << 20, 'r');
-  for (;;) {
-    size_t have = 0;
-    uint32_t want = 8;
-    uint32_t reply_bytes = 0;
-    while (have < want) {
-      const ssize_t n = ::recv(fd, buf.data() + have, buf.size() - have, 0);
-      if (n <= 0) ::_exit(0);
-      have += static_cast<size_t>(n);
-      if (have >= 8) {
-        std::memcpy(&want, buf.data(), 4);
-        std::memcpy(&reply_bytes, buf.data() + 4, 4);
-      }
-    }
-    if (::send(fd, reply.data(), reply_bytes, MSG_NOSIGNAL) != static_cast<ssize_t>(reply_bytes)) {
-      ::_exit(1);
-    }
-  }
-}
-
-class PingPong {
- public:
-  explicit PingPong(const std::string& path) {
-    const int lfd = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    ::unlink(path.c_str());
-    if (::bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-        ::listen(lfd, 1) != 0) {
-      std::perror("ping-pong bind");
-      std::exit(1);
-    }
-    pid_ = ::fork();
-    if (pid_ == 0) echo_server(lfd);
-    ::close(lfd);
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM, 0);
-    if (::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-      std::perror("ping-pong connect");
-      std::exit(1);
-    }
-    ::unlink(path.c_str());
-  }
-  ~PingPong() {
-    ::close(fd_);
-    ::waitpid(pid_, nullptr, 0);
-  }
-  // One round trip of `req` bytes out and `reply` bytes back; returns microseconds.
-  double round_trip(uint32_t req, uint32_t reply) {
-    out_.resize(std::max<uint32_t>(req, 8));
-    std::memcpy(out_.data(), &req, 4);
-    std::memcpy(out_.data() + 4, &reply, 4);
-    in_.resize(std::max<size_t>(reply, 1));
-    const auto t0 = Clock::now();
-    if (::send(fd_, out_.data(), out_.size(), MSG_NOSIGNAL) < 0) std::exit(1);
-    size_t have = 0;
-    while (have < reply) {
-      const ssize_t n = ::recv(fd_, in_.data() + have, in_.size() - have, 0);
-      if (n <= 0) std::exit(1);
-      have += static_cast<size_t>(n);
-    }
-    return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-  }
-
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::vector<char> out_, in_;
-};
+using kvpool::bench::Percentiles;
+using kvpool::bench::percentiles;
+using kvpool::bench::PingPong;
 
 uint32_t frame_size(const kvpool::wire::Request& r) {
   std::vector<std::byte> b;

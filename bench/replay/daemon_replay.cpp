@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "bench/ipc/ping_pong.h"
 #include "client/connection.h"
 
 namespace kvpool::bench {
@@ -243,6 +244,32 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   if (after.ok()) res.replay.evicted_pages = after.value().evicted;
   ::munmap(mem, share_bytes);
   if (!all_ok) throw std::runtime_error("a replay worker failed: " + errors);
+
+  auto request_bytes = [](const wire::Request& m) {
+    std::vector<std::byte> b;
+    wire::encode_request(1, m, b);
+    return static_cast<uint32_t>(b.size());
+  };
+  auto reply_bytes = [](const wire::Reply& m) {
+    std::vector<std::byte> b;
+    wire::encode_reply(1, m, b);
+    return static_cast<uint32_t>(b.size());
+  };
+  const size_t mean_pages =
+      res.replay.requests == 0 ? 1 : std::max<size_t>(1, res.replay.pages / res.replay.requests);
+  res.alloc.request_bytes = request_bytes(wire::AllocRequest{1});
+  res.alloc.reply_bytes = reply_bytes(wire::AllocReply{{0}});
+  res.release.request_bytes = request_bytes(wire::ReleaseRequest{std::vector<PageId>(mean_pages)});
+  res.release.reply_bytes = reply_bytes(wire::ReleaseReply{});
+  res.lookup.request_bytes = request_bytes(wire::LookupRequest{{BlockHash{}}});
+  res.lookup.reply_bytes = reply_bytes(wire::LookupReply{{0}});
+  PingPong pp("/tmp/kvpool-replay-pingpong-" + std::to_string(::getpid()) + ".sock");
+  constexpr size_t kRoundTrips = 20000;
+  for (LatencySummary* l : {&res.alloc, &res.release, &res.lookup}) {
+    const Percentiles p = pp.measure(l->request_bytes, l->reply_bytes, kRoundTrips);
+    l->baseline_p50_us = p.p50;
+    l->baseline_p99_us = p.p99;
+  }
   return res;
 }
 

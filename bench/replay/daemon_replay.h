@@ -23,6 +23,11 @@ struct LatencySummary {
   uint64_t calls = 0;
   double p50_us = 0;
   double p99_us = 0;
+  // A bare Unix-socket ping-pong of the same message sizes, measured after the replay.
+  uint32_t request_bytes = 0;
+  uint32_t reply_bytes = 0;
+  double baseline_p50_us = 0;
+  double baseline_p99_us = 0;
 };
 
 struct DaemonReplayResult {
@@ -39,8 +44,9 @@ struct DaemonReplayOptions {
   uint32_t page_tokens = kTraceBlockTokens;
 };
 
-// Throws std::runtime_error naming the cause (daemon unreachable, pool not empty, a worker
-// failed).
+// The ping-pong sizes: alloc of one page, release of the mean pages per request, lookup of one
+// hash (the replay's most frequent lookup). Throws std::runtime_error naming the cause (daemon
+// unreachable, pool not empty, a worker failed).
 DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayOptions& options);
 
 }  // namespace kvpool::bench

@@ -44,8 +44,10 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
 }
 
 void print_latency(const char* op, const kvpool::bench::LatencySummary& l) {
-  std::printf("  %-8s %10llu calls   p50 %7.1f us   p99 %7.1f us\n", op,
-              static_cast<unsigned long long>(l.calls), l.p50_us, l.p99_us);
+  std::printf("  %-8s %9llu %7u %7u %9.1f %9.1f %9.1f %9.1f %8.2f\n", op,
+              static_cast<unsigned long long>(l.calls), l.request_bytes, l.reply_bytes, l.p50_us,
+              l.p99_us, l.baseline_p50_us, l.baseline_p99_us,
+              l.baseline_p50_us > 0 ? l.p50_us / l.baseline_p50_us : 0.0);
 }
 
 // --daemon: the replay through kvpoold, then the in-process replay at the same capacity.
@@ -69,11 +71,13 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
         "\"requests\":%llu,\"blocks\":%llu,\"seconds\":%.6f,"
         "\"requests_per_second\":%.1f,\"alloc_p50_us\":%.2f,\"alloc_p99_us\":%.2f,"
         "\"release_p50_us\":%.2f,\"release_p99_us\":%.2f,\"lookup_p50_us\":%.2f,"
-        "\"lookup_p99_us\":%.2f}\n",
+        "\"lookup_p99_us\":%.2f,\"pingpong_alloc_p50_us\":%.2f,"
+        "\"pingpong_release_p50_us\":%.2f,\"pingpong_lookup_p50_us\":%.2f}\n",
         ordered ? "true" : "false", workers, d.replay.capacity_blocks, d.replay.capacity_pages,
         d.replay.hit_rate(), p.hit_rate(), static_cast<unsigned long long>(d.replay.requests),
         static_cast<unsigned long long>(trace.total_blocks), d.replay.seconds, rps, d.alloc.p50_us,
-        d.alloc.p99_us, d.release.p50_us, d.release.p99_us, d.lookup.p50_us, d.lookup.p99_us);
+        d.alloc.p99_us, d.release.p50_us, d.release.p99_us, d.lookup.p50_us, d.lookup.p99_us,
+        d.alloc.baseline_p50_us, d.release.baseline_p50_us, d.lookup.baseline_p50_us);
   } else {
     std::printf("replay through kvpoold at %s: %u worker processes, %s\n", socket.c_str(), workers,
                 ordered ? "in trace order" : "concurrent");
@@ -84,6 +88,10 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
     std::printf("  %llu requests in %.3f s: %.0f requests/s (in process: %.0f requests/s)\n",
                 static_cast<unsigned long long>(d.replay.requests), d.replay.seconds, rps,
                 double(p.requests) / p.seconds);
+    std::printf(
+        "  round trips in microseconds, next to a bare Unix-socket ping-pong of the same "
+        "sizes:\n  %-8s %9s %7s %7s %9s %9s %9s %9s %8s\n",
+        "call", "calls", "req B", "reply B", "p50", "p99", "pp p50", "pp p99", "p50 x");
     print_latency("alloc", d.alloc);
     print_latency("release", d.release);
     print_latency("lookup", d.lookup);
