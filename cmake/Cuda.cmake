@@ -1,11 +1,14 @@
 # CUDA is optional: enabled only when an nvcc is found. Everything else builds without it.
+option(KVPOOL_CUDA "Build the CUDA sources when nvcc is found" ON)
 include(CheckLanguage)
 if(NOT DEFINED CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX}
    AND EXISTS /usr/local/cuda/bin/nvcc)
   set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
 endif()
-check_language(CUDA)
-if(CMAKE_CUDA_COMPILER)
+if(KVPOOL_CUDA)
+  check_language(CUDA)
+endif()
+if(KVPOOL_CUDA AND CMAKE_CUDA_COMPILER)
   enable_language(CUDA)
   set(KVPOOL_HAVE_CUDA ON)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES OR CMAKE_CUDA_ARCHITECTURES STREQUAL "")

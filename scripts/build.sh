@@ -9,7 +9,8 @@ kind=${1:-release}
 jobs=${KVPOOL_JOBS:-$(nproc)}
 case "$kind" in
   release) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVPOOL_WERROR=ON) ;;
-  asan) flags=(-DCMAKE_BUILD_TYPE=Debug -DKVPOOL_SANITIZE=ON -DKVPOOL_WERROR=ON) ;;
+  # The sanitizer tree skips CUDA: nvcc code is not instrumented, and the release tree compiles it.
+  asan) flags=(-DCMAKE_BUILD_TYPE=Debug -DKVPOOL_SANITIZE=ON -DKVPOOL_WERROR=ON -DKVPOOL_CUDA=OFF) ;;
   *) echo "usage: scripts/build.sh [release|asan]" >&2; exit 2 ;;
 esac
 

@@ -1,0 +1,90 @@
+// The kernels' view of a pool and the arguments of every kernel, shared by the CPU and CUDA
+// implementations (DESIGN §2, §8).
+//
+// Page layout: page p starts at base + p · page_stride; inside it, for each layer, K then V, each
+// [kv_heads][tokens_per_page][head_dim] elements of the pool's dtype (common/geometry.h,
+// page_k_offset / page_v_offset). 8-bit pools (int8, fp8_e4m3) keep one float scale per
+// (page, layer, KV head, K|V) in a side region, scales[((p · layers + layer) · kv_heads + head) · 2
+// + (0 for K, 1 for V)]; a stored element x̂ stands for x̂ · scale.
+//
+// Queries and outputs are fp32 rows; K/V are read in the pool's dtype and accumulated in fp32.
+// Token t of a sequence lives in page block_table[t / T] at offset t % T (T = tokens per page).
+//
+// Every pointer is host memory for the CPU kernels and device memory for the CUDA kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "common/geometry.h"
+#include "common/types.h"
+
+namespace kvpool::kernels {
+
+struct PagedKv {
+  void* base = nullptr;       // page 0
+  uint64_t page_stride = 0;   // bytes from one page to the next (≥ page_data_bytes)
+  float* scales = nullptr;    // 8-bit pools only: the side region above; null otherwise
+  Geometry geometry;
+};
+
+// Decode: one query token per sequence attends to all its context_lens[s] cached tokens.
+// Query head h uses KV head h / (num_q_heads / kv_heads) (GQA/MQA); num_q_heads must be a
+// multiple of kv_heads.
+struct DecodeArgs {
+  PagedKv kv;
+  uint32_t layer = 0;
+  uint32_t num_seqs = 0;
+  uint32_t num_q_heads = 0;
+  const float* q = nullptr;              // [num_seqs][num_q_heads][head_dim]
+  float* out = nullptr;                  // [num_seqs][num_q_heads][head_dim]
+  const PageId* block_tables = nullptr;  // [num_seqs][block_table_stride]
+  uint32_t block_table_stride = 0;
+  const uint32_t* context_lens = nullptr;  // [num_seqs], each ≥ 1
+  float scale = 1.0f;                      // softmax scale, usually 1/sqrt(head_dim)
+  // Tokens per split-KV chunk; 0 lets the kernel plan it (plan_splits). Splits are merged with
+  // the online-softmax merge, so the result does not depend on the split size beyond rounding.
+  uint32_t split_tokens = 0;
+};
+
+// Extend (prefill over a cached prefix): sequence s has context_lens[s] tokens in the pool, of
+// which the last n_s = q_offsets[s+1] − q_offsets[s] are the new ones whose queries are given;
+// new token i (0-based among the new ones) is at position context_lens[s] − n_s + i and attends
+// causally to positions ≤ its own. Its K/V must already be in the pool (append first).
+struct ExtendArgs {
+  PagedKv kv;
+  uint32_t layer = 0;
+  uint32_t num_seqs = 0;
+  uint32_t num_q_heads = 0;
+  const float* q = nullptr;             // [q_offsets[num_seqs]][num_q_heads][head_dim]
+  float* out = nullptr;                 // same shape
+  const uint32_t* q_offsets = nullptr;  // [num_seqs + 1], q_offsets[0] = 0
+  const PageId* block_tables = nullptr;
+  uint32_t block_table_stride = 0;
+  const uint32_t* context_lens = nullptr;
+  float scale = 1.0f;
+};
+
+// Append: writes the K and V of num_tokens tokens into their slots. slot = page ·
+// tokens_per_page + offset; a slot of −1 is skipped. For 8-bit pools quantisation is fused: a
+// token at offset 0 of a page sets that page's scales; a later token whose magnitude exceeds
+// what the scale can hold raises it and re-quantises the page's earlier tokens, so a page's
+// tokens must be appended in order (all tokens of one call are, in slot order within a page).
+struct AppendArgs {
+  PagedKv kv;
+  uint32_t layer = 0;
+  uint32_t num_tokens = 0;
+  const float* k = nullptr;      // [num_tokens][kv_heads][head_dim]
+  const float* v = nullptr;      // [num_tokens][kv_heads][head_dim]
+  const int64_t* slots = nullptr;  // [num_tokens]
+};
+
+// Copy-pages: copies whole pages (all layers, K and V) and their scales, src[i] → dst[i].
+// Pairs must not overlap (no page is both a source and a destination in one call).
+struct CopyPagesArgs {
+  PagedKv kv;
+  uint32_t num_pairs = 0;
+  const PageId* src = nullptr;
+  const PageId* dst = nullptr;
+};
+
+}  // namespace kvpool::kernels
