@@ -5,7 +5,8 @@
 //   fp8_e4m3  OCP "E4M3FN": 1 sign, 4 exponent (bias 7), 3 mantissa bits, no infinities, ±448 the
 //             largest finite value, S.1111.111 the NaN; conversion rounds to nearest even and
 //             saturates to ±448 (the KV cache wants the nearest finite value, not NaN)
-//   int8      symmetric: x̂ = round(x / scale) clamped to [−127, 127]
+//   int8      symmetric: x̂ = round(x / scale) (half away from zero) clamped to [−127, 127];
+//             NaN → 0
 // 8-bit formats are stored with a per-(page, layer, KV head, K|V) scale: x ≈ x̂ · scale, with
 // scale = amax / kFp8Max or amax / kInt8Max.
 #pragma once
@@ -19,6 +20,9 @@ namespace kvpool::kernels {
 
 inline constexpr float kFp8Max = 448.0f;
 inline constexpr float kInt8Max = 127.0f;
+// Floor of the amax a scale is computed from, so that an all-zero row gets a small positive
+// scale (never 0 or NaN) and later values still divide by it safely.
+inline constexpr float kMinAmax = 1e-20f;
 
 KVPOOL_HD uint32_t f32_bits(float f) {
 #if defined(__CUDA_ARCH__)
@@ -87,7 +91,9 @@ KVPOOL_HD uint16_t f32_to_fp16(float f) {
 
 // bf16 ------------------------------------------------------------------------------------------
 
-KVPOOL_HD float bf16_to_f32(uint16_t b) { return bits_f32(uint32_t(b) << 16); }
+KVPOOL_HD float bf16_to_f32(uint16_t b) {
+  return bits_f32(uint32_t(b) << 16);
+}
 
 KVPOOL_HD uint16_t f32_to_bf16(float f) {
   const uint32_t u = f32_bits(f);
@@ -115,7 +121,7 @@ KVPOOL_HD uint8_t f32_to_fp8_e4m3(float f) {
   const uint32_t u = f32_bits(f);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t abs = u & 0x7FFFFFFFu;
-  if (abs > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);  // NaN stays NaN
+  if (abs > 0x7F800000u) return static_cast<uint8_t>(sign | 0x7Fu);   // NaN stays NaN
   if (abs >= 0x43E00000u) return static_cast<uint8_t>(sign | 0x7Eu);  // ≥ 448 (and inf): saturate
   if (abs < 0x3C800000u) {
     // Below the smallest normal (2^-6): subnormal steps of 2^-9, round to nearest even.
@@ -136,11 +142,17 @@ KVPOOL_HD uint8_t f32_to_fp8_e4m3(float f) {
 
 KVPOOL_HD int8_t f32_to_int8(float x, float inv_scale) {
   float q = x * inv_scale;
+  if (q != q) return 0;  // NaN (a float → int cast of NaN would be undefined on the host)
   q = q > kInt8Max ? kInt8Max : (q < -kInt8Max ? -kInt8Max : q);
-  // Round half away from zero.
-  return static_cast<int8_t>(q >= 0.0f ? static_cast<int>(q + 0.5f) : -static_cast<int>(-q + 0.5f));
+  // Round half away from zero. q − trunc(q) is exact, so this is round() bit for bit; adding 0.5
+  // first would not be (0.49999997f + 0.5f rounds to 1.0f).
+  const int t = static_cast<int>(q);
+  const float frac = q - static_cast<float>(t);
+  return static_cast<int8_t>(frac >= 0.5f ? t + 1 : (frac <= -0.5f ? t - 1 : t));
 }
 
-KVPOOL_HD float int8_to_f32(int8_t v) { return float(v); }
+KVPOOL_HD float int8_to_f32(int8_t v) {
+  return float(v);
+}
 
 }  // namespace kvpool::kernels

@@ -24,7 +24,8 @@ KVPOOL_HD void softmax_add(SoftmaxStats& st, float* acc, const float* v, int d, 
   const float corr = expf(st.m - m_new);  // exp(−inf) = 0 for the empty state
   const float p = expf(s - m_new);
   st.l = st.l * corr + p;
-  for (int i = 0; i < d; ++i) acc[i] = acc[i] * corr + p * v[i];
+  for (int i = 0; i < d; ++i)
+    acc[i] = acc[i] * corr + p * v[i];
   st.m = m_new;
 }
 
@@ -34,14 +35,16 @@ KVPOOL_HD void softmax_merge(SoftmaxStats& a, float* acc_a, const SoftmaxStats& 
   if (b.l == 0.0f) return;
   if (a.l == 0.0f) {
     a = b;
-    for (int i = 0; i < d; ++i) acc_a[i] = acc_b[i];
+    for (int i = 0; i < d; ++i)
+      acc_a[i] = acc_b[i];
     return;
   }
   const float m = a.m > b.m ? a.m : b.m;
   const float ca = expf(a.m - m);
   const float cb = expf(b.m - m);
   a.l = a.l * ca + b.l * cb;
-  for (int i = 0; i < d; ++i) acc_a[i] = acc_a[i] * ca + acc_b[i] * cb;
+  for (int i = 0; i < d; ++i)
+    acc_a[i] = acc_a[i] * ca + acc_b[i] * cb;
   a.m = m;
 }
 

@@ -21,9 +21,9 @@
 namespace kvpool::kernels {
 
 struct PagedKv {
-  void* base = nullptr;       // page 0
-  uint64_t page_stride = 0;   // bytes from one page to the next (≥ page_data_bytes)
-  float* scales = nullptr;    // 8-bit pools only: the side region above; null otherwise
+  void* base = nullptr;      // page 0
+  uint64_t page_stride = 0;  // bytes from one page to the next (≥ page_data_bytes)
+  float* scales = nullptr;   // 8-bit pools only: the side region above; null otherwise
   Geometry geometry;
 };
 
@@ -67,14 +67,16 @@ struct ExtendArgs {
 // Append: writes the K and V of num_tokens tokens into their slots. slot = page ·
 // tokens_per_page + offset; a slot of −1 is skipped. For 8-bit pools quantisation is fused: a
 // token at offset 0 of a page sets that page's scales; a later token whose magnitude exceeds
-// what the scale can hold raises it and re-quantises the page's earlier tokens, so a page's
-// tokens must be appended in order (all tokens of one call are, in slot order within a page).
+// what the scale can hold raises it and re-quantises the page's earlier tokens. So a page's
+// tokens must be appended in order of their offsets, across calls and within one call (the GPU
+// kernel applies a call's tokens in call order, the CPU one in slot order: the same whenever
+// this holds, as it does for a worker appending its sequences). Inputs must be finite.
 struct AppendArgs {
   PagedKv kv;
   uint32_t layer = 0;
   uint32_t num_tokens = 0;
-  const float* k = nullptr;      // [num_tokens][kv_heads][head_dim]
-  const float* v = nullptr;      // [num_tokens][kv_heads][head_dim]
+  const float* k = nullptr;        // [num_tokens][kv_heads][head_dim]
+  const float* v = nullptr;        // [num_tokens][kv_heads][head_dim]
   const int64_t* slots = nullptr;  // [num_tokens]
 };
 

@@ -1,1 +1,168 @@
+// Append-KV on the CPU: writes each token's K and V rows, for every KV head of one layer, into its
+// page slot (kernels/paged_kv.h, AppendArgs).
+//
+// Everything is validated before the first byte is written, so an error leaves the pool as it
+// was. Slots of −1 are dropped; the others must lie in [0, num_pages · T) and be distinct. The
+// tokens are then handled in ascending slot order, which is slot order within every page.
+//
+// 16-bit pools: each element is converted (kernels/kv_dtype.h) and stored.
+// 8-bit pools, per (page, layer, KV head, K|V), token by token (off = its offset in the page,
+// m = max |x| over its row with NaN ignored, R = kInt8Max or kFp8Max, old = the stored scale):
+//   off == 0 or !(old > 0):  scale = max(m, kMinAmax) / R   (a previous owner's scale is ignored;
+//                                                             kMinAmax keeps it positive)
+//   m > old · R:             scale = m / R, and the rows [0, off) are re-quantised:
+//                            x̂ ← q(deq(x̂) · old, 1 / scale)
+//   otherwise:               scale = old
+// then the row is stored as q(x, 1 / scale): f32_to_int8(x, inv) or f32_to_fp8_e4m3(x · inv).
+// A scale therefore never falls while a page fills, and every stored row decodes to within half
+// a quantisation step of the scale that was current when it was (re-)quantised. This is the same
+// arithmetic, operation for operation, as the CUDA kernel, so the two agree bit for bit when
+// the tokens of a page arrive in slot order. K and V are expected finite: a NaN is stored as
+// NaN (fp8) or 0 (int8) without affecting the scale, but an infinity makes the scale infinite.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
 #include "kernels/cpu/kernels_cpu.h"
+#include "kernels/kv_dtype.h"
+
+namespace kvpool::kernels::cpu {
+
+namespace {
+
+struct Item {
+  uint64_t slot;
+  uint32_t token;
+};
+
+uint8_t quantize(KvDtype dtype, float x, float inv_scale) {
+  if (dtype == KvDtype::int8) return static_cast<uint8_t>(f32_to_int8(x, inv_scale));
+  return f32_to_fp8_e4m3(x * inv_scale);
+}
+
+float dequantize(KvDtype dtype, uint8_t v) {
+  if (dtype == KvDtype::int8) return int8_to_f32(static_cast<int8_t>(v));
+  return fp8_e4m3_to_f32(v);
+}
+
+// Writes the rows of one token (all KV heads of `layer`, K and V) of a 16-bit pool.
+void store16(const AppendArgs& a, uint8_t* page, uint32_t off, uint32_t token) {
+  const Geometry& g = a.kv.geometry;
+  const bool fp16 = g.dtype == KvDtype::fp16;
+  for (uint32_t h = 0; h < g.kv_heads; ++h) {
+    const uint64_t src = (uint64_t{token} * g.kv_heads + h) * g.head_dim;
+    for (int is_v = 0; is_v < 2; ++is_v) {
+      const float* x = (is_v ? a.v : a.k) + src;
+      const uint64_t at =
+          is_v ? page_v_offset(g, a.layer, h, off, 0) : page_k_offset(g, a.layer, h, off, 0);
+      uint8_t* dst = page + at * 2;
+      for (uint32_t d = 0; d < g.head_dim; ++d) {
+        const uint16_t e = fp16 ? f32_to_fp16(x[d]) : f32_to_bf16(x[d]);
+        std::memcpy(dst + uint64_t{d} * 2, &e, 2);  // the pool need not be 2-byte aligned
+      }
+    }
+  }
+}
+
+// Writes the rows of one token of an 8-bit pool, updating the page's scales (rules above).
+void store8(const AppendArgs& a, uint64_t page_id, uint8_t* page, uint32_t off, uint32_t token) {
+  const Geometry& g = a.kv.geometry;
+  const float range = g.dtype == KvDtype::int8 ? kInt8Max : kFp8Max;
+  for (uint32_t h = 0; h < g.kv_heads; ++h) {
+    const uint64_t src = (uint64_t{token} * g.kv_heads + h) * g.head_dim;
+    for (uint32_t is_v = 0; is_v < 2; ++is_v) {
+      const float* x = (is_v ? a.v : a.k) + src;
+      uint8_t* row0 =
+          page + (is_v ? page_v_offset(g, a.layer, h, 0, 0) : page_k_offset(g, a.layer, h, 0, 0));
+      float& scale = a.kv.scales[((page_id * g.layers + a.layer) * g.kv_heads + h) * 2 + is_v];
+
+      float m = 0.0f;
+      for (uint32_t d = 0; d < g.head_dim; ++d)
+        m = std::fmax(m, std::fabs(x[d]));
+      const float old = scale;
+      float sc;
+      if (off == 0 || !(old > 0.0f)) {
+        sc = std::fmax(m, kMinAmax) / range;
+      } else if (m > old * range) {
+        sc = m / range;
+      } else {
+        sc = old;
+      }
+      const float inv = 1.0f / sc;
+      if (off != 0 && sc != old) {
+        const uint64_t n = uint64_t{off} * g.head_dim;
+        for (uint64_t e = 0; e < n; ++e) {
+          row0[e] = quantize(g.dtype, dequantize(g.dtype, row0[e]) * old, inv);
+        }
+      }
+      uint8_t* row = row0 + uint64_t{off} * g.head_dim;
+      for (uint32_t d = 0; d < g.head_dim; ++d)
+        row[d] = quantize(g.dtype, x[d], inv);
+      scale = sc;
+    }
+  }
+}
+
+}  // namespace
+
+std::string append_kv(const AppendArgs& args, uint32_t num_pages) {
+  const Geometry& g = args.kv.geometry;
+  if (std::string e = validate(g); !e.empty()) return "append_kv: geometry: " + e;
+  if (args.layer >= g.layers) {
+    return "append_kv: layer " + std::to_string(args.layer) +
+           " out of range (layers = " + std::to_string(g.layers) + ")";
+  }
+  if (args.num_tokens == 0) return {};
+  if (args.k == nullptr) return "append_kv: k is null";
+  if (args.v == nullptr) return "append_kv: v is null";
+  if (args.slots == nullptr) return "append_kv: slots is null";
+  if (args.kv.base == nullptr) return "append_kv: kv.base is null";
+  if (args.kv.page_stride < page_data_bytes(g)) {
+    return "append_kv: kv.page_stride " + std::to_string(args.kv.page_stride) +
+           " is below the page size " + std::to_string(page_data_bytes(g));
+  }
+  const bool quantized = dtype_is_quantized(g.dtype);
+  if (quantized && args.kv.scales == nullptr) {
+    return "append_kv: kv.scales is null for an 8-bit pool";
+  }
+
+  const uint64_t num_slots = uint64_t{num_pages} * g.tokens_per_page;
+  std::vector<Item> items;
+  items.reserve(args.num_tokens);
+  for (uint32_t t = 0; t < args.num_tokens; ++t) {
+    const int64_t s = args.slots[t];
+    if (s == -1) continue;
+    if (s < 0 || static_cast<uint64_t>(s) >= num_slots) {
+      return "append_kv: token " + std::to_string(t) + ": slot " + std::to_string(s) +
+             " out of range (num_pages · tokens_per_page = " + std::to_string(num_slots) +
+             "; -1 skips)";
+    }
+    items.push_back({static_cast<uint64_t>(s), t});
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& x, const Item& y) { return x.slot < y.slot; });
+  for (size_t i = 1; i < items.size(); ++i) {
+    if (items[i].slot == items[i - 1].slot) {
+      return "append_kv: tokens " + std::to_string(items[i - 1].token) + " and " +
+             std::to_string(items[i].token) + " both write slot " + std::to_string(items[i].slot);
+    }
+  }
+
+  auto* base = static_cast<uint8_t*>(args.kv.base);
+  for (const Item& it : items) {
+    const uint64_t page_id = it.slot / g.tokens_per_page;
+    const auto off = static_cast<uint32_t>(it.slot % g.tokens_per_page);
+    uint8_t* page = base + page_id * args.kv.page_stride;
+    if (quantized) {
+      store8(args, page_id, page, off, it.token);
+    } else {
+      store16(args, page, off, it.token);
+    }
+  }
+  return {};
+}
+
+}  // namespace kvpool::kernels::cpu

@@ -1,0 +1,110 @@
+// kvpool-kernel-bench: CPU paged-attention decode bandwidth (KV bytes read / time) next to a
+// memcpy of a buffer as large, measured in the same run.
+//
+// Geometry of the GPU table: 32 query heads over 8 KV heads, head dim 128, 16 tokens per
+// page, one layer; the pages of each sequence are scattered over the pool (a random
+// permutation), as in a real pool.
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/cpu/kernels_cpu.h"
+
+namespace {
+
+using namespace kvpool;
+using Clock = std::chrono::steady_clock;
+
+template <typename Fn>
+double best_seconds(int reps, Fn&& fn) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"kvpool-kernel-bench: CPU decode bandwidth next to memcpy bandwidth"};
+  unsigned threads = std::thread::hardware_concurrency();
+  int reps = 5;
+  std::string contexts = "4096,16384,65536";
+  std::string batches = "1,8";
+  app.add_option("--threads", threads, "Decode threads")->capture_default_str();
+  app.add_option("--reps", reps, "Repetitions per point (best is reported)")->capture_default_str();
+  app.add_option("--contexts", contexts, "Context lengths")->capture_default_str();
+  app.add_option("--batches", batches, "Batch sizes")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  auto parse = [](const std::string& s) {
+    std::vector<uint32_t> out;
+    size_t pos = 0;
+    while (pos < s.size()) {
+      const size_t comma = s.find(',', pos);
+      out.push_back(static_cast<uint32_t>(std::stoul(s.substr(pos, comma - pos))));
+      if (comma == std::string::npos) break;
+      pos = comma + 1;
+    }
+    return out;
+  };
+
+  std::printf("threads %u; bandwidth = KV bytes read / decode time; memcpy = bytes copied / time\n",
+              threads);
+  std::printf("%-9s %5s %7s %9s %10s %9s %11s %8s\n", "dtype", "batch", "context", "KV MB",
+              "time ms", "GB/s", "memcpy GB/s", "ratio");
+  std::mt19937 rng(1);
+  for (const KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    const Geometry g{1, 8, 128, 16, dt};
+    const uint64_t stride = page_data_bytes(g);
+    for (const uint32_t batch : parse(batches)) {
+      for (const uint32_t ctx : parse(contexts)) {
+        const uint32_t blocks = (ctx + 15) / 16;
+        const uint32_t pages = batch * blocks;
+        std::vector<std::byte> pool(uint64_t(pages) * stride, std::byte{0x3c});
+        std::vector<float> scales(dtype_is_quantized(dt) ? size_t(pages) * 16 : 0, 0.01f);
+        std::vector<PageId> table(pages);
+        std::iota(table.begin(), table.end(), 0u);
+        std::shuffle(table.begin(), table.end(), rng);
+        std::vector<uint32_t> lens(batch, ctx);
+        std::vector<float> q(size_t(batch) * 32 * 128, 0.01f), out(q.size());
+        kernels::DecodeArgs a;
+        a.kv = kernels::PagedKv{pool.data(), stride, scales.empty() ? nullptr : scales.data(), g};
+        a.num_seqs = batch;
+        a.num_q_heads = 32;
+        a.q = q.data();
+        a.out = out.data();
+        a.block_tables = table.data();
+        a.block_table_stride = blocks;
+        a.context_lens = lens.data();
+        a.scale = 0.088f;
+        std::string err;
+        const double t = best_seconds(reps, [&] { err = kernels::cpu::decode(a, pages, threads); });
+        if (!err.empty()) {
+          std::fprintf(stderr, "decode: %s\n", err.c_str());
+          return 1;
+        }
+        const double bytes = double(batch) * ctx * 2 * 8 * 128 * dtype_bytes(dt);
+        std::vector<std::byte> dst(pool.size());
+        const double tm =
+            best_seconds(reps, [&] { std::memcpy(dst.data(), pool.data(), pool.size()); });
+        const double gbs = bytes / t / 1e9;
+        const double mgbs = double(pool.size()) / tm / 1e9;
+        std::printf("%-9s %5u %7u %9.1f %10.3f %9.2f %11.2f %7.0f%%\n",
+                    std::string(dtype_name(dt)).c_str(), batch, ctx, bytes / 1e6, t * 1e3, gbs,
+                    mgbs, 100.0 * gbs / mgbs);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,166 @@
+// Append-KV on the GPU: writes new tokens' K and V rows into their page slots.
+//
+// 16-bit pools: one block per token; each thread converts 8 elements and stores them with one
+// 16-byte store. 8-bit pools: quantisation is fused, with the scale rules of kernels/paged_kv.h
+// (offset 0 sets a page's scale; a larger later token raises it and re-quantises the page's
+// earlier tokens). Those rules order the tokens of a page, so one block per (KV head, K|V) walks
+// all tokens of the call in order, its threads splitting head_dim. That serialises long
+// prefills over tokens; decode appends one token per sequence, where it does not matter.
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "kernels/cuda/dtype_load.cuh"
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace kvpool::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+
+template <KvDtype DT>
+__device__ __forceinline__ uint16_t encode16(float x) {
+  if constexpr (DT == KvDtype::fp16) {
+    return f32_to_fp16(x);
+  } else {
+    return f32_to_bf16(x);
+  }
+}
+
+template <KvDtype DT>
+__global__ void append16_kernel(AppendArgs a) {
+  const int64_t slot = a.slots[blockIdx.x];
+  if (slot < 0) return;
+  const Geometry g = a.kv.geometry;
+  const auto page = static_cast<uint64_t>(slot) / g.tokens_per_page;
+  const auto off = static_cast<uint32_t>(static_cast<uint64_t>(slot) % g.tokens_per_page);
+  auto* p = reinterpret_cast<uint16_t*>(static_cast<char*>(a.kv.base) + page * a.kv.page_stride);
+  const uint32_t per_token = g.kv_heads * g.head_dim;
+  const float* k = a.k + uint64_t(blockIdx.x) * per_token;
+  const float* v = a.v + uint64_t(blockIdx.x) * per_token;
+  for (uint32_t e = threadIdx.x * 8; e < 2 * per_token; e += blockDim.x * 8) {
+    const bool is_v = e >= per_token;
+    const uint32_t i = is_v ? e - per_token : e;
+    const uint32_t h = i / g.head_dim;
+    const uint32_t d = i % g.head_dim;
+    const float* src = (is_v ? v : k) + i;
+    union {
+      uint4 vec;
+      uint16_t h16[8];
+    } out;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+      out.h16[j] = encode16<DT>(src[j]);
+    const uint64_t at =
+        is_v ? page_v_offset(g, a.layer, h, off, d) : page_k_offset(g, a.layer, h, off, d);
+    *reinterpret_cast<uint4*>(p + at) = out.vec;
+  }
+}
+
+template <KvDtype DT>
+__device__ __forceinline__ uint8_t encode8(float x, float inv_scale) {
+  if constexpr (DT == KvDtype::fp8_e4m3) {
+    return f32_to_fp8_e4m3(x * inv_scale);
+  } else {
+    return static_cast<uint8_t>(f32_to_int8(x, inv_scale));
+  }
+}
+
+template <KvDtype DT>
+__global__ void append8_kernel(AppendArgs a) {
+  const Geometry g = a.kv.geometry;
+  const uint32_t h = blockIdx.x;
+  const bool is_v = blockIdx.y == 1;
+  const float range = DT == KvDtype::fp8_e4m3 ? kFp8Max : kInt8Max;
+  __shared__ float s_amax[kThreads / 32];
+  __shared__ float s_scale;
+  __shared__ float s_old;
+  for (uint32_t tok = 0; tok < a.num_tokens; ++tok) {
+    const int64_t slot = a.slots[tok];
+    if (slot < 0) continue;
+    const auto page = static_cast<uint64_t>(slot) / g.tokens_per_page;
+    const auto off = static_cast<uint32_t>(static_cast<uint64_t>(slot) % g.tokens_per_page);
+    const float* x = (is_v ? a.v : a.k) + (uint64_t(tok) * g.kv_heads + h) * g.head_dim;
+    float amax = 0.0f;
+    for (uint32_t d = threadIdx.x; d < g.head_dim; d += kThreads)
+      amax = fmaxf(amax, fabsf(x[d]));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    if (threadIdx.x % 32 == 0) s_amax[threadIdx.x / 32] = amax;
+    float* scale =
+        a.kv.scales + ((page * g.layers + a.layer) * g.kv_heads + h) * 2 + (is_v ? 1 : 0);
+    auto* row0 =
+        reinterpret_cast<uint8_t*>(static_cast<char*>(a.kv.base) + page * a.kv.page_stride) +
+        (is_v ? page_v_offset(g, a.layer, h, 0, 0) : page_k_offset(g, a.layer, h, 0, 0));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float m = 0.0f;
+      for (int w = 0; w < kThreads / 32; ++w)
+        m = fmaxf(m, s_amax[w]);
+      const float old = *scale;
+      s_old = old;
+      if (off == 0 || !(old > 0.0f)) {
+        s_scale = fmaxf(m, kMinAmax) / range;  // a stale scale of a previous owner is ignored
+      } else if (m > old * range) {
+        s_scale = m / range;
+      } else {
+        s_scale = old;
+      }
+    }
+    __syncthreads();
+    const float sc = s_scale;
+    if (off != 0 && sc != s_old) {
+      // Re-quantise the page's earlier tokens of this (layer, head, K|V) to the raised scale.
+      const float inv = 1.0f / sc;
+      for (uint32_t e = threadIdx.x; e < off * g.head_dim; e += kThreads) {
+        const float val = Elem<DT>::load(row0[e]) * s_old;
+        row0[e] = encode8<DT>(val, inv);
+      }
+    }
+    const float inv = 1.0f / sc;
+    for (uint32_t d = threadIdx.x; d < g.head_dim; d += kThreads) {
+      row0[uint64_t(off) * g.head_dim + d] = encode8<DT>(x[d], inv);
+    }
+    if (threadIdx.x == 0) *scale = sc;
+    __syncthreads();
+  }
+}
+
+}  // namespace
+
+std::string append_kv(const AppendArgs& a, void* stream) {
+  const Geometry& g = a.kv.geometry;
+  if (!validate(g).empty()) return "append_kv: " + validate(g);
+  if (a.layer >= g.layers) return "append_kv: layer out of range";
+  if (a.num_tokens == 0) return {};
+  if (a.k == nullptr || a.v == nullptr || a.slots == nullptr || a.kv.base == nullptr) {
+    return "append_kv: a device pointer is null";
+  }
+  if (g.head_dim % 8 != 0) return "append_kv: head_dim must be a multiple of 8";
+  auto s = static_cast<cudaStream_t>(stream);
+  switch (g.dtype) {
+    case KvDtype::fp16:
+      append16_kernel<KvDtype::fp16><<<a.num_tokens, kThreads, 0, s>>>(a);
+      break;
+    case KvDtype::bf16:
+      append16_kernel<KvDtype::bf16><<<a.num_tokens, kThreads, 0, s>>>(a);
+      break;
+    case KvDtype::fp8_e4m3:
+      if (a.kv.scales == nullptr) return "append_kv: an 8-bit pool needs its scales";
+      append8_kernel<KvDtype::fp8_e4m3><<<dim3(g.kv_heads, 2), kThreads, 0, s>>>(a);
+      break;
+    case KvDtype::int8:
+      if (a.kv.scales == nullptr) return "append_kv: an 8-bit pool needs its scales";
+      append8_kernel<KvDtype::int8><<<dim3(g.kv_heads, 2), kThreads, 0, s>>>(a);
+      break;
+  }
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return std::string("append_kv: launch failed: ") + cudaGetErrorString(err);
+  return {};
+}
+
+}  // namespace kvpool::kernels::cuda
