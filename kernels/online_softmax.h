@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/host_device.h"
 
@@ -27,6 +28,52 @@ KVPOOL_HD void softmax_add(SoftmaxStats& st, float* acc, const float* v, int d, 
   for (int i = 0; i < d; ++i)
     acc[i] = acc[i] * corr + p * v[i];
   st.m = m_new;
+}
+
+// Takes a block of n scores s[0..n) into st at once: the max is taken over the whole block, so
+// the running state is rescaled once per block instead of once per key. On return s[j] holds
+// p_j = exp(s_j − m_new), st holds m_new = max(m_old, max_j s_j) and l = l·corr + Σ_j p_j, and
+// the returned corr = exp(m_old − m_new) is the factor the caller must apply to its accumulator
+// before adding Σ_j p_j · v_j (softmax_add_block does both). Same math as n calls of softmax_add,
+// up to rounding. A block of only −inf scores leaves the state unchanged (p_j = 0, corr = 1);
+// a NaN score makes the state NaN, as with softmax_add.
+KVPOOL_HD float softmax_block_scores(SoftmaxStats& st, float* s, int n) {
+  float m_new = st.m;
+  for (int j = 0; j < n; ++j)
+    m_new = s[j] > m_new ? s[j] : m_new;
+  if (m_new == -INFINITY) {  // every score −inf or NaN: no weight, but a NaN still propagates
+    float sum = 0.0f;
+    for (int j = 0; j < n; ++j) {
+      s[j] = s[j] == -INFINITY ? 0.0f : s[j];
+      sum += s[j];
+    }
+    st.l += sum;
+    return 1.0f;
+  }
+  const float corr = expf(st.m - m_new);  // exp(−inf) = 0 for the empty state
+  float sum = 0.0f;
+  for (int j = 0; j < n; ++j) {
+    s[j] = expf(s[j] - m_new);
+    sum += s[j];
+  }
+  st.l = st.l * corr + sum;
+  st.m = m_new;
+  return corr;
+}
+
+// Takes the n scores s[0..n) (overwritten with their p_j) and value rows v + j · v_stride
+// (fp32, d elements each) into (st, acc[0..d)): softmax_add for a whole block of keys.
+KVPOOL_HD void softmax_add_block(SoftmaxStats& st, float* acc, const float* v, int64_t v_stride,
+                                 int d, float* s, int n) {
+  const float corr = softmax_block_scores(st, s, n);
+  for (int i = 0; i < d; ++i)
+    acc[i] *= corr;
+  for (int j = 0; j < n; ++j) {
+    const float p = s[j];
+    const float* vj = v + j * v_stride;
+    for (int i = 0; i < d; ++i)
+      acc[i] += p * vj[i];
+  }
 }
 
 // Merges (b, acc_b) into (a, acc_a).

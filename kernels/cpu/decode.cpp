@@ -3,13 +3,18 @@
 // Algorithm. The context of every sequence is cut into split chunks of `chunk` tokens, a multiple
 // of tokens_per_page (DecodeArgs::split_tokens rounded up to pages, or plan_split_tokens when it
 // is 0). One work item is (sequence, KV head, chunk) and serves the whole GQA group of that KV
-// head: each K row of the chunk is read once, converted to a small fp32 buffer (8-bit pools: times
-// the page's K scale) and dotted with the group's query rows; each V row likewise is converted
-// once and fed to softmax_add for every query row of the group. A sequence served by one chunk
-// writes its unnormalised accumulator straight into `out` and divides by l at the end. A sequence
-// with several chunks keeps each chunk's (m, l, acc) in a scratch buffer; whichever thread finishes
-// the last chunk of a (sequence, KV head) merges them with softmax_merge in chunk order and writes
-// acc / l. Work items are handed to `threads` std::threads through one atomic counter.
+// head. It walks the chunk in blocks of up to kBlock tokens of one page: the block's K rows are
+// converted to fp32 once (8-bit pools: times the page's K scale) and dotted with all the group's
+// query rows (dot_partials: each K element loaded once per kDotHeads query rows, partial sums in
+// registers, folded per block); every query row's online-softmax state then takes the block's
+// scores at once (softmax_block_scores: block max, one rescale factor per block and row); last
+// the block's V rows are converted once and accumulated for the whole group (accumulate_pv:
+// acc · corr + Σ p_j · v_j, a tile of acc held in registers while the V rows stream through).
+// A sequence served by one chunk writes its unnormalised accumulator straight into `out` and
+// divides by l at the end. A sequence with several chunks keeps each chunk's (m, l, acc) in a
+// scratch buffer; whichever thread finishes the last chunk of a (sequence, KV head) merges them
+// with softmax_merge in chunk order and writes acc / l. Work items are handed to `threads`
+// std::threads through one atomic counter (attention_common.h).
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read: the tail of the last page, other
@@ -17,157 +22,36 @@
 //  - the merge order is fixed (chunk 0, 1, …), so for a given chunk size the output is the same
 //    bit for bit whatever the thread count or the scheduling;
 //  - every argument is checked before anything is written; an error leaves `out` untouched;
-//  - nothing allocates per token: each thread owns two fp32 row buffers and the group's scores.
+//  - blocks never straddle a page and the block split depends only on the chunk size, so the
+//    rounding (block maxima included) is fixed for a given chunk size;
+//  - nothing allocates per token: each thread owns a block of fp32 K and V rows, the block's
+//    partial sums and scores, and the group's rescale factors.
 #include <algorithm>
-#include <array>
 #include <atomic>
-#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <new>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <vector>
 
+#include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/kernels_cpu.h"
-#include "kernels/kv_dtype.h"
 #include "kernels/online_softmax.h"
 #include "kernels/split_plan.h"
 
 namespace kvpool::kernels::cpu {
 namespace {
 
-// softmax_add / softmax_merge take the row length as an int; this keeps it far from INT_MAX.
-constexpr uint32_t kMaxHeadDim = 1u << 16;
+using detail::HeadTile;
+
 // Smallest planned chunk: shorter chunks cost more in merging than they gain in parallelism.
 constexpr uint32_t kMinChunkTokens = 512;
-
-// Row conversion ---------------------------------------------------------------------------------
-
-// fp16 → fp32 without branches, so the row loop vectorises; bit-identical to fp16_to_f32: the
-// exponent and mantissa shifted into an fp32 and scaled by 2^112 rebias normals and subnormals
-// exactly; inf and NaN (exponent 31) keep their mantissa under an all-ones exponent.
-inline float fp16_to_f32_fast(uint16_t h) {
-  const uint32_t em = uint32_t{h} & 0x7FFFu;
-  uint32_t bits = std::bit_cast<uint32_t>(std::bit_cast<float>(em << 13) * 0x1p112f);
-  bits = em >= 0x7C00u ? (0x7F800000u | (em << 13)) : bits;
-  return std::bit_cast<float>(bits | ((uint32_t{h} & 0x8000u) << 16));
-}
-
-const std::array<float, 256>& fp8_table() {
-  static const std::array<float, 256> table = [] {
-    std::array<float, 256> t{};
-    for (uint32_t i = 0; i < 256; ++i)
-      t[i] = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
-    return t;
-  }();
-  return table;
-}
-
-// Converts d elements of `dtype` at src into fp32 at dst; 8-bit values are multiplied by scale.
-void load_row(KvDtype dtype, const std::byte* src, uint32_t d, float scale, float* __restrict dst) {
-  switch (dtype) {
-    case KvDtype::fp16: {
-      const auto* s = reinterpret_cast<const uint16_t*>(src);
-      for (uint32_t i = 0; i < d; ++i)
-        dst[i] = fp16_to_f32_fast(s[i]);
-      break;
-    }
-    case KvDtype::bf16: {
-      const auto* s = reinterpret_cast<const uint16_t*>(src);
-      for (uint32_t i = 0; i < d; ++i)
-        dst[i] = std::bit_cast<float>(uint32_t{s[i]} << 16);
-      break;
-    }
-    case KvDtype::fp8_e4m3: {
-      const auto* s = reinterpret_cast<const uint8_t*>(src);
-      const float* table = fp8_table().data();
-      for (uint32_t i = 0; i < d; ++i)
-        dst[i] = table[s[i]] * scale;
-      break;
-    }
-    case KvDtype::int8: {
-      const auto* s = reinterpret_cast<const int8_t*>(src);
-      for (uint32_t i = 0; i < d; ++i)
-        dst[i] = static_cast<float>(s[i]) * scale;
-      break;
-    }
-  }
-}
-
-// Dot product with 8 independent partial sums, so that the compiler vectorises it without
-// reassociating (no -ffast-math needed).
-inline float dot(const float* __restrict a, const float* __restrict b, uint32_t d) {
-  constexpr uint32_t kLanes = 8;
-  float part[kLanes] = {};
-  uint32_t i = 0;
-  for (; i + kLanes <= d; i += kLanes) {
-    for (uint32_t j = 0; j < kLanes; ++j)
-      part[j] += a[i + j] * b[i + j];
-  }
-  float tail = 0.0f;
-  for (; i < d; ++i)
-    tail += a[i] * b[i];
-  for (uint32_t w = kLanes / 2; w > 0; w /= 2) {
-    for (uint32_t j = 0; j < w; ++j)
-      part[j] += part[j + w];
-  }
-  return part[0] + tail;
-}
-
-// Validation -------------------------------------------------------------------------------------
-
-std::string check_pool(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads) {
-  const Geometry& g = kv.geometry;
-  if (std::string e = validate(g); !e.empty()) return "kv.geometry: " + e;
-  if (g.head_dim > kMaxHeadDim) {
-    return "kv.geometry: head_dim " + std::to_string(g.head_dim) + " exceeds the CPU kernels' " +
-           std::to_string(kMaxHeadDim);
-  }
-  if (kv.base == nullptr) return "kv.base is null";
-  if (kv.page_stride < page_data_bytes(g)) {
-    return "kv.page_stride " + std::to_string(kv.page_stride) + " is below the page's " +
-           std::to_string(page_data_bytes(g)) + " data bytes";
-  }
-  const uint32_t bytes = dtype_bytes(g.dtype);
-  if (reinterpret_cast<uintptr_t>(kv.base) % bytes != 0 || kv.page_stride % bytes != 0) {
-    return "kv.base and kv.page_stride must be multiples of the dtype's " + std::to_string(bytes) +
-           " bytes";
-  }
-  if (dtype_is_quantized(g.dtype) && kv.scales == nullptr) {
-    return "kv.scales is null for an 8-bit pool";
-  }
-  if (layer >= g.layers) {
-    return "layer " + std::to_string(layer) + " is not below the pool's " +
-           std::to_string(g.layers) + " layers";
-  }
-  if (num_q_heads == 0 || num_q_heads % g.kv_heads != 0) {
-    return "num_q_heads " + std::to_string(num_q_heads) +
-           " is not a positive multiple of kv_heads " + std::to_string(g.kv_heads);
-  }
-  return {};
-}
-
-// Checks sequence s's context length and the block-table entries that its tokens use.
-std::string check_sequence(const PageId* block_tables, uint32_t stride, uint32_t s, uint32_t ctx,
-                           uint32_t tokens_per_page, uint32_t num_pages) {
-  const std::string name = "[" + std::to_string(s) + "]";
-  if (ctx == 0) return "context_lens" + name + " is 0";
-  const uint64_t pages = (uint64_t{ctx} + tokens_per_page - 1) / tokens_per_page;
-  if (pages > stride) {
-    return "context_lens" + name + " = " + std::to_string(ctx) + " needs " + std::to_string(pages) +
-           " pages, more than block_table_stride " + std::to_string(stride);
-  }
-  const PageId* row = block_tables + size_t{s} * stride;
-  for (uint64_t i = 0; i < pages; ++i) {
-    if (row[i] >= num_pages) {
-      return "block_tables" + name + "[" + std::to_string(i) + "] = " + std::to_string(row[i]) +
-             " is not below num_pages " + std::to_string(num_pages);
-    }
-  }
-  return {};
-}
+// Keys per softmax block: the group's running states are rescaled once per block.
+constexpr uint32_t kBlock = 16;
+// Accumulator floats that accumulate_pv keeps in registers while it streams a block's V rows.
+constexpr uint32_t kTile = 16;
+// Prefetch stride over the next page's tiles.
+constexpr uint64_t kCacheLine = 64;
 
 // Work -------------------------------------------------------------------------------------------
 
@@ -181,12 +65,56 @@ struct Item {
   uint64_t scratch;  // first (item, query head) row in the scratch buffers, or kDirect
 };
 
+// Per-thread buffers, sized once: a block's K and V rows in fp32, the group's scores (then
+// probabilities) for the block, and the group's rescale factors.
 struct Workspace {
-  std::vector<float> k, v, scores;
-  Workspace(uint32_t d, uint32_t group) : k(d), v(d), scores(group) {}
+  std::vector<float> k, v, part, p, corr;
+  Workspace(uint32_t d, uint32_t group)
+      : k(size_t{kBlock} * d),
+        v(size_t{kBlock} * d),
+        part(size_t{kBlock} * group * detail::kDotLanes),
+        p(size_t{kBlock} * group),
+        corr(group) {}
 };
 
+// acc[h][0..d) = acc[h] · corr[h] + Σ_j p[h][j] · v[j] for every query head h of the group and the
+// n ≤ kBlock value rows v[j] = v + j · d. Walks acc in tiles of kTile floats that stay in
+// registers while the block's V rows stream through (from L1: the block is kBlock · d floats).
+// Per element the order is fixed: the rescale, then the keys in order, whatever the tiling.
+void accumulate_pv(float* __restrict acc, const float* __restrict corr, const float* __restrict p,
+                   const float* __restrict v, uint32_t group, uint32_t n, uint32_t d) {
+  for (uint32_t h = 0; h < group; ++h) {
+    float* a = acc + size_t{h} * d;
+    const float* ph = p + size_t{h} * kBlock;
+    const float c = corr[h];
+    uint32_t i = 0;
+    for (; i + kTile <= d; i += kTile) {
+      float t[kTile];
+      for (uint32_t x = 0; x < kTile; ++x)
+        t[x] = a[i + x] * c;
+      for (uint32_t j = 0; j < n; ++j) {
+        const float pj = ph[j];
+        const float* vj = v + size_t{j} * d + i;
+        for (uint32_t x = 0; x < kTile; ++x)
+          t[x] += pj * vj[x];
+      }
+      for (uint32_t x = 0; x < kTile; ++x)
+        a[i + x] = t[x];
+    }
+    for (; i < d; ++i) {
+      float t = a[i] * c;
+      for (uint32_t j = 0; j < n; ++j)
+        t += ph[j] * v[size_t{j} * d + i];
+      a[i] = t;
+    }
+  }
+}
+
 // Computes item `it` into acc[group][D] and st[group] (unnormalised online-softmax states).
+// Keys go in blocks of up to kBlock tokens of one page: the block's K rows are converted once and
+// dotted with every query row of the group, each state takes the block's scores at once
+// (softmax_block_scores: one rescale per block), then the block's V rows are converted once and
+// accumulated for the whole group.
 void run_chunk(const DecodeArgs& a, const Item& it, uint32_t chunk, Workspace& ws, float* acc,
                SoftmaxStats* st) {
   const Geometry& g = a.kv.geometry;
@@ -194,10 +122,13 @@ void run_chunk(const DecodeArgs& a, const Item& it, uint32_t chunk, Workspace& w
   const uint32_t t_page = g.tokens_per_page;
   const uint32_t group = a.num_q_heads / g.kv_heads;
   const uint64_t row_bytes = uint64_t{d} * dtype_bytes(g.dtype);
-  const bool quantized = dtype_is_quantized(g.dtype);
-  const auto* base = static_cast<const std::byte*>(a.kv.base);
   const PageId* table = a.block_tables + size_t{it.seq} * a.block_table_stride;
   const float* q = a.q + (size_t{it.seq} * a.num_q_heads + size_t{it.head} * group) * d;
+  float* kb = ws.k.data();
+  float* vb = ws.v.data();
+  float* part = ws.part.data();
+  const size_t part_row = size_t{group} * detail::kDotLanes;  // a K row's partial sums
+  float* p = ws.p.data();
 
   for (uint32_t h = 0; h < group; ++h)
     st[h] = SoftmaxStats{};
@@ -207,27 +138,32 @@ void run_chunk(const DecodeArgs& a, const Item& it, uint32_t chunk, Workspace& w
   const uint32_t begin = it.chunk * chunk;  // a page boundary: chunk is a multiple of t_page
   const uint64_t end = std::min<uint64_t>(ctx, uint64_t{begin} + chunk);
   for (uint64_t t0 = begin; t0 < end; t0 += t_page) {
-    const PageId page = table[t0 / t_page];
-    const auto n = static_cast<uint32_t>(std::min<uint64_t>(t_page, end - t0));
-    const std::byte* p = base + uint64_t{page} * a.kv.page_stride;
-    const std::byte* k_tile = p + page_k_offset(g, a.layer, it.head, 0, 0) * dtype_bytes(g.dtype);
-    const std::byte* v_tile = p + page_v_offset(g, a.layer, it.head, 0, 0) * dtype_bytes(g.dtype);
-    float k_scale = 1.0f;
-    float v_scale = 1.0f;
-    if (quantized) {
-      const uint64_t idx = ((uint64_t{page} * g.layers + a.layer) * g.kv_heads + it.head) * 2;
-      k_scale = a.kv.scales[idx];
-      v_scale = a.kv.scales[idx + 1];
+    const HeadTile tile = detail::head_tile(a.kv, a.layer, table[t0 / t_page], it.head);
+    const auto in_page = static_cast<uint32_t>(std::min<uint64_t>(t_page, end - t0));
+    if (t0 + t_page < end) {
+      // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next
+      // one coming: ask for its K and V tiles while this page is being computed.
+      const HeadTile next = detail::head_tile(a.kv, a.layer, table[t0 / t_page + 1], it.head);
+      const uint64_t bytes = std::min<uint64_t>(t_page, end - t0 - t_page) * row_bytes;
+      for (uint64_t off = 0; off < bytes; off += kCacheLine) {
+        __builtin_prefetch(next.k + off);
+        __builtin_prefetch(next.v + off);
+      }
     }
-    for (uint32_t j = 0; j < n; ++j) {
-      load_row(g.dtype, k_tile + j * row_bytes, d, k_scale, ws.k.data());
+    for (uint32_t j0 = 0; j0 < in_page; j0 += kBlock) {
+      const uint32_t n = std::min(kBlock, in_page - j0);
+      detail::load_row(g.dtype, tile.k + j0 * row_bytes, n * d, tile.k_scale, kb);
+      for (uint32_t j = 0; j < n; ++j)
+        detail::dot_partials(q, group, d, kb + size_t{j} * d, part + size_t{j} * part_row);
       for (uint32_t h = 0; h < group; ++h) {
-        ws.scores[h] = dot(q + size_t{h} * d, ws.k.data(), d) * a.scale;
+        float* ph = p + size_t{h} * kBlock;
+        for (uint32_t j = 0; j < n; ++j)
+          ph[j] = detail::sum_lanes(part + size_t{j} * part_row + size_t{h} * detail::kDotLanes) *
+                  a.scale;
+        ws.corr[h] = softmax_block_scores(st[h], ph, static_cast<int>(n));
       }
-      load_row(g.dtype, v_tile + j * row_bytes, d, v_scale, ws.v.data());
-      for (uint32_t h = 0; h < group; ++h) {
-        softmax_add(st[h], acc + size_t{h} * d, ws.v.data(), static_cast<int>(d), ws.scores[h]);
-      }
+      detail::load_row(g.dtype, tile.v + j0 * row_bytes, n * d, tile.v_scale, vb);
+      accumulate_pv(acc, ws.corr.data(), p, vb, group, n, d);
     }
   }
 }
@@ -240,7 +176,9 @@ inline void normalise(float* row, uint32_t d, float l) {
 }  // namespace
 
 std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads) {
-  if (std::string e = check_pool(args.kv, args.layer, args.num_q_heads); !e.empty()) return e;
+  if (std::string e = detail::check_pool(args.kv, args.layer, args.num_q_heads); !e.empty()) {
+    return e;
+  }
   if (args.num_seqs == 0) return {};
   if (args.q == nullptr) return "q is null";
   if (args.out == nullptr) return "out is null";
@@ -250,16 +188,15 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads)
   uint32_t max_ctx = 0;
   for (uint32_t s = 0; s < args.num_seqs; ++s) {
     const uint32_t ctx = args.context_lens[s];
-    if (std::string e = check_sequence(args.block_tables, args.block_table_stride, s, ctx,
-                                       g.tokens_per_page, num_pages);
+    if (std::string e = detail::check_sequence(args.block_tables, args.block_table_stride, s, ctx,
+                                               g.tokens_per_page, num_pages);
         !e.empty()) {
       return e;
     }
     max_ctx = std::max(max_ctx, ctx);
   }
 
-  unsigned n_threads = threads != 0 ? threads : std::thread::hardware_concurrency();
-  if (n_threads == 0) n_threads = 1;
+  const unsigned n_threads = detail::resolve_threads(threads);
   const uint32_t t_page = g.tokens_per_page;
   uint64_t chunk64 =
       args.split_tokens != 0
@@ -340,27 +277,8 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads)
       normalise(o, d, acc_st.l);
     }
   };
-
-  const size_t num_items = items.size();
-  std::atomic<size_t> next{0};
-  auto worker = [&] {
-    Workspace ws(d, group);
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < num_items;)
-      process(i, ws);
-  };
-  const auto spawn = static_cast<unsigned>(std::min<size_t>(n_threads, num_items)) - 1;
-  std::vector<std::thread> pool;
-  pool.reserve(spawn);
-  for (unsigned k = 0; k < spawn; ++k) {
-    try {
-      pool.emplace_back(worker);
-    } catch (const std::system_error&) {
-      break;  // fewer threads: the counter hands the remaining items to those that run
-    }
-  }
-  worker();
-  for (std::thread& t : pool)
-    t.join();
+  detail::for_each_item(
+      items.size(), n_threads, [&] { return Workspace(d, group); }, process);
   return {};
 }
 
