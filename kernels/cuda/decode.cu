@@ -81,24 +81,13 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
 
-  const auto* base = static_cast<const char*>(a.kv.base);
   const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
   for (uint32_t t = begin + warp; t < end; t += kWarps) {
-    const PageId page = table[t / g.tokens_per_page];
-    const uint32_t off = t % g.tokens_per_page;
-    const auto* p = reinterpret_cast<const T*>(base + uint64_t(page) * a.kv.page_stride);
-    float ks = 1.0f;
-    float vs = 1.0f;
-    if constexpr (Elem<DT>::kQuantized) {
-      const float* sc =
-          a.kv.scales + ((uint64_t(page) * g.layers + a.layer) * g.kv_heads + kvh) * 2;
-      ks = sc[0];
-      vs = sc[1];
-    }
+    const TokenRows<DT> rows = token_rows<DT>(a.kv, table, a.layer, kvh, t);
     float k[kN];
     float v[kN];
-    load_row<DT, D>(p + page_k_offset(g, a.layer, kvh, off, 0) + lane * kN, ks, k);
-    load_row<DT, D>(p + page_v_offset(g, a.layer, kvh, off, 0) + lane * kN, vs, v);
+    load_row<DT, D>(rows.k + lane * kN, rows.k_scale, k);
+    load_row<DT, D>(rows.v + lane * kN, rows.v_scale, v);
 #pragma unroll
     for (int gi = 0; gi < kMaxGroup; ++gi) {
       if (gi >= group) break;

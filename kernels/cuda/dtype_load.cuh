@@ -5,6 +5,7 @@
 
 #include "common/geometry.h"
 #include "kernels/kv_dtype.h"
+#include "kernels/paged_kv.h"
 
 namespace kvpool::kernels::cuda {
 
@@ -35,6 +36,35 @@ struct Elem<KvDtype::int8> {
   static __device__ __forceinline__ float load(T v) { return int8_to_f32(static_cast<int8_t>(v)); }
   static constexpr bool kQuantized = true;
 };
+
+// The K and V rows of token `t` of a sequence for one (layer, KV head), and their scales (1 for
+// 16-bit pools): what decode and extend read per token.
+template <KvDtype DT>
+struct TokenRows {
+  const typename Elem<DT>::T* k;
+  const typename Elem<DT>::T* v;
+  float k_scale;
+  float v_scale;
+};
+
+template <KvDtype DT>
+__device__ __forceinline__ TokenRows<DT> token_rows(const PagedKv& kv, const PageId* table,
+                                                    uint32_t layer, uint32_t kvh, uint32_t t) {
+  using T = typename Elem<DT>::T;
+  const Geometry& g = kv.geometry;
+  const PageId page = table[t / g.tokens_per_page];
+  const uint32_t off = t % g.tokens_per_page;
+  const auto* p = reinterpret_cast<const T*>(static_cast<const char*>(kv.base) +
+                                             uint64_t(page) * kv.page_stride);
+  TokenRows<DT> r{p + page_k_offset(g, layer, kvh, off, 0),
+                  p + page_v_offset(g, layer, kvh, off, 0), 1.0f, 1.0f};
+  if constexpr (Elem<DT>::kQuantized) {
+    const float* sc = kv.scales + ((uint64_t(page) * g.layers + layer) * g.kv_heads + kvh) * 2;
+    r.k_scale = sc[0];
+    r.v_scale = sc[1];
+  }
+  return r;
+}
 
 // Calls fn(KvDtype tag) with the runtime dtype as a template argument.
 template <typename Fn>

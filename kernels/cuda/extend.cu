@@ -50,22 +50,13 @@ __global__ void extend_kernel(ExtendArgs a, uint32_t total_new) {
   }
   float m = -INFINITY;
   float l = 0.0f;
-  const auto* base = static_cast<const char*>(a.kv.base);
   const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
   for (uint32_t t = 0; t <= pos; ++t) {
-    const PageId page = table[t / g.tokens_per_page];
-    const uint32_t off = t % g.tokens_per_page;
-    const auto* p = reinterpret_cast<const T*>(base + uint64_t(page) * a.kv.page_stride);
-    float ks = 1.0f;
-    float vs = 1.0f;
-    if constexpr (Elem<DT>::kQuantized) {
-      const float* sc =
-          a.kv.scales + ((uint64_t(page) * g.layers + a.layer) * g.kv_heads + kvh) * 2;
-      ks = sc[0];
-      vs = sc[1];
-    }
-    const T* kr = p + page_k_offset(g, a.layer, kvh, off, 0) + lane * kN;
-    const T* vr = p + page_v_offset(g, a.layer, kvh, off, 0) + lane * kN;
+    const TokenRows<DT> rows = token_rows<DT>(a.kv, table, a.layer, kvh, t);
+    const T* kr = rows.k + lane * kN;
+    const T* vr = rows.v + lane * kN;
+    const float ks = rows.k_scale;
+    const float vs = rows.v_scale;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < kN; ++i)
