@@ -68,7 +68,7 @@ class Connection {
   Result<wire::Reply> round_trip(uint32_t request_id, int* passed_fd);
   Error lost(const std::string& what);
 
-  static constexpr size_t kReadChunk = 16 * 1024;
+  static constexpr size_t kReadChunk = size_t{16} * 1024;
 
   int fd_ = -1;
   uint32_t next_id_ = 1;

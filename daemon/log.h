@@ -31,9 +31,7 @@ inline LogField kv(std::string_view key, std::string value) {
 }
 template <typename T>
 LogField kv(std::string_view key, T value) {
-  if constexpr (std::is_same_v<T, const char*>) {
-    return {key, std::string(value)};
-  } else if constexpr (std::is_same_v<T, std::string_view>) {
+  if constexpr (std::is_same_v<T, const char*> || std::is_same_v<T, std::string_view>) {
     return {key, std::string(value)};
   } else {
     return {key, std::to_string(value)};

@@ -216,7 +216,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     }
   }
 
-  static constexpr size_t kReadChunk = 64 * 1024;
+  static constexpr size_t kReadChunk = size_t{64} * 1024;
 
   Server& server_;
   Local::socket socket_;

@@ -69,7 +69,7 @@ bool work(const Trace& trace, const DaemonReplayOptions& o, uint32_t index, Work
   for (size_t r = index; r < trace.requests.size(); r += n_workers) {
     if (o.ordered) {
       char token = 0;
-      if (::read(ring[index * 2], &token, 1) != 1) {
+      if (::read(ring[size_t{index} * 2], &token, 1) != 1) {
         fail(w, "token ring broken");
         return false;
       }
@@ -193,9 +193,10 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   for (uint32_t w = 0; w < o.workers; ++w) {
     shares.push_back(new (static_cast<WorkerShare*>(mem) + w) WorkerShare());
   }
-  std::vector<int> ring(o.workers * 2, -1);  // ring[2w] read end of worker w, ring[2w+1] write
+  std::vector<int> ring(size_t{o.workers} * 2,
+                        -1);  // ring[2w] read end of worker w, ring[2w+1] write
   for (uint32_t w = 0; w < o.workers; ++w) {
-    if (::pipe(&ring[w * 2]) != 0) throw std::runtime_error("pipe failed");
+    if (::pipe(&ring[size_t{w} * 2]) != 0) throw std::runtime_error("pipe failed");
   }
 
   const auto start = Clock::now();

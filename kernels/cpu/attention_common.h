@@ -132,7 +132,7 @@ inline constexpr uint32_t kDotHeads = 4;
       float tail = 0.0f;
       for (uint32_t i = d_vec; i < d; ++i)
         tail += qh[size_t{r} * d + i] * k[i];
-      acc[r * kDotLanes] += tail;
+      acc[size_t{r} * kDotLanes] += tail;
     }
   }
   for (; h < n_heads; ++h) {
