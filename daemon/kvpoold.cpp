@@ -6,6 +6,8 @@
 //
 // Signals: SIGTERM / SIGINT stop (every session is released, the socket removed); SIGHUP is
 // logged and ignored until live reload lands.
+// Under systemd (Type=notify) it sends READY=1 with a STATUS= line once the pools and the socket
+// are up, STOPPING=1 when it stops, and WATCHDOG=1 from the event loop at half WatchdogSec.
 
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -14,6 +16,7 @@
 #include "daemon/config.h"
 #include "daemon/host_backend.h"
 #include "daemon/log.h"
+#include "daemon/notify.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
 
@@ -99,6 +102,7 @@ int run(int argc, char** argv) {
     std::cerr << "kvpoold: " << listening.error().message << "\n";
     return 1;
   }
+  Notifier notifier;
   boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int sig) {
@@ -111,10 +115,31 @@ int run(int argc, char** argv) {
         }
         log_event(LogLevel::info, "stopping",
                   {kv("signal", sig), kv("sessions", server.connections())});
+        notifier.notify("STOPPING=1\nSTATUS=stopping");
         server.stop();
         io.stop();
       };
   signals.async_wait(on_signal);
+
+  // The watchdog is fed from the event loop itself, so a loop that stops turning stops feeding.
+  boost::asio::steady_timer watchdog(io);
+  const auto interval = Notifier::watchdog_interval();
+  std::function<void(const boost::system::error_code&)> feed =
+      [&](const boost::system::error_code& ec) {
+        if (ec) return;
+        notifier.notify("WATCHDOG=1");
+        watchdog.expires_after(interval);
+        watchdog.async_wait(feed);
+      };
+  if (notifier.enabled() && interval.count() > 0) {
+    watchdog.expires_after(interval);
+    watchdog.async_wait(feed);
+  }
+
+  const std::string status = "serving " + std::to_string(service.value()->pools().size()) +
+                             " pool(s) on " + config.socket_path + " (" +
+                             std::string(service.value()->backend().name()) + " backend)";
+  notifier.notify("READY=1\nSTATUS=" + status);
   log_event(LogLevel::info, "ready",
             {kv("socket", config.socket_path), kv("pools", service.value()->pools().size())});
   io.run();

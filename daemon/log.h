@@ -31,8 +31,8 @@ inline LogField kv(std::string_view key, std::string value) {
 }
 template <typename T>
 LogField kv(std::string_view key, T value) {
-  if constexpr (std::is_same_v<T, const char*> || std::is_same_v<T, std::string_view>) {
-    return {key, std::string(value)};
+  if constexpr (std::is_convertible_v<T, std::string_view>) {
+    return {key, std::string(std::string_view(value))};
   } else {
     return {key, std::to_string(value)};
   }

@@ -1,6 +1,7 @@
 // Integration tests: a real kvpoold process and real worker processes (DESIGN §7, issue 3).
 
 #include <signal.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -520,6 +521,61 @@ TEST(Daemon, ClientRefusesWhatTheProtocolCannotCarry) {
   EXPECT_EQ(big.error().status.code(), Errc::invalid_argument);
   EXPECT_NE(big.error().message.find("exceeds"), std::string::npos);
   EXPECT_TRUE(c->stats().ok());  // nothing was sent, the connection is fine
+}
+
+// A datagram socket standing in for systemd's NOTIFY_SOCKET.
+class NotifySocket {
+ public:
+  explicit NotifySocket(const std::string& path) : path_(path) {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) std::abort();
+  }
+  ~NotifySocket() { ::close(fd_); }
+  // The next datagram, or nullopt after timeout_ms.
+  std::optional<std::string> next(int timeout_ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) != 1) return std::nullopt;
+    char buf[4096];
+    const ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+    if (n < 0) return std::nullopt;
+    return std::string(buf, static_cast<size_t>(n));
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+TEST(Daemon, NotifiesSystemdReadyWatchdogAndStopping) {
+  TempDir dir;
+  NotifySocket notify(dir.file("notify.sock"));
+  ::setenv("NOTIFY_SOCKET", dir.file("notify.sock").c_str(), 1);
+  ::setenv("WATCHDOG_USEC", "200000", 1);  // WatchdogSec=0.2: pings every 100 ms
+  Daemon d(kSmallPool);
+  const bool started = d.start();
+  ::unsetenv("NOTIFY_SOCKET");
+  ::unsetenv("WATCHDOG_USEC");
+  ASSERT_TRUE(started) << d.log();
+  const auto ready = notify.next(2000);
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_NE(ready->find("READY=1"), std::string::npos) << *ready;
+  EXPECT_NE(ready->find("STATUS=serving 1 pool(s) on " + d.socket()), std::string::npos) << *ready;
+  // Watchdog pings at half WATCHDOG_USEC, from the event loop.
+  int pings = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(650);
+  while (std::chrono::steady_clock::now() < until) {
+    const auto m = notify.next(200);
+    if (m && *m == "WATCHDOG=1") ++pings;
+  }
+  EXPECT_GE(pings, 4);
+  EXPECT_LE(pings, 8);
+  EXPECT_EQ(d.stop(), 0);
+  bool stopping = false;
+  while (const auto m = notify.next(500)) stopping = stopping || m->find("STOPPING=1") == 0;
+  EXPECT_TRUE(stopping);
 }
 
 TEST(Daemon, AttachReportsAMissingDaemonClearly) {
