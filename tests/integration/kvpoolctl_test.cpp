@@ -1,0 +1,145 @@
+// kvpoolctl against a real kvpoold: every verb in text and JSON, Prometheus output, plan figures.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "client/connection.h"
+#include "tests/integration/daemon_harness.h"
+
+namespace kvpool::testing {
+namespace {
+
+const std::string kCtl = KVPOOLCTL_BIN;
+
+constexpr char kPool[] = R"(
+pools:
+  - name: default
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}
+    capacity: 64 pages
+)";
+
+nlohmann::json json_of(const std::string& args) {
+  std::string out;
+  EXPECT_EQ(run_command(kCtl + " " + args, out), 0) << out;
+  try {
+    return nlohmann::json::parse(out);
+  } catch (const std::exception&) {
+    ADD_FAILURE() << "not JSON: " << out;
+    return {};
+  }
+}
+
+TEST(Kvpoolctl, PlanReproducesTheTextbookFigures) {
+  auto j =
+      json_of("plan --layers 80 --kv-heads 64 --head-dim 128 --tokens 4096 --dtype fp16 --json");
+  EXPECT_EQ(j["schema"], 1);
+  EXPECT_EQ(j["bytes_per_sequence"], 10737418240ull);  // ≈ 10.7 GB
+  EXPECT_EQ(j["bytes_per_token"], 2ull * 80 * 64 * 128 * 2);
+  j = json_of(
+      "plan --layers 32 --kv-heads 8 --head-dim 128 --tokens 8192 --dtype bf16 "
+      "--capacity 80GiB --json");
+  EXPECT_EQ(j["bytes_per_sequence"], 1ull << 30);
+  EXPECT_EQ(j["pages_per_sequence"], 512);
+  EXPECT_EQ(j["sequences_that_fit"], 80);
+  // GQA: 8 KV heads instead of 64 is 8 times less, whatever the query heads.
+  j = json_of("plan --layers 80 --kv-heads 8 --head-dim 128 --tokens 4096 --json");
+  EXPECT_EQ(j["bytes_per_sequence"], 10737418240ull / 8);
+  // fp8 halves it again and adds one scale per (layer, head, K|V) per page.
+  j = json_of("plan --layers 32 --kv-heads 8 --head-dim 128 --tokens 8192 --dtype fp8 --json");
+  EXPECT_EQ(j["bytes_per_sequence"], 1ull << 29);
+  EXPECT_EQ(j["page_bytes"], (1ull << 20) + 2 * 32 * 8 * 4);
+  std::string out;
+  EXPECT_EQ(run_command(kCtl + " plan --layers 80 --kv-heads 64 --head-dim 128 --tokens 4096", out),
+            0);
+  EXPECT_NE(out.find("10737418240"), std::string::npos) << out;  // raw off a terminal
+}
+
+TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {
+  Daemon d(kPool);
+  ASSERT_TRUE(d.start()) << d.log();
+  auto w = client::Connection::attach(d.socket(), "worker");
+  ASSERT_TRUE(w.ok());
+  auto pages = w.value()->alloc(5);
+  ASSERT_TRUE(pages.ok());
+  ASSERT_TRUE(
+      w.value()->publish(std::vector<PublishItem>{{pages.value()[0], BlockHash{1, 2}}}).ok());
+  ASSERT_TRUE(w.value()->lookup(std::vector<BlockHash>{BlockHash{1, 2}, BlockHash{3, 4}}).ok());
+
+  const std::string sock = " --socket " + d.socket();
+  auto s = json_of("status --json" + sock);
+  EXPECT_EQ(s["schema"], 1);
+  EXPECT_EQ(s["pool"], "default");
+  EXPECT_EQ(s["backend"], "host");
+  EXPECT_EQ(s["pages"]["total"], 64);
+  EXPECT_EQ(s["pages"]["in_use"], 5);
+  EXPECT_EQ(s["pages"]["free"], 59);
+  EXPECT_EQ(s["sessions"], 1);  // the worker; kvpoolctl does not count itself
+  EXPECT_EQ(s["page_bytes"], 2 * 2 * 2 * 16 * 64 * 2);
+
+  auto st = json_of("stats --json" + sock);
+  EXPECT_EQ(st["lookups"], 1);
+  EXPECT_EQ(st["query_tokens"], 2 * 16);
+  EXPECT_EQ(st["hit_tokens"], 16);
+  EXPECT_EQ(st["published"], 1);
+  EXPECT_EQ(st["allocated"], 5);
+
+  std::string out;
+  ASSERT_EQ(run_command(kCtl + sock + " status", out), 0) << out;
+  EXPECT_NE(out.find("5 in use"), std::string::npos) << out;
+  ASSERT_EQ(run_command(kCtl + sock + " stats", out), 0) << out;
+  EXPECT_NE(out.find("16 of 32 tokens hit (50.0%)"), std::string::npos) << out;
+}
+
+TEST(Kvpoolctl, PrometheusOutputParses) {
+  Daemon d(kPool);
+  ASSERT_TRUE(d.start()) << d.log();
+  std::string out;
+  ASSERT_EQ(run_command(kCtl + " --socket " + d.socket() + " stats --format prom", out), 0) << out;
+  const std::regex sample(
+      R"(^([a-z_]+)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? [0-9]+(\.[0-9]+)?$)");
+  const std::regex help(R"(^# HELP ([a-z_]+) .+$)");
+  const std::regex type(R"(^# TYPE ([a-z_]+) (counter|gauge)$)");
+  std::set<std::string> typed;
+  std::istringstream lines(out);
+  std::string line;
+  int samples = 0;
+  while (std::getline(lines, line)) {
+    std::smatch m;
+    if (std::regex_match(line, m, type)) {
+      typed.insert(m[1]);
+    } else if (std::regex_match(line, m, sample)) {
+      EXPECT_TRUE(typed.count(m[1])) << "sample before its TYPE: " << line;
+      ++samples;
+    } else {
+      EXPECT_TRUE(std::regex_match(line, help)) << "not exposition format: " << line;
+    }
+  }
+  EXPECT_GE(samples, 10);
+  EXPECT_TRUE(typed.count("kvpool_pages"));
+  EXPECT_TRUE(typed.count("kvpool_prefix_hit_tokens_total"));
+  EXPECT_NE(out.find("kvpool_pages{pool=\"default\",state=\"free\"} 64"), std::string::npos);
+}
+
+TEST(Kvpoolctl, ErrorsAndUsage) {
+  TempDir dir;
+  std::string out;
+  EXPECT_EQ(run_command(kCtl + " --socket " + dir.file("none.sock") + " status", out), 1);
+  EXPECT_NE(out.find("kvpoold is not running"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " frobnicate", out), 2);
+  EXPECT_EQ(run_command(kCtl, out), 2);                       // a verb is required
+  EXPECT_EQ(run_command(kCtl + " plan --layers 2", out), 2);  // required options missing
+  EXPECT_EQ(run_command(kCtl + " plan --layers 2 --kv-heads 2 --head-dim 0 --tokens 5", out), 2);
+  EXPECT_NE(out.find("head_dim"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " stats --format xml", out), 2);
+  EXPECT_EQ(run_command(kCtl + " plan --help", out), 0);
+  EXPECT_NE(out.find("--kv-heads"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " status --help", out), 0);
+  EXPECT_NE(out.find("--watch"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace kvpool::testing
