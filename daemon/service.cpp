@@ -86,34 +86,59 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
                kv("backend", pool->info.backend), kv("policy", pc.policy)});
     svc->pools_.push_back(std::move(pool));
   }
-  for (const TenantConfig& t : config.tenants)
-    svc->tenant_names_.push_back(t.name);
-  if (!config.default_tenant.empty()) {
-    const auto it =
-        std::find(svc->tenant_names_.begin(), svc->tenant_names_.end(), config.default_tenant);
-    svc->default_tenant_ = static_cast<int>(it - svc->tenant_names_.begin());
-    if (it == svc->tenant_names_.end()) svc->tenant_names_.push_back(config.default_tenant);
-  }
-  svc->tenant_held_.assign(svc->tenant_names_.size(), 0);
+  for (const TenantConfig& t : config.tenants) svc->tenant_index(t.name);
+  if (!config.default_tenant.empty()) svc->tenant_index(config.default_tenant);
   return svc;
 }
 
-int Service::tenant_of(const PeerCredentials& peer) const {
-  for (size_t i = 0; i < config_.tenants.size(); ++i) {
-    const TenantConfig& t = config_.tenants[i];
+uint32_t Service::tenant_index(const std::string& name) {
+  const auto it = std::find(tenant_names_.begin(), tenant_names_.end(), name);
+  if (it != tenant_names_.end()) return static_cast<uint32_t>(it - tenant_names_.begin());
+  tenant_names_.push_back(name);
+  tenant_held_.push_back(0);
+  return static_cast<uint32_t>(tenant_names_.size() - 1);
+}
+
+std::vector<std::string> Service::apply_live(const Config& next) {
+  std::vector<std::string> restart;
+  if (next.socket_path != config_.socket_path) restart.emplace_back("socket.path");
+  if (next.socket_mode != config_.socket_mode) restart.emplace_back("socket.mode");
+  if (next.socket_group != config_.socket_group) restart.emplace_back("socket.group");
+  if (next.backend != config_.backend) restart.emplace_back("backend");
+  if (next.device != config_.device) restart.emplace_back("device");
+  if (next.pools != config_.pools) restart.emplace_back("pools");
+  // What can change live does; what cannot keeps its running value until a restart.
+  Config applied = next;
+  applied.socket_path = config_.socket_path;
+  applied.socket_mode = config_.socket_mode;
+  applied.socket_group = config_.socket_group;
+  applied.backend = config_.backend;
+  applied.device = config_.device;
+  applied.pools = config_.pools;
+  config_ = std::move(applied);
+  for (const TenantConfig& t : config_.tenants) tenant_index(t.name);
+  if (!config_.default_tenant.empty()) tenant_index(config_.default_tenant);
+  return restart;
+}
+
+int Service::tenant_of(const PeerCredentials& peer) {
+  for (const TenantConfig& t : config_.tenants) {
     if (std::find(t.uids.begin(), t.uids.end(), peer.uid) != t.uids.end() ||
         std::find(t.gids.begin(), t.gids.end(), peer.gid) != t.gids.end()) {
-      return static_cast<int>(i);
+      return static_cast<int>(tenant_index(t.name));
     }
   }
-  return default_tenant_;
+  if (config_.default_tenant.empty()) return -1;
+  return static_cast<int>(tenant_index(config_.default_tenant));
 }
 
 bool Service::tenant_may_use(uint32_t tenant, const Pool& pool) const {
-  if (tenant >= config_.tenants.size()) return true;  // the implicit default tenant
-  const auto& allowed = config_.tenants[tenant].pools;
-  return allowed.empty() ||
-         std::find(allowed.begin(), allowed.end(), pool.config.name) != allowed.end();
+  for (const TenantConfig& t : config_.tenants) {
+    if (t.name != tenant_names_[tenant]) continue;
+    return t.pools.empty() ||
+           std::find(t.pools.begin(), t.pools.end(), pool.config.name) != t.pools.end();
+  }
+  return true;  // the implicit default tenant may use every pool
 }
 
 wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCredentials& peer) {

@@ -9,6 +9,10 @@
 // credentials (SO_PEERCRED) and the config, never from the client. Two tenants sharing a pool
 // therefore never hit, probe or time each other's prefixes (DESIGN §5).
 //
+// Tenants: a tenant's index (and so its namespace, index + 1) is given the first time its name is
+// seen and never changes while the daemon runs, across reloads too: a session keeps the namespace
+// it attached with, and a tenant that leaves the config and comes back finds its cache again.
+//
 // Quotas: alloc is refused with quota_exceeded when the session's or its tenant's distinct held
 // pages plus the request would pass max_pages_per_session / max_pages_per_tenant. Pages reached
 // through lookup or a duplicate publish are shared, not new memory, so they count towards the
@@ -77,12 +81,20 @@ class Service {
   const std::vector<std::string>& tenants() const { return tenant_names_; }
   uint32_t session_count() const { return sessions_; }
   const MemoryBackend& backend() const { return *backend_; }
+  const Config& config() const { return config_; }
+
+  // Reload: applies what can change while sessions run (limits, tenants, default tenant, log
+  // level) and returns the dotted keys that changed but need a restart (socket.*, backend,
+  // device, pools), which keep their running values. Existing sessions keep their tenant.
+  std::vector<std::string> apply_live(const Config& next);
 
  private:
   Service(const Config& config, std::unique_ptr<MemoryBackend> backend);
 
   // Index into tenant_names_ for a peer, or -1 to refuse it.
-  int tenant_of(const PeerCredentials& peer) const;
+  int tenant_of(const PeerCredentials& peer);
+  // The stable index of a tenant name, registering it on first sight.
+  uint32_t tenant_index(const std::string& name);
   bool tenant_may_use(uint32_t tenant, const Pool& pool) const;
   void refresh_held(SessionState& s);
 
@@ -97,9 +109,8 @@ class Service {
   Config config_;
   std::unique_ptr<MemoryBackend> backend_;
   std::vector<std::unique_ptr<Pool>> pools_;
-  std::vector<std::string> tenant_names_;  // [i] = config_.tenants[i].name; last may be default
+  std::vector<std::string> tenant_names_;  // every tenant seen; index = namespace − 1, stable
   std::vector<uint64_t> tenant_held_;      // distinct pages held by the tenant's sessions
-  int default_tenant_ = -1;
   uint32_t sessions_ = 0;
   uint64_t next_session_id_ = 1;
 };

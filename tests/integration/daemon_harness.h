@@ -38,6 +38,7 @@ class Daemon {
   bool running();
 
   const std::string& socket() const { return socket_; }
+  const std::string& config_path() const { return config_; }  // empty with the built-in config
   pid_t pid() const { return pid_; }
   std::string log() const;  // the daemon's stderr so far
 

@@ -578,6 +578,70 @@ TEST(Daemon, NotifiesSystemdReadyWatchdogAndStopping) {
   EXPECT_TRUE(stopping);
 }
 
+// Waits until the daemon's log has `n` lines containing `needle`.
+bool log_has(const Daemon& d, const std::string& needle, size_t n = 1) {
+  for (int i = 0; i < 300; ++i) {
+    const std::string log = d.log();
+    size_t count = 0;
+    for (size_t at = log.find(needle); at != std::string::npos; at = log.find(needle, at + 1)) {
+      ++count;
+    }
+    if (count >= n) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(Daemon, SighupReloadsLimitsKeepsTheOldConfigOnErrorAndNamesRestarts) {
+  TempDir dir;
+  NotifySocket notify(dir.file("notify.sock"));
+  ::setenv("NOTIFY_SOCKET", dir.file("notify.sock").c_str(), 1);
+  Daemon d(std::string(kSmallPool) + "limits: {max_pages_per_session: 4}\n");
+  const bool started = d.start();
+  ::unsetenv("NOTIFY_SOCKET");
+  ASSERT_TRUE(started) << d.log();
+  ASSERT_TRUE(notify.next(2000).has_value());  // READY=1
+  auto c = attach(d, "w");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->alloc(5).error().status.code(), Errc::quota_exceeded);
+
+  // A larger limit applies to the running session at once.
+  std::ofstream(d.config_path()) << kSmallPool << "limits: {max_pages_per_session: 10}\n";
+  ::kill(d.pid(), SIGHUP);
+  ASSERT_TRUE(log_has(d, "event=reloaded")) << d.log();
+  auto reloading = notify.next(2000);
+  ASSERT_TRUE(reloading.has_value());
+  EXPECT_EQ(reloading->rfind("RELOADING=1\nMONOTONIC_USEC=", 0), 0u) << *reloading;
+  auto ready = notify.next(2000);
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_EQ(ready->rfind("READY=1\nSTATUS=serving", 0), 0u) << *ready;
+  auto five = c->alloc(5);
+  ASSERT_TRUE(five.ok()) << five.error().message;
+
+  // An invalid file is refused with its key named, and the running config stays.
+  std::ofstream(d.config_path()) << kSmallPool << "limits: {max_pages_per_sesion: 1}\n";
+  ::kill(d.pid(), SIGHUP);
+  ASSERT_TRUE(log_has(d, "event=reload_failed")) << d.log();
+  EXPECT_NE(d.log().find("limits.max_pages_per_sesion"), std::string::npos) << d.log();
+  EXPECT_TRUE(c->alloc(5).ok());                                         // 10 held: at the limit
+  EXPECT_EQ(c->alloc(1).error().status.code(), Errc::quota_exceeded);  // still limit 10
+
+  // Pools cannot change under running sessions: named as needing a restart, not applied.
+  std::ofstream(d.config_path()) << R"(
+pools:
+  - name: default
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}
+    capacity: 128 pages
+limits: {max_pages_per_session: 20}
+)";
+  ::kill(d.pid(), SIGHUP);
+  ASSERT_TRUE(log_has(d, "event=reload_needs_restart")) << d.log();
+  EXPECT_NE(d.log().find("keys=pools"), std::string::npos) << d.log();
+  EXPECT_EQ(c->stats().value().total, 64u);  // the running pool is unchanged
+  EXPECT_TRUE(c->alloc(10).ok());             // the new limit did apply
+  EXPECT_TRUE(d.running());
+}
+
 TEST(Daemon, AttachReportsAMissingDaemonClearly) {
   TempDir dir;
   auto c = Connection::attach(dir.file("nothing.sock"), "w");
