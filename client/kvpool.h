@@ -49,8 +49,8 @@ typedef struct {
 
 typedef struct {
   uint32_t total, free, in_use, cached, sessions;
-  uint64_t lookups, lookup_blocks, hit_blocks, allocated, released, published, duplicates,
-      evicted, flushed;
+  uint64_t lookups, lookup_blocks, hit_blocks, allocated, released, published, duplicates, evicted,
+      flushed;
   uint32_t session_held_pages;
 } kvpool_stats;
 

@@ -461,7 +461,9 @@ class Parser {
 
 }  // namespace
 
-std::string default_socket_path() { return kvpool::default_socket_path(); }
+std::string default_socket_path() {
+  return kvpool::default_socket_path();
+}
 
 Config default_config() {
   Config config;

@@ -86,7 +86,8 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
                kv("backend", pool->info.backend), kv("policy", pc.policy)});
     svc->pools_.push_back(std::move(pool));
   }
-  for (const TenantConfig& t : config.tenants) svc->tenant_index(t.name);
+  for (const TenantConfig& t : config.tenants)
+    svc->tenant_index(t.name);
   if (!config.default_tenant.empty()) svc->tenant_index(config.default_tenant);
   return svc;
 }
@@ -116,7 +117,8 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   applied.device = config_.device;
   applied.pools = config_.pools;
   config_ = std::move(applied);
-  for (const TenantConfig& t : config_.tenants) tenant_index(t.name);
+  for (const TenantConfig& t : config_.tenants)
+    tenant_index(t.name);
   if (!config_.default_tenant.empty()) tenant_index(config_.default_tenant);
   return restart;
 }

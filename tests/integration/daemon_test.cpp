@@ -1,7 +1,7 @@
 // Integration tests: a real kvpoold process and real worker processes (DESIGN §7, issue 3).
 
-#include <signal.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -574,7 +574,8 @@ TEST(Daemon, NotifiesSystemdReadyWatchdogAndStopping) {
   EXPECT_LE(pings, 8);
   EXPECT_EQ(d.stop(), 0);
   bool stopping = false;
-  while (const auto m = notify.next(500)) stopping = stopping || m->find("STOPPING=1") == 0;
+  while (const auto m = notify.next(500))
+    stopping = stopping || m->find("STOPPING=1") == 0;
   EXPECT_TRUE(stopping);
 }
 
@@ -623,7 +624,7 @@ TEST(Daemon, SighupReloadsLimitsKeepsTheOldConfigOnErrorAndNamesRestarts) {
   ::kill(d.pid(), SIGHUP);
   ASSERT_TRUE(log_has(d, "event=reload_failed")) << d.log();
   EXPECT_NE(d.log().find("limits.max_pages_per_sesion"), std::string::npos) << d.log();
-  EXPECT_TRUE(c->alloc(5).ok());                                         // 10 held: at the limit
+  EXPECT_TRUE(c->alloc(5).ok());                                       // 10 held: at the limit
   EXPECT_EQ(c->alloc(1).error().status.code(), Errc::quota_exceeded);  // still limit 10
 
   // Pools cannot change under running sessions: named as needing a restart, not applied.
@@ -638,7 +639,7 @@ limits: {max_pages_per_session: 20}
   ASSERT_TRUE(log_has(d, "event=reload_needs_restart")) << d.log();
   EXPECT_NE(d.log().find("keys=pools"), std::string::npos) << d.log();
   EXPECT_EQ(c->stats().value().total, 64u);  // the running pool is unchanged
-  EXPECT_TRUE(c->alloc(10).ok());             // the new limit did apply
+  EXPECT_TRUE(c->alloc(10).ok());            // the new limit did apply
   EXPECT_TRUE(d.running());
 }
 
