@@ -146,6 +146,20 @@ Connection::~Connection() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+float* Connection::page_scales(PageId p) const {
+  const uint64_t bytes = page_scale_bytes(pool_.geometry);
+  if (bytes == 0) return nullptr;
+  std::byte* region = base_ + uint64_t{pool_.num_pages} * pool_.page_stride;
+  return reinterpret_cast<float*>(region + uint64_t{p} * bytes);
+}
+
+Error Connection::broken(Error e) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  e.message += " (connection closed: the reply stream is out of step)";
+  return e;
+}
+
 Error Connection::lost(const std::string& what) {
   return error(Errc::connection_lost, "connection to kvpoold lost: " + what);
 }
@@ -172,20 +186,21 @@ Result<wire::Reply> Connection::round_trip(uint32_t request_id, int* passed_fd) 
     have += static_cast<size_t>(r);
     if (!header && have >= wire::kHeaderBytes) {
       auto h = wire::decode_header(std::span(in_).first(wire::kHeaderBytes));
-      if (!h.ok()) return h.error();
+      if (!h.ok()) return broken(h.error());
       header = h.value();
       need = wire::kHeaderBytes + header->length;
       if (in_.size() < need) in_.resize(need);
     }
   }
   // One request is in flight at a time, so nothing can follow the reply.
-  if (have != need) return error(Errc::malformed_frame, "bytes after the reply");
+  if (have != need) return broken(error(Errc::malformed_frame, "bytes after the reply"));
   const auto payload = std::span(in_).subspan(wire::kHeaderBytes, header->length);
   auto reply = wire::decode_reply(*header, payload);
   // Request id 0 is the daemon refusing the connection itself (e.g. too many sessions).
   if (header->request_id != request_id && header->request_id != 0) {
-    return error(Errc::malformed_frame, "reply to request " + std::to_string(header->request_id) +
-                                            ", expected " + std::to_string(request_id));
+    return broken(error(Errc::malformed_frame, "reply to request " +
+                                                   std::to_string(header->request_id) +
+                                                   ", expected " + std::to_string(request_id)));
   }
   return reply;
 }
@@ -223,6 +238,11 @@ Result<wire::Reply> Connection::call(const wire::Request& request) {
 Result<std::vector<PageId>> Connection::alloc(uint32_t count) {
   auto r = expect<wire::AllocReply>(call(wire::AllocRequest{count}));
   if (!r.ok()) return r.error();
+  if (r.value().pages.size() != count) {
+    return broken(error(Errc::malformed_frame, "alloc reply with " +
+                                                   std::to_string(r.value().pages.size()) +
+                                                   " pages for " + std::to_string(count)));
+  }
   return std::move(r.value().pages);
 }
 
@@ -241,12 +261,20 @@ Result<Ok> Connection::release(std::span<const PageId> pages) {
 Result<std::vector<PageId>> Connection::lookup(std::span<const BlockHash> chain) {
   auto r = expect<wire::LookupReply>(call(wire::LookupRequest{{chain.begin(), chain.end()}}));
   if (!r.ok()) return r.error();
+  if (r.value().pages.size() > chain.size()) {
+    return broken(error(Errc::malformed_frame, "lookup reply with more hits than hashes"));
+  }
   return std::move(r.value().pages);
 }
 
 Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishItem> items) {
   auto r = expect<wire::PublishReply>(call(wire::PublishRequest{{items.begin(), items.end()}}));
   if (!r.ok()) return r.error();
+  if (r.value().results.size() != items.size()) {
+    return broken(error(Errc::malformed_frame,
+                        "publish reply with " + std::to_string(r.value().results.size()) +
+                            " results for " + std::to_string(items.size()) + " items"));
+  }
   return std::move(r.value().results);
 }
 

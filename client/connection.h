@@ -47,6 +47,9 @@ class Connection {
   uint64_t session_id() const { return session_id_; }
   std::byte* base() const { return base_; }
   std::byte* page(PageId p) const { return base_ + uint64_t{p} * pool_.page_stride; }
+  // The scales of page p in 8-bit pools (layers · kv_heads · 2 floats, kernels/paged_kv.h), in the
+  // side region after the last page; nullptr for 16-bit pools.
+  float* page_scales(PageId p) const;
 
   Result<std::vector<PageId>> alloc(uint32_t count);
   Result<Ok> retain(std::span<const PageId> pages);
@@ -67,6 +70,9 @@ class Connection {
   // Sends out_, reads one reply frame into a Reply (or Error). Captures a passed fd, if any.
   Result<wire::Reply> round_trip(uint32_t request_id, int* passed_fd);
   Error lost(const std::string& what);
+  // The byte stream is out of step (a reply that does not parse or does not pair with its
+  // request): nothing more can be read from it safely, so the connection is closed.
+  Error broken(Error e);
 
   static constexpr size_t kReadChunk = size_t{16} * 1024;
 

@@ -21,6 +21,13 @@ int fail(kvpool_conn* c, const kvpool::client::Result<T>& r) {
   return static_cast<int>(r.error().status.code());
 }
 
+// Counts beyond the protocol's batch limit are refused before anything is allocated for them.
+int too_many(kvpool_conn* c, size_t n) {
+  c->last_error = "batch of " + std::to_string(n) + " items exceeds the protocol's limit of " +
+                  std::to_string(kvpool::wire::kMaxBatch);
+  return static_cast<int>(kvpool::Errc::invalid_argument);
+}
+
 }  // namespace
 
 extern "C" {
@@ -87,6 +94,7 @@ int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n) {
 int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
                   uint32_t* hits) {
   *hits = 0;
+  if (n > kvpool::wire::kMaxBatch) return too_many(c, n);
   std::vector<kvpool::BlockHash> hashes(n);
   for (size_t i = 0; i < n; ++i)
     hashes[i] = kvpool::BlockHash{chain[i].lo, chain[i].hi};
@@ -99,6 +107,7 @@ int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_pag
 
 int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
                    kvpool_publish_result* out) {
+  if (n > kvpool::wire::kMaxBatch) return too_many(c, n);
   std::vector<kvpool::PublishItem> in(n);
   for (size_t i = 0; i < n; ++i) {
     in[i] =

@@ -233,7 +233,17 @@ int plan(const Globals& g, const PlanArgs& a) {
   if (!a.capacity.empty()) {
     // Binary units only here: 80GiB, 512MiB, or plain bytes.
     size_t used = 0;
-    const double v = std::stod(a.capacity, &used);
+    double v = -1;
+    try {
+      v = std::stod(a.capacity, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || !(v > 0) || v > 1e30) {
+      std::fprintf(stderr, "kvpoolctl plan: --capacity %s is not a positive size like 80GiB\n",
+                   a.capacity.c_str());
+      return 2;
+    }
     std::string unit = a.capacity.substr(used);
     while (!unit.empty() && unit.front() == ' ')
       unit.erase(0, 1);
@@ -326,11 +336,16 @@ int run(int argc, char** argv) {
   planc->add_option("--layers", pa.layers, "Transformer layers")->required();
   planc->add_option("--kv-heads", pa.kv_heads, "KV heads (not query heads: GQA/MQA)")->required();
   planc->add_option("--head-dim", pa.head_dim, "Head dimension")->required();
-  planc->add_option("--tokens", pa.tokens, "Context length in tokens")->required();
+  planc->add_option("--tokens", pa.tokens, "Context length in tokens")
+      ->required()
+      ->check(CLI::Range(1u, 1u << 31));
   planc->add_option("--dtype", pa.dtype, "fp16, bf16, fp8_e4m3, int8")->capture_default_str();
-  planc->add_option("--batch", pa.batch, "Sequences")->capture_default_str();
+  planc->add_option("--batch", pa.batch, "Sequences")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 31));
   planc->add_option("--tokens-per-page", pa.tokens_per_page, "Tokens per pool page")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1u << 20));
   planc->add_option("--capacity", pa.capacity, "Pool capacity, e.g. 80GiB: prints how many fit");
   // Global options may also follow the verb: kvpoolctl status --json.
   for (CLI::App* sub : {status, stats, planc})

@@ -107,9 +107,13 @@ Result<std::unique_ptr<SequenceCache>> SequenceCache::fork() {
     // The partial last block will be written by both sequences: the child gets its own copy.
     auto page = conn_.alloc(1);
     if (!page.ok()) return page.error();  // child's destructor releases what it retained
-    const uint64_t stride = conn_.pool().page_stride;
-    std::memcpy(conn_.page(page.value()[0]), conn_.page(pages_.back()), stride);
-    child->pages_.push_back(page.value()[0]);
+    const PageId copy = page.value()[0];
+    std::memcpy(conn_.page(copy), conn_.page(pages_.back()), conn_.pool().page_stride);
+    if (float* scales = conn_.page_scales(copy); scales != nullptr) {  // 8-bit pools
+      std::memcpy(scales, conn_.page_scales(pages_.back()),
+                  page_scale_bytes(conn_.pool().geometry));
+    }
+    child->pages_.push_back(copy);
   }
   return child;
 }

@@ -11,6 +11,7 @@
 // are up, RELOADING=1 then READY=1 around a reload, STOPPING=1 when it stops, and WATCHDOG=1
 // from the event loop at half WatchdogSec.
 
+#include <sys/resource.h>
 #include <time.h>
 
 #include <CLI/CLI.hpp>
@@ -115,6 +116,19 @@ int run(int argc, char** argv) {
   set_log_level(level);
   log_event(LogLevel::info, "starting",
             {kv("version", KVPOOL_VERSION), kv("config", config.source), kv("pid", ::getpid())});
+
+  // One descriptor per session: take the whole hard limit, and say when max_sessions exceeds it.
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < files.rlim_max) {
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+  }
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < config.max_sessions + 64ull) {
+    log_event(LogLevel::warn, "fd_limit_low",
+              {kv("limit", static_cast<uint64_t>(files.rlim_cur)),
+               kv("max_sessions", config.max_sessions),
+               kv("detail", "sessions beyond the descriptor limit wait in the accept queue")});
+  }
 
   const int stale = HostBackend::remove_stale_segments();
   if (stale > 0) log_event(LogLevel::info, "stale_segments_removed", {kv("count", stale)});

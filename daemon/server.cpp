@@ -95,8 +95,17 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     flush();
     if (closed_) return;
+    if (close_after_flush_) {
+      // Answered and closing: read nothing more; a peer that never takes the answer is closed
+      // at the frame timeout anyway.
+      arm_frame_timer("closing: the peer did not read its error reply within the frame timeout");
+      return;
+    }
     if (pending_bytes() > kMaxBacklogBytes) {
-      reading_paused_ = true;  // resumed by flush() once the peer reads its replies
+      // Backpressure: no more requests until the peer reads its replies. A partial frame waiting
+      // here is our doing, not the peer's, so its timer stops.
+      reading_paused_ = true;
+      disarm_frame_timer();
       return;
     }
     wait_readable();
@@ -141,23 +150,31 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     // A frame left incomplete must finish within the frame timeout; the clock restarts
     // whenever a frame completed in this read.
     if (in_len_ > 0 && !close_after_flush_) {
-      if (pos > 0 || !timer_active_) arm_frame_timer();
-    } else if (timer_active_) {
-      ++timer_generation_;
-      timer_active_ = false;
-      frame_timer_.cancel();
+      if (pos > 0 || !timer_active_) {
+        arm_frame_timer("incomplete frame: no full frame within the frame timeout");
+      }
+    } else {
+      disarm_frame_timer();
     }
   }
 
-  void arm_frame_timer() {
+  // Closes the connection with `reason` unless something re-arms or disarms the timer first.
+  void arm_frame_timer(const char* reason) {
     const uint64_t generation = ++timer_generation_;
     timer_active_ = true;
     frame_timer_.expires_after(server_.frame_timeout_);
     frame_timer_.async_wait(
-        [self = shared_from_this(), generation](const boost::system::error_code& ec) {
+        [self = shared_from_this(), generation, reason](const boost::system::error_code& ec) {
           if (ec || self->closed_ || generation != self->timer_generation_) return;
-          self->close("incomplete frame: no full frame within the frame timeout");
+          self->close(reason);
         });
+  }
+
+  void disarm_frame_timer() {
+    if (!timer_active_) return;
+    ++timer_generation_;
+    timer_active_ = false;
+    frame_timer_.cancel();
   }
 
   size_t pending_bytes() const { return out_.size() - sent_; }
@@ -240,7 +257,11 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
 };
 
 Server::Server(asio::io_context& io, Service& service, std::chrono::milliseconds frame_timeout)
-    : io_(io), service_(service), frame_timeout_(frame_timeout), acceptor_(io) {}
+    : io_(io),
+      service_(service),
+      frame_timeout_(frame_timeout),
+      acceptor_(io),
+      accept_backoff_(io) {}
 
 Server::~Server() {
   stop();
@@ -294,7 +315,16 @@ void Server::accept() {
     if (stopping_) return;
     if (ec) {
       if (ec == asio::error::operation_aborted) return;
-      log_event(LogLevel::warn, "accept_failed", {kv("error", ec.message())});
+      // Out of descriptors (EMFILE/ENFILE) or memory: the pending connection stays queued and
+      // accept would fail again at once. Wait a little instead of spinning, and say so once per
+      // wait rather than per attempt.
+      log_event(LogLevel::warn, "accept_failed",
+                {kv("error", ec.message()), kv("retry_ms", kAcceptBackoff.count())});
+      accept_backoff_.expires_after(kAcceptBackoff);
+      accept_backoff_.async_wait([this](const boost::system::error_code& wait_ec) {
+        if (!wait_ec && !stopping_) accept();
+      });
+      return;
     } else {
       ucred cred{};
       socklen_t len = sizeof cred;
@@ -331,6 +361,7 @@ void Server::stop() {
   stopping_ = true;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+  accept_backoff_.cancel();
   while (!connections_.empty())
     (*connections_.begin())->close("daemon stopping");
   if (!path_.empty()) ::unlink(path_.c_str());

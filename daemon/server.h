@@ -8,7 +8,8 @@
 //   - a client that stops reading its replies: its output queue grows to kMaxBacklogBytes, then
 //     the server stops reading its requests until the queue drains (backpressure, bounded memory);
 //   - a client that sends part of a frame and stalls: after frame_timeout its connection is
-//     closed;
+//     closed; so is one that does not take an error reply after which we close;
+//   - out of file descriptors: accept pauses kAcceptBackoff instead of spinning;
 //   - a malformed header (bad magic, version, oversized length) cannot be resynchronised: the
 //     client gets an error reply and the connection is closed; a payload that does not decode
 //     gets an error reply and the connection goes on.
@@ -33,6 +34,7 @@ namespace kvpool::daemon {
 class Server {
  public:
   static constexpr size_t kMaxBacklogBytes = 64u << 20;
+  static constexpr std::chrono::milliseconds kAcceptBackoff{100};
 
   Server(boost::asio::io_context& io, Service& service, std::chrono::milliseconds frame_timeout);
   ~Server();
@@ -56,6 +58,7 @@ class Server {
   Service& service_;
   std::chrono::milliseconds frame_timeout_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  boost::asio::steady_timer accept_backoff_;  // pause after a failed accept (EMFILE)
   std::string path_;
   std::set<std::shared_ptr<Connection>> connections_;
   bool stopping_ = false;

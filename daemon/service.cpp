@@ -140,7 +140,9 @@ bool Service::tenant_may_use(uint32_t tenant, const Pool& pool) const {
     return t.pools.empty() ||
            std::find(t.pools.begin(), t.pools.end(), pool.config.name) != t.pools.end();
   }
-  return true;  // the implicit default tenant may use every pool
+  // A tenant without an entry is the implicit default tenant, which may use every pool; a tenant
+  // a reload removed may use none until it is configured again.
+  return tenant_names_[tenant] == config_.default_tenant;
 }
 
 wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCredentials& peer) {

@@ -423,6 +423,33 @@ TEST(Daemon, MalformedFramesGetErrorsAndTheDaemonServesOn) {
     EXPECT_TRUE(other->stats().ok());
     EXPECT_TRUE(peer_closed(stalled->socket_fd()));  // after the 300 ms frame timeout
   }
+  {  // Replies left unread, then a bad header, then more bytes: closed at the frame timeout, and
+     // the bytes that keep coming are not buffered without limit.
+    auto flood = attach(d, "flood");
+    const int fd = flood->socket_fd();
+    std::vector<std::byte> many;
+    for (int i = 0; i < 20000; ++i)
+      wire::encode_request(1, wire::StatsRequest{}, many);
+    size_t sent = 0;
+    while (sent < many.size()) {  // replies pile up unread on our side
+      const ssize_t n =
+          ::send(fd, many.data() + sent, many.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n <= 0) break;
+      sent += static_cast<size_t>(n);
+    }
+    send_bytes(fd, std::vector<std::byte>(16, std::byte{0x58}));
+    const std::vector<std::byte> junk(64 * 1024, std::byte{0});
+    bool closed = false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (!closed && std::chrono::steady_clock::now() < until) {
+      const ssize_t n = ::send(fd, junk.data(), junk.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) closed = true;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    EXPECT_TRUE(closed) << "the daemon kept a connection that will never read its replies";
+  }
   EXPECT_TRUE(d.running());
   auto c = attach(d, "after");
   ASSERT_NE(c, nullptr);

@@ -135,6 +135,12 @@ TEST(Kvpoolctl, ErrorsAndUsage) {
   EXPECT_EQ(run_command(kCtl + " plan --layers 2 --kv-heads 2 --head-dim 0 --tokens 5", out), 2);
   EXPECT_NE(out.find("head_dim"), std::string::npos) << out;
   EXPECT_EQ(run_command(kCtl + " stats --format xml", out), 2);
+  EXPECT_EQ(run_command(kCtl + " plan --layers 2 --kv-heads 2 --head-dim 8 --tokens 0", out), 2);
+  EXPECT_EQ(run_command(kCtl + " plan --layers 2 --kv-heads 2 --head-dim 8 --tokens 9 "
+                               "--capacity -1GiB",
+                        out),
+            2);
+  EXPECT_NE(out.find("not a positive size"), std::string::npos) << out;
   EXPECT_EQ(run_command(kCtl + " plan --help", out), 0);
   EXPECT_NE(out.find("--kv-heads"), std::string::npos) << out;
   EXPECT_EQ(run_command(kCtl + " status --help", out), 0);

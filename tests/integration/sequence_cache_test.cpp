@@ -9,6 +9,7 @@
 #include <numeric>
 #include <thread>
 
+#include "common/geometry.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::testing {
@@ -138,6 +139,35 @@ TEST_F(SequenceCacheTest, ForkSharesFullBlocksAndCopiesThePartialOne) {
   EXPECT_EQ(stats().session_held_pages, 4u);  // 2 shared + 2 partial copies
   ASSERT_TRUE(c.release().ok());
   EXPECT_EQ(stats().session_held_pages, 3u);
+}
+
+TEST(SequenceCacheInt8, ForkCopiesThePartialPagesScales) {
+  Daemon d(R"(
+pools:
+  - name: default
+    geometry: {layers: 2, kv_heads: 2, head_dim: 8, tokens_per_page: 16, dtype: int8}
+    capacity: 16 pages
+)");
+  ASSERT_TRUE(d.start()) << d.log();
+  auto conn = Connection::attach(d.socket(), "w");
+  ASSERT_TRUE(conn.ok());
+  Connection& c = *conn.value();
+  BlockHasher hasher;
+  const BlockHash root = hasher.root({"m", c.pool().geometry, "", ""});
+  SequenceCache parent(c, hasher, root);
+  ASSERT_TRUE(parent.begin(tokens(20, 1)).ok());  // one full block and 4 tokens
+  const PageId partial = parent.block_table()[1];
+  float* scales = c.page_scales(partial);
+  ASSERT_NE(scales, nullptr);
+  const size_t n = page_scale_bytes(c.pool().geometry) / sizeof(float);
+  for (size_t i = 0; i < n; ++i)
+    scales[i] = 0.5f + static_cast<float>(i);
+  auto child = parent.fork();
+  ASSERT_TRUE(child.ok()) << child.error().message;
+  const PageId copy = child.value()->block_table()[1];
+  ASSERT_NE(copy, partial);
+  for (size_t i = 0; i < n; ++i)
+    EXPECT_EQ(c.page_scales(copy)[i], scales[i]) << i;
 }
 
 TEST_F(SequenceCacheTest, WindowDropsPagesThatLeftIt) {
