@@ -282,4 +282,22 @@ Result<wire::StatsReply> Connection::stats() {
   return expect<wire::StatsReply>(call(wire::StatsRequest{}));
 }
 
+Result<uint32_t> Connection::evict(uint32_t n) {
+  auto r = expect<wire::EvictReply>(call(wire::EvictRequest{n}));
+  if (!r.ok()) return r.error();
+  return r.value().evicted;
+}
+
+Result<uint32_t> Connection::flush() {
+  auto r = expect<wire::FlushReply>(call(wire::FlushRequest{}));
+  if (!r.ok()) return r.error();
+  return r.value().flushed;
+}
+
+Result<std::vector<wire::SessionInfo>> Connection::sessions() {
+  auto r = expect<wire::SessionsReply>(call(wire::SessionsRequest{}));
+  if (!r.ok()) return r.error();
+  return std::move(r.value().sessions);
+}
+
 }  // namespace kvpool::client

@@ -58,6 +58,11 @@ class Connection {
   Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain);
   Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items);
   Result<wire::StatsReply> stats();
+  // Admin (root or the daemon's admin_group): drop up to n cached pages in eviction order / all.
+  Result<uint32_t> evict(uint32_t n);
+  Result<uint32_t> flush();
+  // The sessions attached to this session's pool (read-only).
+  Result<std::vector<wire::SessionInfo>> sessions();
 
   // One request, one reply (the typed calls above use it).
   Result<wire::Reply> call(const wire::Request& request);

@@ -2,6 +2,8 @@
 //
 //   kvpoolctl status [--watch SEC]           the pool the daemon serves, pages by state, sessions
 //   kvpoolctl stats [--format text|prom]     counters (Prometheus text exposition with prom)
+//   kvpoolctl sessions                       the worker sessions attached to the pool
+//   kvpoolctl evict N | flush                drop cached pages (root or the admin group)
 //   kvpoolctl plan --layers L --kv-heads H --head-dim D --tokens N [--dtype fp16] ...
 // Global: --socket PATH (default $KVPOOL_SOCKET, else the daemon's default), --pool NAME, --json
 // (one object per report, with "schema": 1), --raw (plain numbers instead of human units).
@@ -206,6 +208,60 @@ int stats_once(const Globals& g, const std::string& format) {
   return 0;
 }
 
+int sessions(const Globals& g) {
+  auto c = connect(g);
+  if (!c) return 1;
+  auto r = c->sessions();
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
+    return 1;
+  }
+  const uint64_t self = c->session_id();
+  if (g.json) {
+    std::printf("{\"schema\":%d,\"pool\":\"%s\",\"sessions\":[", kSchema,
+                json_escape(c->pool().pool_name).c_str());
+    bool first = true;
+    for (const auto& s : r.value()) {
+      if (s.id == self) continue;
+      std::printf(
+          "%s{\"id\":%llu,\"pid\":%u,\"uid\":%u,\"held_pages\":%u,\"worker\":\"%s\","
+          "\"tenant\":\"%s\"}",
+          first ? "" : ",", static_cast<unsigned long long>(s.id), s.pid, s.uid, s.held_pages,
+          json_escape(s.worker).c_str(), json_escape(s.tenant).c_str());
+      first = false;
+    }
+    std::printf("]}\n");
+    return 0;
+  }
+  std::printf("%8s %8s %8s %10s  %-12s %s\n", "session", "pid", "uid", "pages", "tenant", "worker");
+  for (const auto& s : r.value()) {
+    if (s.id == self) continue;
+    std::printf("%8llu %8u %8u %10s  %-12s %s\n", static_cast<unsigned long long>(s.id), s.pid,
+                s.uid, count_text(s.held_pages, g.raw).c_str(), s.tenant.c_str(), s.worker.c_str());
+  }
+  return 0;
+}
+
+// evict (count > 0) or flush (count == 0).
+int drop(const Globals& g, uint32_t count) {
+  auto c = connect(g);
+  if (!c) return 1;
+  auto r = count == 0 ? c->flush() : c->evict(count);
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
+    return 1;
+  }
+  const char* verb = count == 0 ? "flushed" : "evicted";
+  if (g.json) {
+    std::printf("{\"schema\":%d,\"pool\":\"%s\",\"%s\":%u}\n", kSchema,
+                json_escape(c->pool().pool_name).c_str(), verb, r.value());
+  } else {
+    std::printf("%s %u cached page(s) from pool %s\n", verb, r.value(),
+                c->pool().pool_name.c_str());
+  }
+  return 0;
+}
+
 struct PlanArgs {
   uint32_t layers = 0, kv_heads = 0, head_dim = 0, tokens = 0, batch = 1, tokens_per_page = 16;
   std::string dtype = "fp16";
@@ -330,6 +386,15 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   stats->add_option("--watch", watch, "Repeat every SEC seconds until interrupted")
       ->check(CLI::PositiveNumber);
+  auto* sessc = app.add_subcommand("sessions", "The worker sessions attached to the pool");
+  uint32_t evict_count = 0;
+  auto* evictc = app.add_subcommand(
+      "evict", "Drop up to N cached pages, least recently released first (root or admin group)");
+  evictc->add_option("count", evict_count, "Pages to drop")
+      ->required()
+      ->check(CLI::Range(1u, UINT32_MAX));
+  auto* flushc =
+      app.add_subcommand("flush", "Drop every cached page not in use (root or admin group)");
   PlanArgs pa;
   auto* planc = app.add_subcommand(
       "plan", "KV bytes for a model and context (GQA aware) and how many sequences fit");
@@ -348,7 +413,7 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1u, 1u << 20));
   planc->add_option("--capacity", pa.capacity, "Pool capacity, e.g. 80GiB: prints how many fit");
   // Global options may also follow the verb: kvpoolctl status --json.
-  for (CLI::App* sub : {status, stats, planc})
+  for (CLI::App* sub : {status, stats, sessc, evictc, flushc, planc})
     sub->fallthrough();
   try {
     app.parse(argc, argv);
@@ -360,6 +425,9 @@ int run(int argc, char** argv) {
   if (g.json) g.raw = true;
 
   if (planc->parsed()) return plan(g, pa);
+  if (sessc->parsed()) return sessions(g);
+  if (evictc->parsed()) return drop(g, evict_count);
+  if (flushc->parsed()) return drop(g, 0);
   auto once = [&] { return status->parsed() ? status_once(g) : stats_once(g, format); };
   if (watch <= 0) return once();
   for (;;) {

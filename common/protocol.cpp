@@ -30,13 +30,14 @@ namespace {
 
 constexpr size_t kNumOpcodes = std::variant_size_v<Request>;
 static_assert(std::variant_size_v<Reply> == kNumOpcodes);
-static_assert(kNumOpcodes == static_cast<size_t>(Opcode::stats));
+static_assert(kNumOpcodes == static_cast<size_t>(Opcode::sessions));
 
 constexpr std::array<std::string_view, kNumOpcodes> kRequestNames = {
-    "hello", "alloc", "retain", "release", "lookup", "publish", "stats"};
+    "hello",   "alloc", "retain", "release", "lookup",
+    "publish", "stats", "evict",  "flush",   "sessions"};
 constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
-    "hello reply",  "alloc reply",   "retain reply", "release reply",
-    "lookup reply", "publish reply", "stats reply"};
+    "hello reply",   "alloc reply", "retain reply", "release reply", "lookup reply",
+    "publish reply", "stats reply", "evict reply",  "flush reply",   "sessions reply"};
 
 // Wire sizes of the fixed parts.
 constexpr size_t kU8 = 1;
@@ -48,7 +49,8 @@ constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
 constexpr size_t kPublishResultBytes = kU8 + kU32;
 constexpr size_t kPoolInfoFixedBytes = 4 * kU32 + kU8 + kU32 + 2 * kU64 + 3 * kU32;
 constexpr size_t kStatsBytes = 5 * kU32 + 9 * kU64 + kU32;
-constexpr size_t kErrorFixedBytes = kU16 + kU32 + kU64 + kU32;  // status, item, value, length
+constexpr size_t kSessionFixedBytes = kU64 + 3 * kU32 + 3 * kU32;  // numbers + 3 string lengths
+constexpr size_t kErrorFixedBytes = kU16 + kU32 + kU64 + kU32;     // status, item, value, length
 constexpr size_t kMaxErrorMessageBytes = kMaxPayloadBytes - kErrorFixedBytes;
 
 // Page ids and hashes are copied as whole arrays: their in-memory layout is the wire layout.
@@ -209,6 +211,28 @@ size_t body_size(const PublishReply& m) {
 size_t body_size(const StatsReply&) {
   return kStatsBytes;
 }
+size_t body_size(const EvictRequest&) {
+  return kU32;
+}
+size_t body_size(const FlushRequest&) {
+  return 0;
+}
+size_t body_size(const SessionsRequest&) {
+  return 0;
+}
+size_t body_size(const EvictReply&) {
+  return kU32;
+}
+size_t body_size(const FlushReply&) {
+  return kU32;
+}
+size_t body_size(const SessionsReply& m) {
+  size_t n = kU32;
+  for (const SessionInfo& s : m.sessions) {
+    n += kSessionFixedBytes + s.worker.size() + s.tenant.size() + s.pool.size();
+  }
+  return n;
+}
 
 void put_body(Writer& w, const HelloRequest& m) {
   w.str(m.worker_name);
@@ -281,6 +305,29 @@ void put_body(Writer& w, const StatsReply& m) {
   w.put(m.evicted);
   w.put(m.flushed);
   w.put(m.session_held_pages);
+}
+void put_body(Writer& w, const EvictRequest& m) {
+  w.put(m.count);
+}
+void put_body(Writer&, const FlushRequest&) {}
+void put_body(Writer&, const SessionsRequest&) {}
+void put_body(Writer& w, const EvictReply& m) {
+  w.put(m.evicted);
+}
+void put_body(Writer& w, const FlushReply& m) {
+  w.put(m.flushed);
+}
+void put_body(Writer& w, const SessionsReply& m) {
+  w.put(static_cast<uint32_t>(m.sessions.size()));
+  for (const SessionInfo& s : m.sessions) {
+    w.put(s.id);
+    w.put(s.pid);
+    w.put(s.uid);
+    w.put(s.held_pages);
+    w.str(s.worker);
+    w.str(s.tenant);
+    w.str(s.pool);
+  }
 }
 
 // Appends header + `payload` bytes to `out` (growing it at most once) and lets `body` write the
@@ -505,6 +552,34 @@ bool get_body(Reader& r, StatsReply& m) {
          r.get(m.released, "released") && r.get(m.published, "published") &&
          r.get(m.duplicates, "duplicates") && r.get(m.evicted, "evicted") &&
          r.get(m.flushed, "flushed") && r.get(m.session_held_pages, "session_held_pages");
+}
+bool get_body(Reader& r, EvictRequest& m) {
+  return r.get(m.count, "count");
+}
+bool get_body(Reader&, FlushRequest&) {
+  return true;
+}
+bool get_body(Reader&, SessionsRequest&) {
+  return true;
+}
+bool get_body(Reader& r, EvictReply& m) {
+  return r.get(m.evicted, "evicted");
+}
+bool get_body(Reader& r, FlushReply& m) {
+  return r.get(m.flushed, "flushed");
+}
+bool get_body(Reader& r, SessionsReply& m) {
+  uint32_t n = 0;
+  if (!r.count(n, kSessionFixedBytes, "count")) return false;
+  m.sessions.resize(n);
+  for (SessionInfo& s : m.sessions) {
+    if (!(r.get(s.id, "id") && r.get(s.pid, "pid") && r.get(s.uid, "uid") &&
+          r.get(s.held_pages, "held_pages") && r.str(s.worker, "worker") &&
+          r.str(s.tenant, "tenant") && r.str(s.pool, "pool"))) {
+      return false;
+    }
+  }
+  return true;
 }
 
 // Opcode → decoder: entry i decodes alternative i (opcode i + 1) of the variant V in place.

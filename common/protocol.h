@@ -16,6 +16,9 @@
 //   lookup   u32 n, n × hash
 //   publish  u32 n, n × (u32 page, hash)
 //   stats    (empty)
+//   evict    u32 count                                      (admin)
+//   flush    (empty)                                        (admin)
+//   sessions (empty)
 // Every count is checked against the bytes present and against kMaxBatch before anything is
 // allocated, and a payload must be consumed exactly: trailing bytes are malformed.
 //
@@ -34,6 +37,10 @@
 //   stats    u32 total, u32 free, u32 in_use, u32 cached, u32 sessions,
 //            9 × u64 counters (lookups, lookup_blocks, hit_blocks, allocated, released,
 //            published, duplicates, evicted, flushed), u32 session_held_pages
+//   evict    u32 evicted
+//   flush    u32 flushed
+//   sessions u32 n, n × (u64 id, u32 pid, u32 uid, u32 held_pages, string worker,
+//            string tenant, string pool)        — the sessions attached to the asker's pool
 //
 // Encoding and decoding are pure functions: bytes in, a message or an error out; no I/O, no
 // global state. Decoders never trust a length and never read past the span they are given.
@@ -68,6 +75,9 @@ enum class Opcode : uint16_t {
   lookup = 5,
   publish = 6,
   stats = 7,
+  evict = 8,
+  flush = 9,
+  sessions = 10,
 };
 
 struct FrameHeader {
@@ -132,9 +142,21 @@ struct StatsRequest {
   friend bool operator==(const StatsRequest&, const StatsRequest&) = default;
 };
 
+struct EvictRequest {
+  uint32_t count = 0;
+  friend bool operator==(const EvictRequest&, const EvictRequest&) = default;
+};
+struct FlushRequest {
+  friend bool operator==(const FlushRequest&, const FlushRequest&) = default;
+};
+struct SessionsRequest {
+  friend bool operator==(const SessionsRequest&, const SessionsRequest&) = default;
+};
+
 // Alternative i is the request of opcode i + 1.
-using Request = std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest,
-                             LookupRequest, PublishRequest, StatsRequest>;
+using Request =
+    std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest, LookupRequest,
+                 PublishRequest, StatsRequest, EvictRequest, FlushRequest, SessionsRequest>;
 
 Opcode opcode_of(const Request& r);
 
@@ -193,9 +215,32 @@ struct StatsReply {
   friend bool operator==(const StatsReply&, const StatsReply&) = default;
 };
 
+struct EvictReply {
+  uint32_t evicted = 0;
+  friend bool operator==(const EvictReply&, const EvictReply&) = default;
+};
+struct FlushReply {
+  uint32_t flushed = 0;
+  friend bool operator==(const FlushReply&, const FlushReply&) = default;
+};
+struct SessionInfo {
+  uint64_t id = 0;
+  uint32_t pid = 0;
+  uint32_t uid = 0;
+  uint32_t held_pages = 0;
+  std::string worker;
+  std::string tenant;
+  std::string pool;
+  friend bool operator==(const SessionInfo&, const SessionInfo&) = default;
+};
+struct SessionsReply {
+  std::vector<SessionInfo> sessions;
+  friend bool operator==(const SessionsReply&, const SessionsReply&) = default;
+};
+
 // Alternative i is the reply of opcode i + 1.
 using Reply = std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply,
-                           PublishReply, StatsReply>;
+                           PublishReply, StatsReply, EvictReply, FlushReply, SessionsReply>;
 
 Opcode opcode_of(const Reply& r);
 

@@ -28,8 +28,9 @@ constexpr size_t kMaxConfigBytes = size_t{4} << 20;
 constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 constexpr uint32_t kMaxSocketMode = 0777;
 
-constexpr std::string_view kRootKeys[] = {"socket", "backend", "device",         "limits",
-                                          "pools",  "tenants", "default_tenant", "logging"};
+constexpr std::string_view kRootKeys[] = {"socket",  "backend",        "device",
+                                          "limits",  "pools",          "tenants",
+                                          "default_tenant", "admin_group", "logging"};
 constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
 constexpr std::string_view kLimitKeys[] = {"max_sessions", "max_pages_per_session",
                                            "max_pages_per_tenant"};
@@ -140,6 +141,7 @@ class Parser {
       config.default_tenant = get_string(*v);
       check_default_tenant(*v, config);
     }
+    if (auto* v = find(f, "admin_group")) config.admin_group = get_string(*v);
     return config;
   }
 

@@ -15,6 +15,7 @@
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8 } } ]
 //   tenants:  [ { name: STR, uids: [INT], gids: [INT], pools: [STR] } ]
 //   default_tenant: STR        (tenant of peers no tenant entry matches; "" = refuse them)
+//   admin_group: STR           (group whose members may evict and flush; "" = root only)
 //   logging:  { level: debug | info | warn | error }
 //
 // Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
@@ -71,6 +72,7 @@ struct Config {
   std::vector<PoolConfig> pools;
   std::vector<TenantConfig> tenants;
   std::string default_tenant = "default";
+  std::string admin_group;  // members (and root) may evict and flush; "" = root only
 
   std::string log_level = "info";
 

@@ -1,7 +1,11 @@
 #include "daemon/service.h"
 
+#include <grp.h>
+
 #include <algorithm>
+#include <fstream>
 #include <random>
+#include <sstream>
 
 #include "daemon/log.h"
 
@@ -162,6 +166,7 @@ wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCred
   s->peer = peer;
   s->tenant = static_cast<uint32_t>(tenant);
   ++sessions_;
+  live_.insert(s.get());
   return s;
 }
 
@@ -187,6 +192,7 @@ void Service::close_session(SessionState& s) {
 #endif
   }
   --sessions_;
+  live_.erase(&s);
 }
 
 void Service::refresh_held(SessionState& s) {
@@ -213,6 +219,9 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
           if constexpr (std::is_same_v<T, wire::LookupRequest>) return lookup(s, r);
           if constexpr (std::is_same_v<T, wire::PublishRequest>) return publish(s, r);
           if constexpr (std::is_same_v<T, wire::StatsRequest>) return stats(s);
+          if constexpr (std::is_same_v<T, wire::EvictRequest>) return evict(s, r);
+          if constexpr (std::is_same_v<T, wire::FlushRequest>) return flush(s);
+          if constexpr (std::is_same_v<T, wire::SessionsRequest>) return sessions(s);
         },
         request);
   }
@@ -336,6 +345,73 @@ wire::Result<wire::Reply> Service::stats(SessionState& s) {
   r.flushed = ps.counters.flushed;
   r.session_held_pages = static_cast<uint32_t>(s.held_pages);
   return wire::Reply(r);
+}
+
+namespace {
+
+// Supplementary groups of a process, from /proc/PID/status ("Groups: 4 24 27").
+std::vector<gid_t> groups_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  std::vector<gid_t> out;
+  while (std::getline(in, line)) {
+    if (line.rfind("Groups:", 0) != 0) continue;
+    std::istringstream g(line.substr(7));
+    unsigned long v = 0;
+    while (g >> v)
+      out.push_back(static_cast<gid_t>(v));
+  }
+  return out;
+}
+
+}  // namespace
+
+wire::Result<bool> Service::check_admin(const SessionState& s, std::string_view what) const {
+  if (s.peer.uid == 0) return true;
+  if (!config_.admin_group.empty()) {
+    if (const struct group* g = ::getgrnam(config_.admin_group.c_str()); g != nullptr) {
+      if (s.peer.gid == g->gr_gid) return true;
+      const auto groups = groups_of(s.peer.pid);
+      if (std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end()) return true;
+    }
+  }
+  return error(Errc::permission_denied,
+               std::string(what) + " needs root or membership of the admin group" +
+                   (config_.admin_group.empty() ? " (admin_group is not set: root only)"
+                                                : " " + config_.admin_group) +
+                   "; uid " + std::to_string(s.peer.uid) + " is neither");
+}
+
+wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r) {
+  if (auto ok = check_admin(s, "evict"); !ok.ok()) return ok.error();
+  const uint32_t n = s.pool->pages->evict(r.count);
+  log_event(LogLevel::info, "admin_evict",
+            {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),
+             kv("asked", r.count), kv("evicted", n)});
+  return wire::Reply(wire::EvictReply{n});
+}
+
+wire::Result<wire::Reply> Service::flush(SessionState& s) {
+  if (auto ok = check_admin(s, "flush"); !ok.ok()) return ok.error();
+  const uint32_t n = s.pool->pages->flush();
+  log_event(LogLevel::info, "admin_flush",
+            {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),
+             kv("flushed", n)});
+  return wire::Reply(wire::FlushReply{n});
+}
+
+wire::Result<wire::Reply> Service::sessions(SessionState& s) {
+  wire::SessionsReply r;
+  for (const SessionState* other : live_) {
+    if (!other->attached || other->pool != s.pool) continue;
+    r.sessions.push_back(
+        wire::SessionInfo{other->id, static_cast<uint32_t>(other->peer.pid), other->peer.uid,
+                          static_cast<uint32_t>(other->held_pages), other->worker_name,
+                          tenant_names_[other->tenant], other->pool->config.name});
+  }
+  std::sort(r.sessions.begin(), r.sessions.end(),
+            [](const wire::SessionInfo& a, const wire::SessionInfo& b) { return a.id < b.id; });
+  return wire::Reply(std::move(r));
 }
 
 }  // namespace kvpool::daemon

@@ -18,6 +18,9 @@
 // through lookup or a duplicate publish are shared, not new memory, so they count towards the
 // total but are never refused.
 //
+// Admin: evict and flush change what every tenant has cached, so they need root or membership
+// (primary or supplementary) of the config's admin_group; sessions is read-only.
+//
 // Thread-safety: none; one thread (the event loop) owns a Service.
 #pragma once
 
@@ -25,6 +28,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -105,6 +109,11 @@ class Service {
   wire::Result<wire::Reply> lookup(SessionState& s, const wire::LookupRequest& r);
   wire::Result<wire::Reply> publish(SessionState& s, const wire::PublishRequest& r);
   wire::Result<wire::Reply> stats(SessionState& s);
+  wire::Result<wire::Reply> evict(SessionState& s, const wire::EvictRequest& r);
+  wire::Result<wire::Reply> flush(SessionState& s);
+  wire::Result<wire::Reply> sessions(SessionState& s);
+  // Root, or a member of admin_group; else the permission_denied error to answer with.
+  wire::Result<bool> check_admin(const SessionState& s, std::string_view what) const;
 
   Config config_;
   std::unique_ptr<MemoryBackend> backend_;
@@ -112,6 +121,7 @@ class Service {
   std::vector<std::string> tenant_names_;  // every tenant seen; index = namespace − 1, stable
   std::vector<uint64_t> tenant_held_;      // distinct pages held by the tenant's sessions
   uint32_t sessions_ = 0;
+  std::set<SessionState*> live_;  // every open session (owned by its connection)
   uint64_t next_session_id_ = 1;
 };
 

@@ -1,6 +1,12 @@
 // kvpoolctl against a real kvpoold: every verb in text and JSON, Prometheus output, plan figures.
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -122,6 +128,60 @@ TEST(Kvpoolctl, PrometheusOutputParses) {
   EXPECT_TRUE(typed.count("kvpool_pages"));
   EXPECT_TRUE(typed.count("kvpool_prefix_hit_tokens_total"));
   EXPECT_NE(out.find("kvpool_pages{pool=\"default\",state=\"free\"} 64"), std::string::npos);
+}
+
+TEST(Kvpoolctl, SessionsEvictFlushAndAdminRights) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run kvpoolctl under other uids";
+  Daemon d(std::string(kPool) + "socket: {mode: \"0666\"}\nadmin_group: daemon\n");
+  ASSERT_TRUE(d.start()) << d.log();
+  std::filesystem::permissions(std::filesystem::path(d.socket()).parent_path(),
+                               std::filesystem::perms::owner_all |
+                                   std::filesystem::perms::others_exec);
+  const std::string sock = " --socket " + d.socket();
+  // Three cached pages, and a worker holding two more.
+  {
+    auto w = client::Connection::attach(d.socket(), "publisher");
+    ASSERT_TRUE(w.ok());
+    auto p = w.value()->alloc(3);
+    ASSERT_TRUE(p.ok());
+    ASSERT_TRUE(w.value()->publish(std::vector<PublishItem>{{p.value()[0], BlockHash{1, 1}},
+                                                             {p.value()[1], BlockHash{2, 2}},
+                                                             {p.value()[2], BlockHash{3, 3}}})
+                    .ok());
+  }
+  auto holder = client::Connection::attach(d.socket(), "holder");
+  ASSERT_TRUE(holder.ok());
+  ASSERT_TRUE(holder.value()->alloc(2).ok());
+  for (int i = 0; i < 100 && json_of("status --json" + sock)["pages"]["cached"] != 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+
+  const auto sessions = json_of("sessions --json" + sock);
+  ASSERT_EQ(sessions["sessions"].size(), 1u) << sessions.dump();
+  EXPECT_EQ(sessions["sessions"][0]["worker"], "holder");
+  EXPECT_EQ(sessions["sessions"][0]["held_pages"], 2);
+
+  // A uid that is neither root nor in the admin group is refused, with the reason.
+  auto as = [&](gid_t gid, const std::string& args, const std::string& expect) {
+    return run_worker([&] {
+      if (::setgid(gid) != 0 || ::setuid(4242) != 0) return 90;
+      std::string out;
+      const int code = run_command(kCtl + sock + " " + args, out);
+      return out.find(expect) == std::string::npos ? 91 : code;
+    });
+  };
+  EXPECT_EQ(as(4242, "flush", "needs root or membership of the admin group daemon"), 1);
+  EXPECT_EQ(as(4242, "evict 1", "uid 4242 is neither"), 1);
+  EXPECT_EQ(json_of("status --json" + sock)["pages"]["cached"], 3);  // nothing changed
+  // The admin group (gid 1, "daemon") may; evict takes the least recently released first.
+  EXPECT_EQ(as(1, "evict 1", "evicted 1 cached page(s)"), 0);
+  // Root may too; flush leaves pages in use alone.
+  const auto flushed = json_of("flush --json" + sock);
+  EXPECT_EQ(flushed["flushed"], 2);
+  const auto st = json_of("status --json" + sock);
+  EXPECT_EQ(st["pages"]["cached"], 0);
+  EXPECT_EQ(st["pages"]["in_use"], 2);
+  EXPECT_EQ(json_of("stats --json" + sock)["flushed"], 2);
 }
 
 TEST(Kvpoolctl, ErrorsAndUsage) {

@@ -151,6 +151,10 @@ std::vector<Request> sample_requests() {
   v.emplace_back(PublishRequest{{PublishItem{0, BlockHash{1, 1}}, PublishItem{kNoPage, {}},
                                  PublishItem{77, BlockHash{UINT64_MAX, 0}}}});
   v.emplace_back(StatsRequest{});
+  v.emplace_back(EvictRequest{0});
+  v.emplace_back(EvictRequest{UINT32_MAX});
+  v.emplace_back(FlushRequest{});
+  v.emplace_back(SessionsRequest{});
   return v;
 }
 
@@ -211,6 +215,14 @@ std::vector<Reply> sample_replies() {
   m.lookups = m.lookup_blocks = m.hit_blocks = m.allocated = m.released = UINT64_MAX;
   m.published = m.duplicates = m.evicted = m.flushed = UINT64_MAX;
   v.emplace_back(m);
+  v.emplace_back(EvictReply{0});
+  v.emplace_back(EvictReply{123456});
+  v.emplace_back(FlushReply{7});
+  v.emplace_back(SessionsReply{});
+  v.emplace_back(SessionsReply{{SessionInfo{1, 4242, 1000, 17, "worker-a", "default", "pool"},
+                                SessionInfo{UINT64_MAX, 0, 0, 0, "", "", ""},
+                                SessionInfo{9, 1, 2, 3, name_of('w', kMaxNameBytes), "t",
+                                            name_of('p', kMaxNameBytes)}}});
   return v;
 }
 
@@ -516,7 +528,7 @@ TEST(ProtocolHeader, ShortSpan) {
 // decode_request errors ------------------------------------------------------------------------
 
 TEST(ProtocolDecodeRequest, UnknownOpcode) {
-  const uint16_t ops[] = {0,      8,      9,      0x7fff, 0x8000, 0x8001, 0x8002,
+  const uint16_t ops[] = {0,      11,     12,     0x7fff, 0x8000, 0x8001, 0x8002,
                           0x8003, 0x8004, 0x8005, 0x8006, 0x8007, 0xffff};
   for (uint16_t op : ops) {
     auto r = decode_request_bytes(op, Bytes{});
@@ -676,7 +688,7 @@ TEST(ProtocolDecodeReply, NotAReply) {
     EXPECT_EQ(r.error().status.value(), op);
   }
   // The reply bit on an opcode that names no operation, with a success status.
-  const uint16_t unnamed[] = {0x8000, 0x8008, 0xffff};
+  const uint16_t unnamed[] = {0x8000, 0x800b, 0xffff};
   for (uint16_t op : unnamed) {
     EXPECT_TRUE(fails_with(Errc::unknown_opcode, decode_reply_bytes(op, Builder().u16(0).bytes())))
         << op;
