@@ -294,6 +294,12 @@ Result<uint32_t> Connection::flush() {
   return r.value().flushed;
 }
 
+Result<std::vector<uint8_t>> Connection::pages() {
+  auto r = expect<wire::PagesReply>(call(wire::PagesRequest{}));
+  if (!r.ok()) return r.error();
+  return std::move(r.value().states);
+}
+
 Result<std::vector<wire::SessionInfo>> Connection::sessions() {
   auto r = expect<wire::SessionsReply>(call(wire::SessionsRequest{}));
   if (!r.ok()) return r.error();

@@ -61,6 +61,8 @@ class Connection {
   // Admin (root or the daemon's admin_group): drop up to n cached pages in eviction order / all.
   Result<uint32_t> evict(uint32_t n);
   Result<uint32_t> flush();
+  // The state of every page of the pool (wire::PagesReply::State values), in page order.
+  Result<std::vector<uint8_t>> pages();
   // The sessions attached to this session's pool (read-only).
   Result<std::vector<wire::SessionInfo>> sessions();
 

@@ -3,6 +3,7 @@
 //   kvpoolctl status [--watch SEC]           the pool the daemon serves, pages by state, sessions
 //   kvpoolctl stats [--format text|prom]     counters (Prometheus text exposition with prom)
 //   kvpoolctl sessions                       the worker sessions attached to the pool
+//   kvpoolctl pages [--width N]              a map of the pool's pages by state
 //   kvpoolctl evict N | flush                drop cached pages (root or the admin group)
 //   kvpoolctl plan --layers L --kv-heads H --head-dim D --tokens N [--dtype fp16] ...
 // Global: --socket PATH (default $KVPOOL_SOCKET, else the daemon's default), --pool NAME, --json
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -242,6 +244,72 @@ int sessions(const Globals& g) {
   return 0;
 }
 
+// A map of the pool: each character stands for `per_cell` consecutive pages and shows the state
+// most of them are in ('.' free, '#' in use, 'o' cached; ties go to in use, then cached).
+int pages_map(const Globals& g, uint32_t width) {
+  auto c = connect(g);
+  if (!c) return 1;
+  auto r = c->pages();
+  if (!r.ok()) {
+    std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
+    return 1;
+  }
+  const std::vector<uint8_t>& st = r.value();
+  uint64_t count[3] = {0, 0, 0};
+  for (const uint8_t s : st)
+    ++count[s];
+  if (g.json) {
+    // Runs of equal state: [state, length], in page order.
+    std::printf(
+        "{\"schema\":%d,\"pool\":\"%s\",\"pages\":%zu,\"free\":%llu,\"in_use\":%llu,"
+        "\"cached\":%llu,\"runs\":[",
+        kSchema, json_escape(c->pool().pool_name).c_str(), st.size(),
+        static_cast<unsigned long long>(count[0]), static_cast<unsigned long long>(count[1]),
+        static_cast<unsigned long long>(count[2]));
+    for (size_t i = 0; i < st.size();) {
+      size_t j = i;
+      while (j < st.size() && st[j] == st[i])
+        ++j;
+      std::printf("%s[%u,%zu]", i == 0 ? "" : ",", st[i], j - i);
+      i = j;
+    }
+    std::printf("]}\n");
+    return 0;
+  }
+  constexpr uint32_t kMaxRows = 32;
+  const uint64_t cells =
+      std::max<uint64_t>(1, std::min<uint64_t>(st.size(), uint64_t{width} * kMaxRows));
+  const uint64_t per_cell = (st.size() + cells - 1) / cells;
+  std::printf(
+      "pool %s: %zu pages, each character %llu page(s):  . free (%llu)  # in use (%llu)  "
+      "o cached (%llu)\n",
+      c->pool().pool_name.c_str(), st.size(), static_cast<unsigned long long>(per_cell),
+      static_cast<unsigned long long>(count[0]), static_cast<unsigned long long>(count[1]),
+      static_cast<unsigned long long>(count[2]));
+  std::string row;
+  uint64_t row_start = 0;
+  for (uint64_t first = 0; first < st.size(); first += per_cell) {
+    uint64_t n[3] = {0, 0, 0};
+    for (uint64_t p = first; p < std::min<uint64_t>(st.size(), first + per_cell); ++p)
+      ++n[st[p]];
+    char ch = '.';
+    if (n[1] > 0 && n[1] >= n[0] && n[1] >= n[2]) {
+      ch = '#';
+    } else if (n[2] > 0 && n[2] >= n[0]) {
+      ch = 'o';
+    }
+    if (row.empty()) row_start = first;
+    row += ch;
+    if (row.size() == width) {
+      std::printf("%8llu  %s\n", static_cast<unsigned long long>(row_start), row.c_str());
+      row.clear();
+    }
+  }
+  if (!row.empty())
+    std::printf("%8llu  %s\n", static_cast<unsigned long long>(row_start), row.c_str());
+  return 0;
+}
+
 // evict (count > 0) or flush (count == 0).
 int drop(const Globals& g, uint32_t count) {
   auto c = connect(g);
@@ -387,6 +455,11 @@ int run(int argc, char** argv) {
   stats->add_option("--watch", watch, "Repeat every SEC seconds until interrupted")
       ->check(CLI::PositiveNumber);
   auto* sessc = app.add_subcommand("sessions", "The worker sessions attached to the pool");
+  uint32_t map_width = 64;
+  auto* pagesc = app.add_subcommand("pages", "A map of the pool's pages by state");
+  pagesc->add_option("--width", map_width, "Characters per row")
+      ->capture_default_str()
+      ->check(CLI::Range(8u, 1024u));
   uint32_t evict_count = 0;
   auto* evictc = app.add_subcommand(
       "evict", "Drop up to N cached pages, least recently released first (root or admin group)");
@@ -413,7 +486,7 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1u, 1u << 20));
   planc->add_option("--capacity", pa.capacity, "Pool capacity, e.g. 80GiB: prints how many fit");
   // Global options may also follow the verb: kvpoolctl status --json.
-  for (CLI::App* sub : {status, stats, sessc, evictc, flushc, planc})
+  for (CLI::App* sub : {status, stats, sessc, pagesc, evictc, flushc, planc})
     sub->fallthrough();
   try {
     app.parse(argc, argv);
@@ -426,6 +499,7 @@ int run(int argc, char** argv) {
 
   if (planc->parsed()) return plan(g, pa);
   if (sessc->parsed()) return sessions(g);
+  if (pagesc->parsed()) return pages_map(g, map_width);
   if (evictc->parsed()) return drop(g, evict_count);
   if (flushc->parsed()) return drop(g, 0);
   auto once = [&] { return status->parsed() ? status_once(g) : stats_once(g, format); };

@@ -30,14 +30,14 @@ namespace {
 
 constexpr size_t kNumOpcodes = std::variant_size_v<Request>;
 static_assert(std::variant_size_v<Reply> == kNumOpcodes);
-static_assert(kNumOpcodes == static_cast<size_t>(Opcode::sessions));
+static_assert(kNumOpcodes == static_cast<size_t>(Opcode::pages));
 
 constexpr std::array<std::string_view, kNumOpcodes> kRequestNames = {
-    "hello",   "alloc", "retain", "release", "lookup",
-    "publish", "stats", "evict",  "flush",   "sessions"};
+    "hello", "alloc", "retain", "release",  "lookup", "publish",
+    "stats", "evict", "flush",  "sessions", "pages"};
 constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
-    "hello reply",   "alloc reply", "retain reply", "release reply", "lookup reply",
-    "publish reply", "stats reply", "evict reply",  "flush reply",   "sessions reply"};
+    "hello reply", "alloc reply", "retain reply", "release reply",  "lookup reply", "publish reply",
+    "stats reply", "evict reply", "flush reply",  "sessions reply", "pages reply"};
 
 // Wire sizes of the fixed parts.
 constexpr size_t kU8 = 1;
@@ -220,6 +220,12 @@ size_t body_size(const FlushRequest&) {
 size_t body_size(const SessionsRequest&) {
   return 0;
 }
+size_t body_size(const PagesRequest&) {
+  return 0;
+}
+size_t body_size(const PagesReply& m) {
+  return kU32 + m.states.size();
+}
 size_t body_size(const EvictReply&) {
   return kU32;
 }
@@ -311,6 +317,12 @@ void put_body(Writer& w, const EvictRequest& m) {
 }
 void put_body(Writer&, const FlushRequest&) {}
 void put_body(Writer&, const SessionsRequest&) {}
+void put_body(Writer&, const PagesRequest&) {}
+void put_body(Writer& w, const PagesReply& m) {
+  w.put(static_cast<uint32_t>(m.states.size()));
+  for (const uint8_t st : m.states)
+    w.put(st);
+}
 void put_body(Writer& w, const EvictReply& m) {
   w.put(m.evicted);
 }
@@ -560,6 +572,25 @@ bool get_body(Reader&, FlushRequest&) {
   return true;
 }
 bool get_body(Reader&, SessionsRequest&) {
+  return true;
+}
+bool get_body(Reader&, PagesRequest&) {
+  return true;
+}
+bool get_body(Reader& r, PagesReply& m) {
+  uint32_t n = 0;
+  if (!r.get(n, "count")) return false;
+  const std::byte* p = r.take(n, "states");  // checks the bytes are there before any resize
+  if (p == nullptr) return false;
+  m.states.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto st = static_cast<uint8_t>(p[i]);
+    if (st > PagesReply::kCached) {
+      return r.fail(st, cat({r.what(), ": page state ", st, " (page ", i, ") is not 0, 1 or 2"}),
+                    i);
+    }
+    m.states[i] = st;
+  }
   return true;
 }
 bool get_body(Reader& r, EvictReply& m) {

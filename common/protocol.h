@@ -19,6 +19,7 @@
 //   evict    u32 count                                      (admin)
 //   flush    (empty)                                        (admin)
 //   sessions (empty)
+//   pages    (empty)
 // Every count is checked against the bytes present and against kMaxBatch before anything is
 // allocated, and a payload must be consumed exactly: trailing bytes are malformed.
 //
@@ -41,6 +42,7 @@
 //   flush    u32 flushed
 //   sessions u32 n, n × (u64 id, u32 pid, u32 uid, u32 held_pages, string worker,
 //            string tenant, string pool)        — the sessions attached to the asker's pool
+//   pages    u32 n, n × u8 state (0 free, 1 in use, 2 cached), one per page of the asker's pool
 //
 // Encoding and decoding are pure functions: bytes in, a message or an error out; no I/O, no
 // global state. Decoders never trust a length and never read past the span they are given.
@@ -78,6 +80,7 @@ enum class Opcode : uint16_t {
   evict = 8,
   flush = 9,
   sessions = 10,
+  pages = 11,
 };
 
 struct FrameHeader {
@@ -152,11 +155,14 @@ struct FlushRequest {
 struct SessionsRequest {
   friend bool operator==(const SessionsRequest&, const SessionsRequest&) = default;
 };
+struct PagesRequest {
+  friend bool operator==(const PagesRequest&, const PagesRequest&) = default;
+};
 
 // Alternative i is the request of opcode i + 1.
-using Request =
-    std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest, LookupRequest,
-                 PublishRequest, StatsRequest, EvictRequest, FlushRequest, SessionsRequest>;
+using Request = std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest,
+                             LookupRequest, PublishRequest, StatsRequest, EvictRequest,
+                             FlushRequest, SessionsRequest, PagesRequest>;
 
 Opcode opcode_of(const Request& r);
 
@@ -237,10 +243,18 @@ struct SessionsReply {
   std::vector<SessionInfo> sessions;
   friend bool operator==(const SessionsReply&, const SessionsReply&) = default;
 };
+// The state of every page, in page order. Pools of more pages than fit a frame (about 8M) are
+// refused with invalid_argument.
+struct PagesReply {
+  enum State : uint8_t { kFree = 0, kInUse = 1, kCached = 2 };
+  std::vector<uint8_t> states;
+  friend bool operator==(const PagesReply&, const PagesReply&) = default;
+};
 
 // Alternative i is the reply of opcode i + 1.
-using Reply = std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply,
-                           PublishReply, StatsReply, EvictReply, FlushReply, SessionsReply>;
+using Reply =
+    std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply, PublishReply,
+                 StatsReply, EvictReply, FlushReply, SessionsReply, PagesReply>;
 
 Opcode opcode_of(const Reply& r);
 

@@ -222,6 +222,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
           if constexpr (std::is_same_v<T, wire::EvictRequest>) return evict(s, r);
           if constexpr (std::is_same_v<T, wire::FlushRequest>) return flush(s);
           if constexpr (std::is_same_v<T, wire::SessionsRequest>) return sessions(s);
+          if constexpr (std::is_same_v<T, wire::PagesRequest>) return pages(s);
         },
         request);
   }
@@ -411,6 +412,31 @@ wire::Result<wire::Reply> Service::sessions(SessionState& s) {
   }
   std::sort(r.sessions.begin(), r.sessions.end(),
             [](const wire::SessionInfo& a, const wire::SessionInfo& b) { return a.id < b.id; });
+  return wire::Reply(std::move(r));
+}
+
+wire::Result<wire::Reply> Service::pages(SessionState& s) {
+  const core::PagePool& pool = *s.pool->pages;
+  if (pool.num_pages() > wire::kMaxPayloadBytes - 64) {
+    return error(Errc::invalid_argument, "pool " + s.pool->config.name + " has " +
+                                             std::to_string(pool.num_pages()) +
+                                             " pages, more than one frame can map");
+  }
+  wire::PagesReply r;
+  r.states.resize(pool.num_pages());
+  for (PageId p = 0; p < pool.num_pages(); ++p) {
+    switch (pool.state(p)) {
+      case core::PageState::free:
+        r.states[p] = wire::PagesReply::kFree;
+        break;
+      case core::PageState::in_use:
+        r.states[p] = wire::PagesReply::kInUse;
+        break;
+      case core::PageState::cached:
+        r.states[p] = wire::PagesReply::kCached;
+        break;
+    }
+  }
   return wire::Reply(std::move(r));
 }
 

@@ -112,6 +112,7 @@ class Service {
   wire::Result<wire::Reply> evict(SessionState& s, const wire::EvictRequest& r);
   wire::Result<wire::Reply> flush(SessionState& s);
   wire::Result<wire::Reply> sessions(SessionState& s);
+  wire::Result<wire::Reply> pages(SessionState& s);
   // Root, or a member of admin_group; else the permission_denied error to answer with.
   wire::Result<bool> check_admin(const SessionState& s, std::string_view what) const;
 

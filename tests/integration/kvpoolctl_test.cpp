@@ -93,7 +93,23 @@ TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {
   EXPECT_EQ(st["published"], 1);
   EXPECT_EQ(st["allocated"], 5);
 
+  auto map = json_of("pages --json" + sock);
+  EXPECT_EQ(map["pages"], 64);
+  EXPECT_EQ(map["in_use"], 5);
+  EXPECT_EQ(map["free"], 59);
+  uint64_t covered = 0;
+  uint64_t in_use_runs = 0;
+  for (const auto& run : map["runs"]) {
+    covered += run[1].get<uint64_t>();
+    if (run[0] == 1) in_use_runs += run[1].get<uint64_t>();
+  }
+  EXPECT_EQ(covered, 64u);
+  EXPECT_EQ(in_use_runs, 5u);
+
   std::string out;
+  ASSERT_EQ(run_command(kCtl + sock + " pages --width 16", out), 0) << out;
+  EXPECT_NE(out.find("#####"), std::string::npos) << out;  // pages 0..4, one per character
+  EXPECT_NE(out.find("      48  ................"), std::string::npos) << out;
   ASSERT_EQ(run_command(kCtl + sock + " status", out), 0) << out;
   EXPECT_NE(out.find("5 in use"), std::string::npos) << out;
   ASSERT_EQ(run_command(kCtl + sock + " stats", out), 0) << out;

@@ -155,6 +155,7 @@ std::vector<Request> sample_requests() {
   v.emplace_back(EvictRequest{UINT32_MAX});
   v.emplace_back(FlushRequest{});
   v.emplace_back(SessionsRequest{});
+  v.emplace_back(PagesRequest{});
   return v;
 }
 
@@ -218,11 +219,13 @@ std::vector<Reply> sample_replies() {
   v.emplace_back(EvictReply{0});
   v.emplace_back(EvictReply{123456});
   v.emplace_back(FlushReply{7});
+  v.emplace_back(PagesReply{});
+  v.emplace_back(PagesReply{{0, 1, 2, 2, 1, 0, 0}});
   v.emplace_back(SessionsReply{});
-  v.emplace_back(SessionsReply{{SessionInfo{1, 4242, 1000, 17, "worker-a", "default", "pool"},
-                                SessionInfo{UINT64_MAX, 0, 0, 0, "", "", ""},
-                                SessionInfo{9, 1, 2, 3, name_of('w', kMaxNameBytes), "t",
-                                            name_of('p', kMaxNameBytes)}}});
+  v.emplace_back(SessionsReply{
+      {SessionInfo{1, 4242, 1000, 17, "worker-a", "default", "pool"},
+       SessionInfo{UINT64_MAX, 0, 0, 0, "", "", ""},
+       SessionInfo{9, 1, 2, 3, name_of('w', kMaxNameBytes), "t", name_of('p', kMaxNameBytes)}}});
   return v;
 }
 
@@ -528,7 +531,7 @@ TEST(ProtocolHeader, ShortSpan) {
 // decode_request errors ------------------------------------------------------------------------
 
 TEST(ProtocolDecodeRequest, UnknownOpcode) {
-  const uint16_t ops[] = {0,      11,     12,     0x7fff, 0x8000, 0x8001, 0x8002,
+  const uint16_t ops[] = {0,      12,     13,     0x7fff, 0x8000, 0x8001, 0x8002,
                           0x8003, 0x8004, 0x8005, 0x8006, 0x8007, 0xffff};
   for (uint16_t op : ops) {
     auto r = decode_request_bytes(op, Bytes{});
@@ -680,6 +683,15 @@ TEST(ProtocolDecodeRequest, NameTooLong) {
 
 // decode_reply errors --------------------------------------------------------------------------
 
+TEST(ProtocolDecodeReply, PageStatesAreCheckedAndCountsBounded) {
+  auto bad = decode_reply_bytes(rep_op(Opcode::pages), Builder().u16(0).u32(2).u8(0).u8(3).bytes());
+  EXPECT_TRUE(fails_with(Errc::malformed_frame, bad));
+  // A count larger than the bytes present is refused before anything is allocated.
+  auto short_ =
+      decode_reply_bytes(rep_op(Opcode::pages), Builder().u16(0).u32(0xffffffffu).bytes());
+  EXPECT_TRUE(fails_with(Errc::malformed_frame, short_));
+}
+
 TEST(ProtocolDecodeReply, NotAReply) {
   const uint16_t plain[] = {0, 1, 5, 7, 8, 0x7fff};
   for (uint16_t op : plain) {
@@ -688,7 +700,7 @@ TEST(ProtocolDecodeReply, NotAReply) {
     EXPECT_EQ(r.error().status.value(), op);
   }
   // The reply bit on an opcode that names no operation, with a success status.
-  const uint16_t unnamed[] = {0x8000, 0x800b, 0xffff};
+  const uint16_t unnamed[] = {0x8000, 0x800c, 0xffff};
   for (uint16_t op : unnamed) {
     EXPECT_TRUE(fails_with(Errc::unknown_opcode, decode_reply_bytes(op, Builder().u16(0).bytes())))
         << op;
