@@ -83,14 +83,19 @@ std::unique_ptr<Connection> connect(const Globals& g) {
   return std::move(c.value());
 }
 
+// True when the call succeeded; otherwise prints the daemon's reason (the verb then exits 1).
+template <typename T>
+bool succeeded(const kvpool::client::Result<T>& r) {
+  if (r.ok()) return true;
+  std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
+  return false;
+}
+
 int status_once(const Globals& g) {
   auto c = connect(g);
   if (!c) return 1;
   auto st = c->stats();
-  if (!st.ok()) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", st.error().message.c_str());
-    return 1;
-  }
+  if (!succeeded(st)) return 1;
   const auto& p = c->pool();
   const auto& s = st.value();
   const uint64_t page_bytes = p.page_stride;
@@ -132,10 +137,7 @@ int stats_once(const Globals& g, const std::string& format) {
   auto c = connect(g);
   if (!c) return 1;
   auto st = c->stats();
-  if (!st.ok()) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", st.error().message.c_str());
-    return 1;
-  }
+  if (!succeeded(st)) return 1;
   const auto& s = st.value();
   const auto& p = c->pool();
   const uint64_t t = p.geometry.tokens_per_page;
@@ -214,10 +216,7 @@ int sessions(const Globals& g) {
   auto c = connect(g);
   if (!c) return 1;
   auto r = c->sessions();
-  if (!r.ok()) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
-    return 1;
-  }
+  if (!succeeded(r)) return 1;
   const uint64_t self = c->session_id();
   if (g.json) {
     std::printf("{\"schema\":%d,\"pool\":\"%s\",\"sessions\":[", kSchema,
@@ -250,10 +249,7 @@ int pages_map(const Globals& g, uint32_t width) {
   auto c = connect(g);
   if (!c) return 1;
   auto r = c->pages();
-  if (!r.ok()) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
-    return 1;
-  }
+  if (!succeeded(r)) return 1;
   const std::vector<uint8_t>& st = r.value();
   uint64_t count[3] = {0, 0, 0};
   for (const uint8_t s : st)
@@ -315,10 +311,7 @@ int drop(const Globals& g, uint32_t count) {
   auto c = connect(g);
   if (!c) return 1;
   auto r = count == 0 ? c->flush() : c->evict(count);
-  if (!r.ok()) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
-    return 1;
-  }
+  if (!succeeded(r)) return 1;
   const char* verb = count == 0 ? "flushed" : "evicted";
   if (g.json) {
     std::printf("{\"schema\":%d,\"pool\":\"%s\",\"%s\":%u}\n", kSchema,
