@@ -23,11 +23,11 @@ Error error(Errc code, std::string message) {
 }
 
 // One recvmsg into dst[0, cap): returns bytes read, 0 on an orderly close, -errno on error.
-// A descriptor passed with the bytes goes to *passed_fd if it is free, else it is closed.
-ssize_t receive(int fd, std::byte* dst, size_t cap, int* passed_fd) {
+// Descriptors passed with the bytes are appended to *passed_fds when it is given, else closed.
+ssize_t receive(int fd, std::byte* dst, size_t cap, std::vector<int>* passed_fds) {
   for (;;) {
     iovec iov{dst, cap};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxSegments)] = {};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -40,12 +40,15 @@ ssize_t receive(int fd, std::byte* dst, size_t cap, int* passed_fd) {
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-        int received = -1;
-        std::memcpy(&received, CMSG_DATA(c), sizeof received);
-        if (passed_fd != nullptr && *passed_fd < 0) {
-          *passed_fd = received;
-        } else {
-          ::close(received);  // not expected here: do not leak it
+        const size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < n; ++i) {
+          int received = -1;
+          std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof received);
+          if (passed_fds != nullptr) {
+            passed_fds->push_back(received);
+          } else {
+            ::close(received);  // not expected here: do not leak it
+          }
         }
       }
     }
@@ -115,34 +118,29 @@ Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket
   c->out_.clear();
   const uint32_t id = c->next_id_++;
   wire::encode_request(id, wire::HelloRequest{worker_name, pool_name}, c->out_);
-  int mem_fd = -1;
-  auto reply = c->round_trip(id, &mem_fd);
+  std::vector<int> fds;
+  auto reply = c->round_trip(id, &fds);
   auto hello = expect<wire::HelloReply>(std::move(reply));
+  auto close_fds = [&fds] {
+    for (int f : fds)
+      ::close(f);
+  };
   if (!hello.ok()) {
-    if (mem_fd >= 0) ::close(mem_fd);
+    close_fds();
     return hello.error();
   }
   c->pool_ = hello.value().pool;
   c->session_id_ = hello.value().session_id;
-  if (mem_fd < 0) {
-    return error(Errc::internal, "kvpoold sent no memory descriptor for pool " +
-                                     c->pool_.pool_name + " (backend " + c->pool_.backend + ")");
-  }
-  void* p = ::mmap(nullptr, c->pool_.segment_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mem_fd, 0);
-  const int map_errno = errno;
-  ::close(mem_fd);
-  if (p == MAP_FAILED) {
-    return error(Errc::internal, "cannot map pool " + c->pool_.pool_name + " (" +
-                                     std::to_string(c->pool_.segment_bytes) +
-                                     " bytes): " + std::strerror(map_errno));
-  }
-  c->base_ = static_cast<std::byte*>(p);
-  c->mapped_ = c->pool_.segment_bytes;
+  auto mapping = PoolMapping::map(c->pool_, fds);
+  close_fds();  // a mapping holds what it needs; the descriptors are not needed after
+  if (!mapping.ok()) return mapping.error();
+  c->mapping_ = std::move(mapping.value());
+  c->base_ = c->mapping_->base();
   return c;
 }
 
 Connection::~Connection() {
-  if (base_ != nullptr) ::munmap(base_, mapped_);
+  mapping_.reset();
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -164,7 +162,7 @@ Error Connection::lost(const std::string& what) {
   return error(Errc::connection_lost, "connection to kvpoold lost: " + what);
 }
 
-Result<wire::Reply> Connection::round_trip(uint32_t request_id, int* passed_fd) {
+Result<wire::Reply> Connection::round_trip(uint32_t request_id, std::vector<int>* passed_fds) {
   if (fd_ < 0) return lost("connection already failed");
   // A daemon that refuses the connection sends its reason and closes, possibly before our
   // request is out: so a failed send still reads whatever reply is waiting.
@@ -175,7 +173,7 @@ Result<wire::Reply> Connection::round_trip(uint32_t request_id, int* passed_fd) 
   size_t need = wire::kHeaderBytes;
   std::optional<wire::FrameHeader> header;
   while (have < need) {
-    const ssize_t r = receive(fd_, in_.data() + have, in_.size() - have, passed_fd);
+    const ssize_t r = receive(fd_, in_.data() + have, in_.size() - have, passed_fds);
     if (r <= 0) {
       if (send_error != 0) return lost(std::string("send: ") + std::strerror(send_error));
       if (r == 0)
@@ -292,6 +290,12 @@ Result<uint32_t> Connection::flush() {
   auto r = expect<wire::FlushReply>(call(wire::FlushRequest{}));
   if (!r.ok()) return r.error();
   return r.value().flushed;
+}
+
+Result<uint32_t> Connection::copy(std::span<const wire::PageCopy> pairs) {
+  auto r = expect<wire::CopyReply>(call(wire::CopyRequest{{pairs.begin(), pairs.end()}}));
+  if (!r.ok()) return r.error();
+  return r.value().copied;
 }
 
 Result<std::vector<uint8_t>> Connection::pages() {

@@ -1,7 +1,8 @@
 // libkvpool: a worker's connection to kvpoold.
 //
 // Connection::attach() connects to the daemon's Unix socket, says hello, receives the pool's
-// memory (a file descriptor passed with the reply) and maps it, so page p of the pool is at
+// memory (segment descriptors passed with the reply, or CUDA IPC handles) and maps it
+// (client/pool_mapping.h), so page p of the pool is at
 // page(p) = base() + p · page_stride in this process as in every other worker of the pool.
 // Every call is one request and one reply, batched: alloc(n), retain(ids), release(ids),
 // lookup(chain), publish(pairs), stats(). Expected failures (out of pages, not held, quota, the
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "client/pool_mapping.h"
 #include "common/protocol.h"
 
 namespace kvpool::client {
@@ -45,7 +47,9 @@ class Connection {
 
   const wire::PoolInfo& pool() const { return pool_; }
   uint64_t session_id() const { return session_id_; }
+  // Where page 0 is in this process: host memory, or device memory of CUDA ordinal device().
   std::byte* base() const { return base_; }
+  int device() const { return mapping_->device(); }
   std::byte* page(PageId p) const { return base_ + uint64_t{p} * pool_.page_stride; }
   // The scales of page p in 8-bit pools (layers · kv_heads · 2 floats, kernels/paged_kv.h), in the
   // side region after the last page; nullptr for 16-bit pools.
@@ -65,6 +69,9 @@ class Connection {
   Result<std::vector<uint8_t>> pages();
   // The sessions attached to this session's pool (read-only).
   Result<std::vector<wire::SessionInfo>> sessions();
+  // The daemon copies pages (all layers and scales) src → dst on its own stream: pages this
+  // session holds, destinations not published. Returns when the bytes are in place.
+  Result<uint32_t> copy(std::span<const wire::PageCopy> pairs);
 
   // One request, one reply (the typed calls above use it).
   Result<wire::Reply> call(const wire::Request& request);
@@ -75,7 +82,7 @@ class Connection {
  private:
   explicit Connection(int fd) : fd_(fd) {}
   // Sends out_, reads one reply frame into a Reply (or Error). Captures a passed fd, if any.
-  Result<wire::Reply> round_trip(uint32_t request_id, int* passed_fd);
+  Result<wire::Reply> round_trip(uint32_t request_id, std::vector<int>* passed_fds);
   Error lost(const std::string& what);
   // The byte stream is out of step (a reply that does not parse or does not pair with its
   // request): nothing more can be read from it safely, so the connection is closed.
@@ -89,8 +96,8 @@ class Connection {
   std::vector<std::byte> in_;
   wire::PoolInfo pool_;
   uint64_t session_id_ = 0;
-  std::byte* base_ = nullptr;
-  size_t mapped_ = 0;
+  std::unique_ptr<PoolMapping> mapping_;
+  std::byte* base_ = nullptr;  // mapping_->base()
 };
 
 }  // namespace kvpool::client

@@ -30,14 +30,14 @@ namespace {
 
 constexpr size_t kNumOpcodes = std::variant_size_v<Request>;
 static_assert(std::variant_size_v<Reply> == kNumOpcodes);
-static_assert(kNumOpcodes == static_cast<size_t>(Opcode::pages));
+static_assert(kNumOpcodes == static_cast<size_t>(Opcode::copy));
 
 constexpr std::array<std::string_view, kNumOpcodes> kRequestNames = {
     "hello", "alloc", "retain", "release",  "lookup", "publish",
-    "stats", "evict", "flush",  "sessions", "pages"};
+    "stats", "evict", "flush",  "sessions", "pages",  "copy"};
 constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
     "hello reply", "alloc reply", "retain reply", "release reply",  "lookup reply", "publish reply",
-    "stats reply", "evict reply", "flush reply",  "sessions reply", "pages reply"};
+    "stats reply", "evict reply", "flush reply",  "sessions reply", "pages reply",  "copy reply"};
 
 // Wire sizes of the fixed parts.
 constexpr size_t kU8 = 1;
@@ -47,7 +47,10 @@ constexpr size_t kU64 = 8;
 constexpr size_t kHashBytes = 2 * kU64;
 constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
 constexpr size_t kPublishResultBytes = kU8 + kU32;
-constexpr size_t kPoolInfoFixedBytes = 4 * kU32 + kU8 + kU32 + 2 * kU64 + 3 * kU32;
+constexpr size_t kPoolInfoFixedBytes =
+    4 * kU32 + kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + kU32;  // … device, uuid, n segments
+constexpr size_t kSegmentFixedBytes = kU64 + kU32;
+constexpr size_t kPageCopyBytes = 2 * kU32;
 constexpr size_t kStatsBytes = 5 * kU32 + 9 * kU64 + kU32;
 constexpr size_t kSessionFixedBytes = kU64 + 3 * kU32 + 3 * kU32;  // numbers + 3 string lengths
 constexpr size_t kErrorFixedBytes = kU16 + kU32 + kU64 + kU32;     // status, item, value, length
@@ -55,6 +58,7 @@ constexpr size_t kMaxErrorMessageBytes = kMaxPayloadBytes - kErrorFixedBytes;
 
 // Page ids and hashes are copied as whole arrays: their in-memory layout is the wire layout.
 static_assert(sizeof(PageId) == kU32);
+static_assert(sizeof(PageCopy) == kPageCopyBytes && offsetof(PageCopy, dst) == kU32);
 static_assert(std::is_trivially_copyable_v<BlockHash> && sizeof(BlockHash) == kHashBytes &&
               offsetof(BlockHash, lo) == 0 && offsetof(BlockHash, hi) == kU64);
 
@@ -190,8 +194,11 @@ size_t body_size(const StatsRequest&) {
   return 0;
 }
 size_t body_size(const HelloReply& m) {
-  return kU64 + kPoolInfoFixedBytes + m.pool.pool_name.size() + m.pool.backend.size() +
-         m.pool.tenant.size();
+  size_t n = kU64 + kPoolInfoFixedBytes + m.pool.pool_name.size() + m.pool.backend.size() +
+             m.pool.tenant.size();
+  for (const SegmentInfo& seg : m.pool.segments)
+    n += kSegmentFixedBytes + seg.handle.size();
+  return n;
 }
 size_t body_size(const AllocReply& m) {
   return kU32 + m.pages.size() * kU32;
@@ -222,6 +229,12 @@ size_t body_size(const SessionsRequest&) {
 }
 size_t body_size(const PagesRequest&) {
   return 0;
+}
+size_t body_size(const CopyRequest& m) {
+  return kU32 + m.pairs.size() * kPageCopyBytes;
+}
+size_t body_size(const CopyReply&) {
+  return kU32;
 }
 size_t body_size(const PagesReply& m) {
   return kU32 + m.states.size();
@@ -279,6 +292,14 @@ void put_body(Writer& w, const HelloReply& m) {
   w.str(p.pool_name);
   w.str(p.backend);
   w.str(p.tenant);
+  w.put(p.device);
+  w.raw(p.device_uuid.data(), p.device_uuid.size());
+  w.put(static_cast<uint32_t>(p.segments.size()));
+  for (const SegmentInfo& seg : p.segments) {
+    w.put(seg.bytes);
+    w.put(static_cast<uint32_t>(seg.handle.size()));
+    w.raw(seg.handle.data(), seg.handle.size());
+  }
 }
 void put_body(Writer& w, const AllocReply& m) {
   w.array(m.pages);
@@ -318,6 +339,12 @@ void put_body(Writer& w, const EvictRequest& m) {
 void put_body(Writer&, const FlushRequest&) {}
 void put_body(Writer&, const SessionsRequest&) {}
 void put_body(Writer&, const PagesRequest&) {}
+void put_body(Writer& w, const CopyRequest& m) {
+  w.array(m.pairs);
+}
+void put_body(Writer& w, const CopyReply& m) {
+  w.put(m.copied);
+}
 void put_body(Writer& w, const PagesReply& m) {
   w.put(static_cast<uint32_t>(m.states.size()));
   for (const uint8_t st : m.states)
@@ -521,9 +548,34 @@ bool get_body(Reader& r, HelloReply& m) {
     return r.fail(dtype, cat({r.what(), ": dtype ", dtype, " is not a KvDtype"}));
   }
   p.geometry.dtype = static_cast<KvDtype>(dtype);
-  return r.get(p.num_pages, "num_pages") && r.get(p.page_stride, "page_stride") &&
-         r.get(p.segment_bytes, "segment_bytes") && r.str(p.pool_name, "pool_name") &&
-         r.str(p.backend, "backend") && r.str(p.tenant, "tenant");
+  if (!(r.get(p.num_pages, "num_pages") && r.get(p.page_stride, "page_stride") &&
+        r.get(p.segment_bytes, "segment_bytes") && r.str(p.pool_name, "pool_name") &&
+        r.str(p.backend, "backend") && r.str(p.tenant, "tenant") && r.get(p.device, "device"))) {
+    return false;
+  }
+  const std::byte* uuid = r.take(p.device_uuid.size(), "device_uuid");
+  if (uuid == nullptr) return false;
+  std::memcpy(p.device_uuid.data(), uuid, p.device_uuid.size());
+  uint32_t n = 0;
+  if (!r.get(n, "segment count")) return false;
+  if (n > kMaxSegments) {
+    return r.fail(n,
+                  cat({r.what(), ": ", n, " segments, above kMaxSegments (", kMaxSegments, ")"}));
+  }
+  p.segments.resize(n);
+  for (SegmentInfo& seg : p.segments) {
+    uint32_t len = 0;
+    if (!(r.get(seg.bytes, "segment bytes") && r.get(len, "segment handle length"))) return false;
+    if (len > kMaxHandleBytes) {
+      return r.fail(len, cat({r.what(), ": segment handle of ", len,
+                              " bytes, above kMaxHandleBytes (", kMaxHandleBytes, ")"}));
+    }
+    const std::byte* h = r.take(len, "segment handle");
+    if (h == nullptr) return false;
+    seg.handle.assign(reinterpret_cast<const uint8_t*>(h),
+                      reinterpret_cast<const uint8_t*>(h) + len);
+  }
+  return true;
 }
 bool get_body(Reader& r, AllocReply& m) {
   return r.array(m.pages, "count");
@@ -576,6 +628,12 @@ bool get_body(Reader&, SessionsRequest&) {
 }
 bool get_body(Reader&, PagesRequest&) {
   return true;
+}
+bool get_body(Reader& r, CopyRequest& m) {
+  return r.array(m.pairs, "count");
+}
+bool get_body(Reader& r, CopyReply& m) {
+  return r.get(m.copied, "copied");
 }
 bool get_body(Reader& r, PagesReply& m) {
   uint32_t n = 0;

@@ -20,6 +20,8 @@
 //   flush    (empty)                                        (admin)
 //   sessions (empty)
 //   pages    (empty)
+//   copy     u32 n, n × (u32 src, u32 dst)                  (pages the session holds; dst
+//   unpublished)
 // Every count is checked against the bytes present and against kMaxBatch before anything is
 // allocated, and a payload must be consumed exactly: trailing bytes are malformed.
 //
@@ -28,8 +30,10 @@
 // and otherwise the opcode's body:
 //   hello    u64 session_id, PoolInfo (u32 layers, u32 kv_heads, u32 head_dim,
 //            u32 tokens_per_page, u8 dtype, u32 num_pages, u64 page_stride, u64 segment_bytes,
-//            string pool_name, string backend, string tenant)
-//            — a host-backend daemon passes the pool's memory fd with this reply (SCM_RIGHTS)
+//            string pool_name, string backend, string tenant, i32 device, 16 bytes device
+//            uuid, u32 n ≤ kMaxSegments, n × (u64 bytes, u32 m ≤ kMaxHandleBytes, m bytes handle))
+//            — descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment, in
+//            segment order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
 //   alloc    u32 n, n × u32 page
 //   retain   (empty)
 //   release  (empty)
@@ -43,11 +47,13 @@
 //   sessions u32 n, n × (u64 id, u32 pid, u32 uid, u32 held_pages, string worker,
 //            string tenant, string pool)        — the sessions attached to the asker's pool
 //   pages    u32 n, n × u8 state (0 free, 1 in use, 2 cached), one per page of the asker's pool
+//   copy     u32 copied
 //
 // Encoding and decoding are pure functions: bytes in, a message or an error out; no I/O, no
 // global state. Decoders never trust a length and never read past the span they are given.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -62,12 +68,17 @@
 namespace kvpool::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
-inline constexpr uint16_t kProtocolVersion = 1;
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
 inline constexpr uint32_t kMaxNameBytes = 256;
 inline constexpr uint16_t kReplyBit = 0x8000;
+// A pool's segments travel in one SCM_RIGHTS message, which Linux limits to 253 descriptors.
+inline constexpr uint32_t kMaxSegments = 253;
+inline constexpr uint32_t kMaxHandleBytes = 64;  // a cudaIpcMemHandle_t
+// Bytes one copy request may move, so that a daemon-side copy stays short on the event loop.
+inline constexpr uint64_t kMaxCopyBytes = uint64_t{1} << 30;
 
 enum class Opcode : uint16_t {
   hello = 1,
@@ -81,6 +92,7 @@ enum class Opcode : uint16_t {
   flush = 9,
   sessions = 10,
   pages = 11,
+  copy = 12,
 };
 
 struct FrameHeader {
@@ -158,24 +170,44 @@ struct SessionsRequest {
 struct PagesRequest {
   friend bool operator==(const PagesRequest&, const PagesRequest&) = default;
 };
+// Daemon-side page copies (copy-on-write, moves): src[i] → dst[i], scales included.
+struct PageCopy {
+  PageId src = 0;
+  PageId dst = 0;
+  friend bool operator==(const PageCopy&, const PageCopy&) = default;
+};
+struct CopyRequest {
+  std::vector<PageCopy> pairs;
+  friend bool operator==(const CopyRequest&, const CopyRequest&) = default;
+};
 
 // Alternative i is the request of opcode i + 1.
 using Request = std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest,
                              LookupRequest, PublishRequest, StatsRequest, EvictRequest,
-                             FlushRequest, SessionsRequest, PagesRequest>;
+                             FlushRequest, SessionsRequest, PagesRequest, CopyRequest>;
 
 Opcode opcode_of(const Request& r);
 
 // Replies -----------------------------------------------------------------------------------
 
+// One piece of a pool's memory. Segments are mapped back to back in the order given.
+struct SegmentInfo {
+  uint64_t bytes = 0;
+  std::vector<uint8_t> handle;  // cuda-ipc: the cudaIpcMemHandle_t; empty for fd backends
+  friend bool operator==(const SegmentInfo&, const SegmentInfo&) = default;
+};
+
 struct PoolInfo {
   Geometry geometry;
   uint32_t num_pages = 0;
   uint64_t page_stride = 0;    // bytes from one page to the next in the mapping
-  uint64_t segment_bytes = 0;  // bytes to map from the passed memory
+  uint64_t segment_bytes = 0;  // bytes mapped in all: the sum of the segments' bytes
   std::string pool_name;
-  std::string backend;  // "host", "cuda-vmm", "cuda-ipc"
+  std::string backend;  // "host", "fake-device", "cuda-vmm", "cuda-ipc"
   std::string tenant;   // the tenant the daemon assigned from the peer's credentials
+  int32_t device = -1;  // the daemon's CUDA ordinal; −1 for host memory
+  std::array<uint8_t, 16> device_uuid{};  // how a worker finds that GPU (ordinals differ)
+  std::vector<SegmentInfo> segments;
   friend bool operator==(const PoolInfo&, const PoolInfo&) = default;
 };
 
@@ -251,10 +283,15 @@ struct PagesReply {
   friend bool operator==(const PagesReply&, const PagesReply&) = default;
 };
 
+struct CopyReply {
+  uint32_t copied = 0;
+  friend bool operator==(const CopyReply&, const CopyReply&) = default;
+};
+
 // Alternative i is the reply of opcode i + 1.
 using Reply =
     std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply, PublishReply,
-                 StatsReply, EvictReply, FlushReply, SessionsReply, PagesReply>;
+                 StatsReply, EvictReply, FlushReply, SessionsReply, PagesReply, CopyReply>;
 
 Opcode opcode_of(const Reply& r);
 

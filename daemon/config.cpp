@@ -28,9 +28,9 @@ constexpr size_t kMaxConfigBytes = size_t{4} << 20;
 constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 constexpr uint32_t kMaxSocketMode = 0777;
 
-constexpr std::string_view kRootKeys[] = {"socket",  "backend",        "device",
-                                          "limits",  "pools",          "tenants",
-                                          "default_tenant", "admin_group", "logging"};
+constexpr std::string_view kRootKeys[] = {"socket",      "backend", "device",  "max_segment_bytes",
+                                          "limits",      "pools",   "tenants", "default_tenant",
+                                          "admin_group", "logging"};
 constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
 constexpr std::string_view kLimitKeys[] = {"max_sessions", "max_pages_per_session",
                                            "max_pages_per_tenant"};
@@ -40,7 +40,7 @@ constexpr std::string_view kGeometryKeys[] = {"layers", "kv_heads", "head_dim", 
 constexpr std::string_view kTenantKeys[] = {"name", "uids", "gids", "pools"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
 
-constexpr std::string_view kBackends[] = {"auto", "host", "cuda-vmm", "cuda-ipc"};
+constexpr std::string_view kBackends[] = {"auto", "host", "cuda-vmm", "cuda-ipc", "fake-device"};
 constexpr std::string_view kPolicies[] = {"lru"};
 constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
 
@@ -130,6 +130,7 @@ class Parser {
     if (auto* v = find(f, "device")) {
       config.device = static_cast<int>(get_uint(*v, 0, std::numeric_limits<int>::max()));
     }
+    if (auto* v = find(f, "max_segment_bytes")) config.max_segment_bytes = parse_byte_size(*v);
     if (auto* v = find(f, "limits")) parse_limits(*v, config);
     if (auto* v = find(f, "logging")) {
       auto lf = fields(*v, kLoggingKeys);
@@ -345,6 +346,14 @@ class Parser {
     g.dtype = *d;
     if (std::string err = validate(g); !err.empty()) fail(v, err);
     return g;
+  }
+
+  uint64_t parse_byte_size(const Value& v) const {
+    require_scalar(v, "a size in bytes");
+    Capacity c;
+    if (std::string err = parse_capacity(v.node.Scalar(), c); !err.empty()) fail(v, err);
+    if (c.unit != Capacity::Unit::bytes) fail(v, "expected bytes, like \"2GiB\"");
+    return c.value;
   }
 
   Capacity parse_pool_capacity(const Value& v, const Geometry& g) const {

@@ -7,8 +7,9 @@
 //
 // Schema (config/kvpoold.yaml documents every key with its default):
 //   socket:   { path: STR, mode: "0660", group: STR }
-//   backend:  auto | host | cuda-vmm | cuda-ipc
+//   backend:  auto | host | cuda-vmm | cuda-ipc | fake-device   (fake-device: tests only)
 //   device:   INT                                   (CUDA device ordinal, default 0)
+//   max_segment_bytes: SIZE    (largest memory segment of a pool; default: one per pool)
 //   limits:   { max_sessions: INT, max_pages_per_session: INT, max_pages_per_tenant: INT }
 //   pools:    [ { name: STR, policy: lru, capacity: "1GiB" | "4096 pages" | "40%",
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
@@ -62,8 +63,9 @@ struct Config {
   uint32_t socket_mode = 0660;
   std::string socket_group;  // empty = the daemon's own group
 
-  std::string backend = "auto";  // auto | host | cuda-vmm | cuda-ipc
+  std::string backend = "auto";  // auto | host | cuda-vmm | cuda-ipc | fake-device
   int device = 0;
+  uint64_t max_segment_bytes = 0;  // 0 = one segment per pool
 
   uint32_t max_sessions = 1024;
   uint64_t max_pages_per_session = 0;  // 0 = no limit

@@ -6,11 +6,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <string>
+
+#include "daemon/page_copier.h"
 
 namespace kvpool::daemon {
 
@@ -20,16 +23,28 @@ namespace {
 
 constexpr std::string_view kPrefix = "kvpool-";
 
-class HostSegment final : public MemorySegment {
+class HostMemory final : public PoolMemory {
  public:
-  HostSegment(bip::shared_memory_object shm, uint64_t bytes)
-      : shm_(std::move(shm)), bytes_(bytes) {}
-  uint64_t bytes() const override { return bytes_; }
-  int shareable_fd() const override { return shm_.get_mapping_handle().handle; }
+  HostMemory(bip::shared_memory_object shm, uint64_t bytes)
+      : shm_(std::move(shm)),
+        region_(shm_, bip::read_write, 0, static_cast<size_t>(bytes)),
+        segments_{wire::SegmentInfo{bytes, {}}},
+        fds_{shm_.get_mapping_handle().handle},
+        copier_(make_host_copier()) {}
+  uint64_t bytes() const override { return segments_[0].bytes; }
+  std::byte* base() const override { return static_cast<std::byte*>(region_.get_address()); }
+  const std::vector<wire::SegmentInfo>& segments() const override { return segments_; }
+  const std::vector<int>& fds() const override { return fds_; }
+  std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) override {
+    return copier_->copy(args, num_pages);
+  }
 
  private:
   bip::shared_memory_object shm_;  // owns the descriptor; its name is already gone
-  uint64_t bytes_;
+  bip::mapped_region region_;      // the daemon's own view, for page copies
+  std::vector<wire::SegmentInfo> segments_;
+  std::vector<int> fds_;
+  std::unique_ptr<PageCopier> copier_;
 };
 
 uint64_t mem_available() {
@@ -60,8 +75,8 @@ uint64_t HostBackend::granularity() const {
   return page > 0 ? static_cast<uint64_t>(page) : 4096;
 }
 
-wire::Result<std::unique_ptr<MemorySegment>> HostBackend::create(uint64_t bytes,
-                                                                 std::string_view label) {
+wire::Result<std::unique_ptr<PoolMemory>> HostBackend::create(uint64_t bytes, uint64_t,
+                                                              std::string_view label) {
   static std::atomic<uint32_t> counter{0};
   const std::string name =
       std::string(kPrefix) + std::to_string(::getpid()) + "-" + std::to_string(counter++);
@@ -72,7 +87,7 @@ wire::Result<std::unique_ptr<MemorySegment>> HostBackend::create(uint64_t bytes,
     // Unlink first: whatever happens next, the name never outlives this call.
     bip::shared_memory_object::remove(name.c_str());
     shm.truncate(static_cast<bip::offset_t>(rounded));
-    return std::unique_ptr<MemorySegment>(std::make_unique<HostSegment>(std::move(shm), rounded));
+    return std::unique_ptr<PoolMemory>(std::make_unique<HostMemory>(std::move(shm), rounded));
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(name.c_str());
     return wire::Error{Status(Errc::internal), "host backend: cannot create " +

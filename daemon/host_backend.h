@@ -17,8 +17,9 @@ class HostBackend final : public MemoryBackend {
   std::string_view name() const override { return "host"; }
   uint64_t available_bytes() const override;
   uint64_t granularity() const override;
-  wire::Result<std::unique_ptr<MemorySegment>> create(uint64_t bytes,
-                                                      std::string_view label) override;
+  // Always one segment: shared memory has no granularity to work around.
+  wire::Result<std::unique_ptr<PoolMemory>> create(uint64_t bytes, uint64_t max_segment_bytes,
+                                                   std::string_view label) override;
 
   // Removes /dev/shm/kvpool-<pid>-* entries whose pid is not running. Returns how many.
   static int remove_stale_segments();

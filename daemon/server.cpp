@@ -132,12 +132,12 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
         // The frame's length was sound, so the stream stays in step: answer and go on.
         wire::encode_error(header.value().request_id, header.value().opcode, request.error(), out_);
       } else {
-        int fd = -1;
+        std::span<const int> fds;
         const size_t reply_at = out_.size();
-        server_.service_.handle(*session_, header.value().request_id, request.value(), out_, &fd);
-        if (fd >= 0) {
-          fd_to_pass_ = fd;
-          fd_at_ = reply_at;
+        server_.service_.handle(*session_, header.value().request_id, request.value(), out_, &fds);
+        if (!fds.empty()) {
+          fds_to_pass_ = fds;
+          fds_at_ = reply_at;
         }
       }
       pos += total;
@@ -185,26 +185,27 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       size_t len = out_.size() - sent_;
       msghdr msg{};
       iovec iov{};
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-      const bool with_fd = fd_to_pass_ >= 0 && fd_at_ == sent_;
-      if (fd_to_pass_ >= 0 && fd_at_ > sent_) len = fd_at_ - sent_;  // the fd rides on fd_at_
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * wire::kMaxSegments)] = {};
+      const bool with_fds = !fds_to_pass_.empty() && fds_at_ == sent_;
+      if (!fds_to_pass_.empty() && fds_at_ > sent_) len = fds_at_ - sent_;  // fds ride on fds_at_
       iov.iov_base = out_.data() + sent_;
       iov.iov_len = len;
       msg.msg_iov = &iov;
       msg.msg_iovlen = 1;
-      if (with_fd) {
+      if (with_fds) {
+        const size_t fd_bytes = sizeof(int) * fds_to_pass_.size();
         msg.msg_control = control;
-        msg.msg_controllen = sizeof control;
+        msg.msg_controllen = CMSG_SPACE(fd_bytes);
         cmsghdr* c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        std::memcpy(CMSG_DATA(c), &fd_to_pass_, sizeof(int));
+        c->cmsg_len = CMSG_LEN(fd_bytes);
+        std::memcpy(CMSG_DATA(c), fds_to_pass_.data(), fd_bytes);
       }
       const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         sent_ += static_cast<size_t>(n);
-        if (with_fd) fd_to_pass_ = -1;
+        if (with_fds) fds_to_pass_ = {};
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -225,7 +226,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     out_.clear();
     sent_ = 0;
-    fd_at_ = 0;
+    fds_at_ = 0;
     if (close_after_flush_) return close(close_reason_);
     if (reading_paused_) {
       reading_paused_ = false;
@@ -244,8 +245,9 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   size_t in_len_ = 0;
   std::vector<std::byte> out_;
   size_t sent_ = 0;
-  int fd_to_pass_ = -1;  // owned by the pool's segment; sent once with the byte at fd_at_
-  size_t fd_at_ = 0;
+  // Owned by the pool's memory (≤ kMaxSegments); sent once, with the byte at fds_at_.
+  std::span<const int> fds_to_pass_;
+  size_t fds_at_ = 0;
 
   bool closed_ = false;
   bool close_after_flush_ = false;

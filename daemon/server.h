@@ -3,8 +3,9 @@
 // One thread runs the io_context; it alone touches the Service (and so the pools), so no pool
 // state is ever shared with a lock. Each connection reads with non-blocking recv() when the
 // socket is readable, decodes every complete frame in what arrived, hands each request to the
-// Service and sends the replies with non-blocking sendmsg() (which also carries the pool's file
-// descriptor with the hello reply, SCM_RIGHTS). Nothing in the loop ever waits on a client:
+// Service and sends the replies with non-blocking sendmsg() (which also carries the pool's
+// segment descriptors with the hello reply, SCM_RIGHTS). Nothing in the loop ever waits on a
+// client:
 //   - a client that stops reading its replies: its output queue grows to kMaxBacklogBytes, then
 //     the server stops reading its requests until the queue drains (backpressure, bounded memory);
 //   - a client that sends part of a frame and stalls: after frame_timeout its connection is

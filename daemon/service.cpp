@@ -67,12 +67,12 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
       return error(Errc::invalid_argument,
                    "pool " + pc.name + ": " + std::to_string(pages) + " pages exceed the limit");
     }
-    auto segment = svc->backend_->create(pages * per_page, pc.name);
-    if (!segment.ok()) return segment.error();
+    auto memory = svc->backend_->create(pages * per_page, config.max_segment_bytes, pc.name);
+    if (!memory.ok()) return memory.error();
 
     auto pool = std::make_unique<Pool>();
     pool->config = pc;
-    pool->segment = std::move(segment.value());
+    pool->memory = std::move(memory.value());
     core::PoolOptions opts;
     opts.num_pages = static_cast<uint32_t>(pages);
     opts.policy = core::make_policy(pc.policy);
@@ -81,13 +81,17 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
     pool->info.geometry = g;
     pool->info.num_pages = static_cast<uint32_t>(pages);
     pool->info.page_stride = page_data_bytes(g);
-    pool->info.segment_bytes = pool->segment->bytes();
+    pool->info.segment_bytes = pool->memory->bytes();
     pool->info.pool_name = pc.name;
     pool->info.backend = std::string(svc->backend_->name());
+    pool->info.device = svc->backend_->device();
+    pool->info.device_uuid = svc->backend_->device_uuid();
+    pool->info.segments = pool->memory->segments();
     log_event(LogLevel::info, "pool_ready",
               {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
                kv("bytes", pool->info.segment_bytes), kv("size", bytes_text(pages * per_page)),
-               kv("backend", pool->info.backend), kv("policy", pc.policy)});
+               kv("backend", pool->info.backend), kv("segments", pool->info.segments.size()),
+               kv("policy", pc.policy)});
     svc->pools_.push_back(std::move(pool));
   }
   for (const TenantConfig& t : config.tenants)
@@ -202,8 +206,8 @@ void Service::refresh_held(SessionState& s) {
 }
 
 void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& request,
-                     std::vector<std::byte>& out, int* fd_to_pass) {
-  *fd_to_pass = -1;
+                     std::vector<std::byte>& out, std::span<const int>* fds_to_pass) {
+  *fds_to_pass = {};
   const wire::Opcode op = wire::opcode_of(request);
   wire::Result<wire::Reply> reply = error(Errc::internal, "unhandled request");
   if (!s.attached && op != wire::Opcode::hello) {
@@ -212,7 +216,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
     reply = std::visit(
         [&](const auto& r) -> wire::Result<wire::Reply> {
           using T = std::decay_t<decltype(r)>;
-          if constexpr (std::is_same_v<T, wire::HelloRequest>) return hello(s, r, fd_to_pass);
+          if constexpr (std::is_same_v<T, wire::HelloRequest>) return hello(s, r, fds_to_pass);
           if constexpr (std::is_same_v<T, wire::AllocRequest>) return alloc(s, r);
           if constexpr (std::is_same_v<T, wire::RetainRequest>) return retain(s, r);
           if constexpr (std::is_same_v<T, wire::ReleaseRequest>) return release(s, r);
@@ -223,18 +227,20 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
           if constexpr (std::is_same_v<T, wire::FlushRequest>) return flush(s);
           if constexpr (std::is_same_v<T, wire::SessionsRequest>) return sessions(s);
           if constexpr (std::is_same_v<T, wire::PagesRequest>) return pages(s);
+          if constexpr (std::is_same_v<T, wire::CopyRequest>) return copy(s, r);
         },
         request);
   }
   if (reply.ok()) {
     wire::encode_reply(request_id, reply.value(), out);
   } else {
-    *fd_to_pass = -1;
+    *fds_to_pass = {};
     wire::encode_error(request_id, static_cast<uint16_t>(op), reply.error(), out);
   }
 }
 
-wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloRequest& r, int* fd) {
+wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloRequest& r,
+                                         std::span<const int>* fds) {
   if (s.attached) return error(Errc::already_attached, "this connection already said hello");
   Pool* pool = nullptr;
   if (r.pool_name.empty()) {
@@ -254,7 +260,7 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
   s.owner = pool->pages->open_owner();
   s.attached = true;
   s.worker_name = r.worker_name;
-  *fd = pool->segment->shareable_fd();
+  *fds = pool->memory->fds();
   wire::HelloReply h;
   h.session_id = s.id;
   h.pool = pool->info;
@@ -438,6 +444,70 @@ wire::Result<wire::Reply> Service::pages(SessionState& s) {
     }
   }
   return wire::Reply(std::move(r));
+}
+
+wire::Result<wire::Reply> Service::copy(SessionState& s, const wire::CopyRequest& r) {
+  const core::PagePool& pool = *s.pool->pages;
+  const uint64_t page_bytes = page_data_bytes(s.pool->info.geometry);
+  if (r.pairs.size() * page_bytes > wire::kMaxCopyBytes) {
+    return error(Errc::invalid_argument,
+                 "copy of " + std::to_string(r.pairs.size()) + " pages (" +
+                     bytes_text(r.pairs.size() * page_bytes) + ") is above the " +
+                     bytes_text(wire::kMaxCopyBytes) + " a request may move",
+                 r.pairs.size());
+  }
+  // Everything is checked before any byte moves: a refused request copies nothing.
+  std::vector<PageId> src(r.pairs.size());
+  std::vector<PageId> dst(r.pairs.size());
+  std::vector<uint8_t> seen(r.pairs.empty() ? 0 : pool.num_pages());
+  for (size_t i = 0; i < r.pairs.size(); ++i) {
+    const auto item = static_cast<uint32_t>(i);
+    const auto [from, to] = r.pairs[i];
+    for (const PageId p : {from, to}) {
+      if (!pool.valid_page(p)) {
+        return wire::Error{Status(Errc::invalid_page, item, p),
+                           "copy pair " + std::to_string(i) + ": page " + std::to_string(p) +
+                               " is not a page of pool " + s.pool->config.name};
+      }
+      if (pool.held(s.owner, p) == 0) {
+        return wire::Error{Status(Errc::not_held, item, p), "copy pair " + std::to_string(i) +
+                                                                ": page " + std::to_string(p) +
+                                                                " is not held by this session"};
+      }
+    }
+    if (pool.published(to)) {
+      return wire::Error{Status(Errc::already_published, item, to),
+                         "copy pair " + std::to_string(i) + ": destination page " +
+                             std::to_string(to) + " is published; its bytes are shared and fixed"};
+    }
+    // A page may be read by several pairs but written by one, and never both read and written.
+    if (from == to || seen[to] != 0 || (seen[from] & 2) != 0) {
+      return wire::Error{Status(Errc::duplicate_item, item, to),
+                         "copy pair " + std::to_string(i) + ": page " +
+                             std::to_string((seen[from] & 2) != 0 ? from : to) +
+                             " is both a source and a destination, or a destination twice"};
+    }
+    seen[from] |= 1;
+    seen[to] |= 2;
+    src[i] = from;
+    dst[i] = to;
+  }
+  kernels::CopyPagesArgs args;
+  args.kv.base = s.pool->memory->base();
+  args.kv.page_stride = s.pool->info.page_stride;
+  args.kv.geometry = s.pool->info.geometry;
+  args.kv.scales = page_scale_bytes(args.kv.geometry) == 0
+                       ? nullptr
+                       : reinterpret_cast<float*>(s.pool->memory->base() +
+                                                  uint64_t{pool.num_pages()} * args.kv.page_stride);
+  args.num_pairs = static_cast<uint32_t>(r.pairs.size());
+  args.src = src.data();
+  args.dst = dst.data();
+  if (std::string err = s.pool->memory->copy_pages(args, pool.num_pages()); !err.empty()) {
+    log_event(LogLevel::error, "copy_failed", {kv("pool", s.pool->config.name), kv("error", err)});
+    return error(Errc::internal, "page copy failed: " + err);
+  }
+  return wire::Reply(wire::CopyReply{args.num_pairs});
 }
 
 }  // namespace kvpool::daemon

@@ -18,6 +18,10 @@
 // through lookup or a duplicate publish are shared, not new memory, so they count towards the
 // total but are never refused.
 //
+// Copies: copy is for pages the session holds, into destinations that are not published (a
+// published page's bytes are shared and fixed; DESIGN §3), no page twice, at most
+// wire::kMaxCopyBytes per request; the daemon copies with its pool memory's PageCopier.
+//
 // Admin: evict and flush change what every tenant has cached, so they need root or membership
 // (primary or supplementary) of the config's admin_group; sessions is read-only.
 //
@@ -29,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,7 +53,7 @@ struct PeerCredentials {
 struct Pool {
   PoolConfig config;
   wire::PoolInfo info;
-  std::unique_ptr<MemorySegment> segment;
+  std::unique_ptr<PoolMemory> memory;
   std::unique_ptr<core::PagePool> pages;
 };
 
@@ -76,10 +81,11 @@ class Service {
   // cached, the rest become free).
   void close_session(SessionState& session);
 
-  // Handles one request, appending the whole reply frame to `out`. When the reply must carry a
-  // file descriptor (hello on the host backend), *fd_to_pass is set to it (owned by the pool).
+  // Handles one request, appending the whole reply frame to `out`. When the reply must carry
+  // file descriptors (hello on a descriptor backend), *fds_to_pass is set to them (owned by the
+  // pool, which outlives every session); otherwise it is left empty.
   void handle(SessionState& session, uint32_t request_id, const wire::Request& request,
-              std::vector<std::byte>& out, int* fd_to_pass);
+              std::vector<std::byte>& out, std::span<const int>* fds_to_pass);
 
   const std::vector<std::unique_ptr<Pool>>& pools() const { return pools_; }
   const std::vector<std::string>& tenants() const { return tenant_names_; }
@@ -102,7 +108,8 @@ class Service {
   bool tenant_may_use(uint32_t tenant, const Pool& pool) const;
   void refresh_held(SessionState& s);
 
-  wire::Result<wire::Reply> hello(SessionState& s, const wire::HelloRequest& r, int* fd);
+  wire::Result<wire::Reply> hello(SessionState& s, const wire::HelloRequest& r,
+                                  std::span<const int>* fds);
   wire::Result<wire::Reply> alloc(SessionState& s, const wire::AllocRequest& r);
   wire::Result<wire::Reply> retain(SessionState& s, const wire::RetainRequest& r);
   wire::Result<wire::Reply> release(SessionState& s, const wire::ReleaseRequest& r);
@@ -113,6 +120,7 @@ class Service {
   wire::Result<wire::Reply> flush(SessionState& s);
   wire::Result<wire::Reply> sessions(SessionState& s);
   wire::Result<wire::Reply> pages(SessionState& s);
+  wire::Result<wire::Reply> copy(SessionState& s, const wire::CopyRequest& r);
   // Root, or a member of admin_group; else the permission_denied error to answer with.
   wire::Result<bool> check_admin(const SessionState& s, std::string_view what) const;
 

@@ -114,8 +114,9 @@ class PagePool {
   PoolStats stats() const;
   uint32_t num_pages() const { return static_cast<uint32_t>(pages_.size()); }
   bool valid_page(PageId page) const { return page < pages_.size(); }
-  PageState state(PageId page) const;               // precondition: valid_page(page)
-  uint32_t refcount(PageId page) const;             // precondition: valid_page(page)
+  PageState state(PageId page) const;    // precondition: valid_page(page)
+  uint32_t refcount(PageId page) const;  // precondition: valid_page(page)
+  bool published(PageId page) const { return (pages_[page].word & kHashed) != 0; }  // ditto
   uint32_t held(OwnerId owner, PageId page) const;  // 0 for an unknown owner or page
   uint32_t owner_pages(OwnerId owner) const;        // distinct pages held; 0 if unknown
   const EvictionPolicy& policy() const { return *policy_; }

@@ -156,6 +156,8 @@ std::vector<Request> sample_requests() {
   v.emplace_back(FlushRequest{});
   v.emplace_back(SessionsRequest{});
   v.emplace_back(PagesRequest{});
+  v.emplace_back(CopyRequest{});
+  v.emplace_back(CopyRequest{{PageCopy{1, 2}, PageCopy{UINT32_MAX, 0}, PageCopy{7, 7}}});
   return v;
 }
 
@@ -168,6 +170,18 @@ PoolInfo sample_pool(KvDtype dtype) {
   p.pool_name = "default";
   p.backend = "host";
   p.tenant = "tenant-a";
+  p.segments = {SegmentInfo{8ull << 30, {}}};
+  return p;
+}
+
+// A cuda-ipc pool: a device, its UUID, and a segment that carries a 64-byte handle.
+PoolInfo sample_ipc_pool() {
+  PoolInfo p = sample_pool(KvDtype::bf16);
+  p.backend = "cuda-ipc";
+  p.device = 3;
+  for (size_t i = 0; i < p.device_uuid.size(); ++i)
+    p.device_uuid[i] = static_cast<uint8_t>(0xa0 + i);
+  p.segments[0].handle.assign(kMaxHandleBytes, 0x5a);
   return p;
 }
 
@@ -177,6 +191,13 @@ std::vector<Reply> sample_replies() {
     v.emplace_back(HelloReply{0x1122334455667788ull, sample_pool(d)});
   }
   v.emplace_back(HelloReply{});
+  v.emplace_back(HelloReply{5, sample_ipc_pool()});
+  PoolInfo vmm = sample_pool(KvDtype::fp16);
+  vmm.backend = "cuda-vmm";
+  vmm.segments.assign(kMaxSegments, SegmentInfo{2u << 20, {}});
+  v.emplace_back(HelloReply{6, vmm});
+  v.emplace_back(CopyReply{0});
+  v.emplace_back(CopyReply{UINT32_MAX});
   PoolInfo big = sample_pool(KvDtype::bf16);
   big.pool_name = name_of('p', kMaxNameBytes);
   big.backend = name_of('b', kMaxNameBytes);
@@ -324,7 +345,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                1,    0,                               // version
+                                2,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -362,8 +383,17 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
                          .str("default")
                          .str("host")
                          .str("tenant-a")
+                         .u32(UINT32_MAX)  // device −1: host memory
+                         .u64(0)
+                         .u64(0)  // device uuid
+                         .u32(1)  // one segment
+                         .u64(8ull << 30)
+                         .u32(0)  // of 8 GiB, no handle
                          .bytes();
   EXPECT_EQ(exact(payload_of(hello_reply)), want);
+
+  const Bytes copy = encode(1, Request{CopyRequest{{PageCopy{3, 4}}}});
+  EXPECT_EQ(exact(payload_of(copy)), Builder().u32(1).u32(3).u32(4).bytes());
 
   const Bytes stats = encode(1, Reply{StatsReply{}});
   EXPECT_EQ(stats.size(), kHeaderBytes + 2 + size_t{5} * 4 + size_t{9} * 8 + 4);
@@ -480,11 +510,12 @@ TEST(ProtocolHeader, DecodesFields) {
   // Any opcode decodes here; the payload decoders judge it.
   EXPECT_TRUE(decode_header(raw_header(kFrameMagic, 0, kProtocolVersion, 0xffff, 0)).ok());
   // The limit itself is allowed.
-  EXPECT_TRUE(decode_header(raw_header(kFrameMagic, kMaxPayloadBytes, 1, 1, 0)).ok());
+  EXPECT_TRUE(
+      decode_header(raw_header(kFrameMagic, kMaxPayloadBytes, kProtocolVersion, 1, 0)).ok());
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 1, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 2, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -503,7 +534,7 @@ TEST(ProtocolHeader, BadMagic) {
 }
 
 TEST(ProtocolHeader, WrongVersion) {
-  const uint16_t versions[] = {0, 2, 0x100, 0xffff};
+  const uint16_t versions[] = {0, 1, 3, 0x100, 0xffff};  // 1: before segments and copy
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
@@ -531,7 +562,7 @@ TEST(ProtocolHeader, ShortSpan) {
 // decode_request errors ------------------------------------------------------------------------
 
 TEST(ProtocolDecodeRequest, UnknownOpcode) {
-  const uint16_t ops[] = {0,      12,     13,     0x7fff, 0x8000, 0x8001, 0x8002,
+  const uint16_t ops[] = {0,      13,     14,     0x7fff, 0x8000, 0x8001, 0x8002,
                           0x8003, 0x8004, 0x8005, 0x8006, 0x8007, 0xffff};
   for (uint16_t op : ops) {
     auto r = decode_request_bytes(op, Bytes{});
@@ -700,7 +731,7 @@ TEST(ProtocolDecodeReply, NotAReply) {
     EXPECT_EQ(r.error().status.value(), op);
   }
   // The reply bit on an opcode that names no operation, with a success status.
-  const uint16_t unnamed[] = {0x8000, 0x800c, 0xffff};
+  const uint16_t unnamed[] = {0x8000, 0x800d, 0xffff};
   for (uint16_t op : unnamed) {
     EXPECT_TRUE(fails_with(Errc::unknown_opcode, decode_reply_bytes(op, Builder().u16(0).bytes())))
         << op;
@@ -773,6 +804,23 @@ TEST(ProtocolDecodeReply, PoolNamesTooLong) {
                            decode_reply_bytes(rep_op(Opcode::hello), exact(payload_of(frame)))))
         << which;
   }
+}
+
+TEST(ProtocolDecodeReply, SegmentCountAndHandleSizeAreBounded) {
+  // kMaxSegments + 1 segments: refused at the count, before anything is sized from it.
+  PoolInfo many = sample_pool(KvDtype::bf16);
+  many.segments.assign(kMaxSegments + 1, SegmentInfo{2u << 20, {}});
+  auto r = decode_reply_bytes(rep_op(Opcode::hello),
+                              exact(payload_of(encode(1, Reply{HelloReply{1, many}}))));
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
+  EXPECT_NE(r.error().message.find("kMaxSegments"), std::string::npos) << r.error().message;
+
+  PoolInfo big_handle = sample_ipc_pool();
+  big_handle.segments[0].handle.assign(kMaxHandleBytes + 1, 1);
+  r = decode_reply_bytes(rep_op(Opcode::hello),
+                         exact(payload_of(encode(1, Reply{HelloReply{1, big_handle}}))));
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
+  EXPECT_NE(r.error().message.find("kMaxHandleBytes"), std::string::npos) << r.error().message;
 }
 
 TEST(ProtocolDecodeReply, BadPublishKind) {

@@ -1,0 +1,113 @@
+#include "client/pool_kernels.h"
+
+#include "kernels/cpu/kernels_cpu.h"
+
+#ifdef KVPOOL_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/cuda/kernels_cuda.h"
+#endif
+
+namespace kvpool::client {
+
+namespace {
+
+#ifdef KVPOOL_WITH_CUDA
+std::string rt_text(const char* what, cudaError_t e) {
+  return std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+}
+#endif
+
+constexpr const char* kNoCuda =
+    "the pool is in GPU memory but this libkvpool was built without CUDA";
+
+}  // namespace
+
+PoolKernels::PoolKernels(const Connection& connection)
+    : connection_(connection), device_(connection.device()) {
+#ifdef KVPOOL_WITH_CUDA
+  if (device_ >= 0) cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device_);
+#endif
+}
+
+PoolKernels::~PoolKernels() {
+#ifdef KVPOOL_WITH_CUDA
+  if (workspace_ != nullptr) cudaFree(workspace_);
+#endif
+}
+
+kernels::PagedKv PoolKernels::paged_kv() const {
+  const wire::PoolInfo& pool = connection_.pool();
+  kernels::PagedKv kv;
+  kv.base = connection_.base();
+  kv.page_stride = pool.page_stride;
+  kv.geometry = pool.geometry;
+  kv.scales = connection_.page_scales(0);
+  return kv;
+}
+
+std::string PoolKernels::decode(kernels::DecodeArgs args, uint32_t max_context, void* stream) {
+  args.kv = paged_kv();
+  if (device_ < 0) return kernels::cpu::decode(args, connection_.pool().num_pages);
+#ifdef KVPOOL_WITH_CUDA
+  cudaSetDevice(device_);
+  const size_t need = kernels::cuda::decode_workspace_bytes(args, max_context, sm_count_);
+  if (need > workspace_bytes_) {
+    // The old workspace may still be in use by work queued on the stream.
+    if (workspace_ != nullptr) {
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+      cudaFree(workspace_);
+      workspace_ = nullptr;
+      workspace_bytes_ = 0;
+    }
+    if (const cudaError_t e = cudaMalloc(&workspace_, need); e != cudaSuccess) {
+      return rt_text("decode workspace", e);
+    }
+    workspace_bytes_ = need;
+  }
+  return kernels::cuda::decode(args, max_context, sm_count_, workspace_, workspace_bytes_, stream);
+#else
+  (void)max_context;
+  (void)stream;
+  return kNoCuda;
+#endif
+}
+
+std::string PoolKernels::extend(kernels::ExtendArgs args, uint32_t total_new_tokens, void* stream) {
+  args.kv = paged_kv();
+  if (device_ < 0) return kernels::cpu::extend(args, connection_.pool().num_pages);
+#ifdef KVPOOL_WITH_CUDA
+  cudaSetDevice(device_);
+  return kernels::cuda::extend(args, total_new_tokens, stream);
+#else
+  (void)total_new_tokens;
+  (void)stream;
+  return kNoCuda;
+#endif
+}
+
+std::string PoolKernels::append_kv(kernels::AppendArgs args, void* stream) {
+  args.kv = paged_kv();
+  if (device_ < 0) return kernels::cpu::append_kv(args, connection_.pool().num_pages);
+#ifdef KVPOOL_WITH_CUDA
+  cudaSetDevice(device_);
+  return kernels::cuda::append_kv(args, stream);
+#else
+  (void)stream;
+  return kNoCuda;
+#endif
+}
+
+std::string PoolKernels::copy_pages(kernels::CopyPagesArgs args, void* stream) {
+  args.kv = paged_kv();
+  if (device_ < 0) return kernels::cpu::copy_pages(args, connection_.pool().num_pages);
+#ifdef KVPOOL_WITH_CUDA
+  cudaSetDevice(device_);
+  return kernels::cuda::copy_pages(args, stream);
+#else
+  (void)stream;
+  return kNoCuda;
+#endif
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,52 @@
+// PoolKernels: the kernels of kernels/ launched against a worker's attached pool.
+//
+// It fills each call's PagedKv (base, page stride, scales side region, geometry) from the
+// Connection and dispatches on where the pool lives:
+//   host memory (host, fake-device)   the CPU kernels, synchronously; `stream` is ignored and
+//                                     every pointer in the args is host memory;
+//   device memory (cuda-vmm, cuda-ipc) the CUDA kernels, asynchronously on `stream` (a
+//                                     cudaStream_t as void*, nullptr = the default stream) on
+//                                     the pool's GPU; every pointer in the args is device memory.
+// decode's split-KV workspace is kept here and grown on demand (device memory), so one
+// PoolKernels per stream; sm_count for split planning is read from the device once.
+//
+// Error policy: each call returns "" or a message naming the bad argument or the failed launch;
+// a pool on a GPU in a build without CUDA is refused. Thread-safety: one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "client/connection.h"
+#include "kernels/paged_kv.h"
+
+namespace kvpool::client {
+
+class PoolKernels {
+ public:
+  explicit PoolKernels(const Connection& connection);
+  ~PoolKernels();
+  PoolKernels(const PoolKernels&) = delete;
+  PoolKernels& operator=(const PoolKernels&) = delete;
+
+  // The pool as the kernels see it (args.kv of every call).
+  kernels::PagedKv paged_kv() const;
+  bool on_device() const { return device_ >= 0; }
+
+  // max_context: the largest context_lens[s] (known to the host even when the array is not).
+  std::string decode(kernels::DecodeArgs args, uint32_t max_context, void* stream = nullptr);
+  // total_new_tokens: q_offsets[num_seqs].
+  std::string extend(kernels::ExtendArgs args, uint32_t total_new_tokens, void* stream = nullptr);
+  std::string append_kv(kernels::AppendArgs args, void* stream = nullptr);
+  std::string copy_pages(kernels::CopyPagesArgs args, void* stream = nullptr);
+
+ private:
+  const Connection& connection_;
+  int device_ = -1;
+  int sm_count_ = 0;
+  void* workspace_ = nullptr;  // device memory for decode's chunk states
+  size_t workspace_bytes_ = 0;
+};
+
+}  // namespace kvpool::client

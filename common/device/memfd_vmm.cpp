@@ -1,0 +1,96 @@
+#include "common/device/memfd_vmm.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace kvpool::device {
+
+namespace {
+
+wire::Error failed(std::string what, int err) {
+  return wire::Error{Status(Errc::internal), what + ": " + std::strerror(err)};
+}
+
+int as_fd(VmmHandle h) {
+  return static_cast<int>(h);
+}
+
+}  // namespace
+
+uint64_t MemfdVmm::system_page_size() {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<uint64_t>(page) : 4096;
+}
+
+MemfdVmm::MemfdVmm(uint64_t granularity) : granularity_(granularity) {}
+
+wire::Result<VmmHandle> MemfdVmm::create(uint64_t bytes) {
+  const int fd = ::memfd_create("kvpool-segment", MFD_CLOEXEC);
+  if (fd < 0) return failed("memfd_create", errno);
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    const int e = errno;
+    ::close(fd);
+    return failed("ftruncate of a memfd to " + std::to_string(bytes) + " bytes", e);
+  }
+  return VmmHandle(static_cast<uint64_t>(fd));
+}
+
+wire::Result<int> MemfdVmm::export_fd(VmmHandle handle) {
+  const int fd = ::fcntl(as_fd(handle), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return failed("export (dup) of a segment descriptor", errno);
+  return fd;
+}
+
+wire::Result<VmmHandle> MemfdVmm::import_fd(int fd, uint64_t bytes) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return failed("fstat of a received segment descriptor", errno);
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
+    return wire::Error{Status(Errc::invalid_argument),
+                       "a received segment descriptor holds " + std::to_string(st.st_size) +
+                           " bytes, the pool says " + std::to_string(bytes)};
+  }
+  const int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (own < 0) return failed("import (dup) of a segment descriptor", errno);
+  return VmmHandle(static_cast<uint64_t>(own));
+}
+
+void MemfdVmm::release(VmmHandle handle) {
+  ::close(as_fd(handle));
+}
+
+wire::Result<uintptr_t> MemfdVmm::reserve(uint64_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return failed("reserving " + std::to_string(bytes) + " bytes", errno);
+  return reinterpret_cast<uintptr_t>(p);
+}
+
+wire::Result<bool> MemfdVmm::map(uintptr_t va, uint64_t bytes, VmmHandle handle) {
+  void* p = ::mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE, MAP_SHARED | MAP_FIXED,
+                   as_fd(handle), 0);
+  if (p == MAP_FAILED) return failed("mapping a " + std::to_string(bytes) + "-byte segment", errno);
+  return true;
+}
+
+wire::Result<bool> MemfdVmm::set_access(uintptr_t va, uint64_t bytes) {
+  if (::mprotect(reinterpret_cast<void*>(va), bytes, PROT_READ | PROT_WRITE) != 0) {
+    return failed("setting read-write access on " + std::to_string(bytes) + " bytes", errno);
+  }
+  return true;
+}
+
+void MemfdVmm::unmap(uintptr_t va, uint64_t bytes) {
+  ::mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE,
+         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+}
+
+void MemfdVmm::unreserve(uintptr_t va, uint64_t bytes) {
+  ::munmap(reinterpret_cast<void*>(va), bytes);
+}
+
+}  // namespace kvpool::device
