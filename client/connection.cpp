@@ -85,7 +85,8 @@ std::string default_socket_path() {
 
 Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket_path,
                                                        const std::string& worker_name,
-                                                       const std::string& pool_name) {
+                                                       const std::string& pool_name,
+                                                       Memory memory) {
   if (worker_name.size() > wire::kMaxNameBytes || pool_name.size() > wire::kMaxNameBytes) {
     return error(Errc::invalid_argument, "worker and pool names are limited to " +
                                              std::to_string(wire::kMaxNameBytes) + " bytes");
@@ -131,6 +132,10 @@ Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket
   }
   c->pool_ = hello.value().pool;
   c->session_id_ = hello.value().session_id;
+  if (memory == Memory::none) {
+    close_fds();
+    return c;
+  }
   auto mapping = PoolMapping::map(c->pool_, fds);
   close_fds();  // a mapping holds what it needs; the descriptors are not needed after
   if (!mapping.ok()) return mapping.error();
@@ -146,7 +151,7 @@ Connection::~Connection() {
 
 float* Connection::page_scales(PageId p) const {
   const uint64_t bytes = page_scale_bytes(pool_.geometry);
-  if (bytes == 0) return nullptr;
+  if (bytes == 0 || base_ == nullptr) return nullptr;
   std::byte* region = base_ + uint64_t{pool_.num_pages} * pool_.page_stride;
   return reinterpret_cast<float*>(region + uint64_t{p} * bytes);
 }

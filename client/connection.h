@@ -38,9 +38,13 @@ std::string default_socket_path();
 
 class Connection {
  public:
+  // Memory::none is for tools that only talk to the daemon (kvpoolctl, observers): the pool's
+  // memory is not mapped (no GPU context is made for a GPU pool), base() is null.
+  enum class Memory { map, none };
   static Result<std::unique_ptr<Connection>> attach(const std::string& socket_path,
                                                     const std::string& worker_name,
-                                                    const std::string& pool_name = "");
+                                                    const std::string& pool_name = "",
+                                                    Memory memory = Memory::map);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -49,7 +53,7 @@ class Connection {
   uint64_t session_id() const { return session_id_; }
   // Where page 0 is in this process: host memory, or device memory of CUDA ordinal device().
   std::byte* base() const { return base_; }
-  int device() const { return mapping_->device(); }
+  int device() const { return mapping_ ? mapping_->device() : -1; }
   std::byte* page(PageId p) const { return base_ + uint64_t{p} * pool_.page_stride; }
   // The scales of page p in 8-bit pools (layers · kv_heads · 2 floats, kernels/paged_kv.h), in the
   // side region after the last page; nullptr for 16-bit pools.

@@ -4,7 +4,8 @@
  * code (the values of kvpool::Errc in common/status.h); kvpool_last_error() gives the message
  * that names the cause. Out-arrays are caller-allocated and must hold the counts stated.
  * A kvpool_conn is used by one thread at a time. Memory: page p of the pool is at
- * (char*)kvpool_base(c) + p * info.page_stride.
+ * (char*)kvpool_base(c) + p * info.page_stride: host memory when info.device < 0, else device
+ * memory on CUDA device info.device (an ordinal of this process).
  */
 #ifndef KVPOOL_CLIENT_KVPOOL_H_
 #define KVPOOL_CLIENT_KVPOOL_H_
@@ -45,6 +46,7 @@ typedef struct {
   uint32_t num_pages;
   uint64_t page_stride;
   uint64_t segment_bytes;
+  int32_t device; /* CUDA ordinal in this process holding the pool; -1: host memory */
 } kvpool_pool_info;
 
 typedef struct {
@@ -74,6 +76,9 @@ int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_pag
                   uint32_t* hits);
 int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
                    kvpool_publish_result* out /* n */);
+/* The daemon copies pages src[i] -> dst[i] (all layers and scales): pages this session holds,
+ * destinations not published, no page both read and written. Returns when the copy is done. */
+int kvpool_copy(kvpool_conn* c, const kvpool_page_id* src, const kvpool_page_id* dst, size_t n);
 int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
 
 #ifdef __cplusplus

@@ -71,7 +71,8 @@ void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out) {
                           static_cast<uint8_t>(p.geometry.dtype),
                           p.num_pages,
                           p.page_stride,
-                          p.segment_bytes};
+                          p.segment_bytes,
+                          c->conn->device()};
 }
 
 int kvpool_alloc(kvpool_conn* c, uint32_t n, kvpool_page_id* out) {
@@ -120,6 +121,15 @@ int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
     out[i].page = r.value()[i].page;
   }
   return KVPOOL_OK;
+}
+
+int kvpool_copy(kvpool_conn* c, const kvpool_page_id* src, const kvpool_page_id* dst, size_t n) {
+  if (n > kvpool::wire::kMaxBatch) return too_many(c, n);
+  std::vector<kvpool::wire::PageCopy> pairs(n);
+  for (size_t i = 0; i < n; ++i)
+    pairs[i] = kvpool::wire::PageCopy{src[i], dst[i]};
+  auto r = c->conn->copy(pairs);
+  return r.ok() ? KVPOOL_OK : fail(c, r);
 }
 
 int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out) {

@@ -75,7 +75,7 @@ std::string json_escape(const std::string& s) {
 
 // Connects, or prints why not and returns null.
 std::unique_ptr<Connection> connect(const Globals& g) {
-  auto c = Connection::attach(g.socket, "kvpoolctl", g.pool);
+  auto c = Connection::attach(g.socket, "kvpoolctl", g.pool, Connection::Memory::none);
   if (!c.ok()) {
     std::fprintf(stderr, "kvpoolctl: %s\n", c.error().message.c_str());
     return nullptr;
@@ -105,15 +105,16 @@ int status_once(const Globals& g) {
     std::printf(
         "{\"schema\":%d,\"socket\":\"%s\",\"pool\":\"%s\",\"backend\":\"%s\",\"tenant\":\"%s\","
         "\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,\"tokens_per_page\":%u,\"dtype\":\"%s\","
-        "\"page_bytes\":%llu,\"pool_bytes\":%llu,\"pages\":{\"total\":%u,\"free\":%u,"
+        "\"page_bytes\":%llu,\"pool_bytes\":%llu,\"segments\":%zu,\"device\":%d,"
+        "\"pages\":{\"total\":%u,\"free\":%u,"
         "\"in_use\":%u,\"cached\":%u},\"sessions\":%u}\n",
         kSchema, json_escape(g.socket).c_str(), json_escape(p.pool_name).c_str(),
         json_escape(p.backend).c_str(), json_escape(p.tenant).c_str(), p.geometry.layers,
         p.geometry.kv_heads, p.geometry.head_dim, p.geometry.tokens_per_page,
         std::string(kvpool::dtype_name(p.geometry.dtype)).c_str(),
         static_cast<unsigned long long>(page_bytes),
-        static_cast<unsigned long long>(p.segment_bytes), s.total, s.free, s.in_use, s.cached,
-        sessions);
+        static_cast<unsigned long long>(p.segment_bytes), p.segments.size(), p.device, s.total,
+        s.free, s.in_use, s.cached, sessions);
     return 0;
   }
   auto pct = [&](uint32_t n) { return s.total ? 100.0 * n / s.total : 0.0; };
@@ -124,8 +125,10 @@ int status_once(const Globals& g) {
               p.geometry.layers, p.geometry.kv_heads, p.geometry.head_dim,
               p.geometry.tokens_per_page,
               std::string(kvpool::dtype_name(p.geometry.dtype)).c_str());
-  std::printf("  memory    %s in %s pages of %s\n", bytes_text(p.segment_bytes, g.raw).c_str(),
-              count_text(s.total, g.raw).c_str(), bytes_text(page_bytes, g.raw).c_str());
+  std::printf("  memory    %s in %s pages of %s, %zu segment(s), %s\n",
+              bytes_text(p.segment_bytes, g.raw).c_str(), count_text(s.total, g.raw).c_str(),
+              bytes_text(page_bytes, g.raw).c_str(), p.segments.size(),
+              p.device < 0 ? "host memory" : ("CUDA device " + std::to_string(p.device)).c_str());
   std::printf("  pages     %s free (%.1f%%), %s in use (%.1f%%), %s cached (%.1f%%)\n",
               count_text(s.free, g.raw).c_str(), pct(s.free), count_text(s.in_use, g.raw).c_str(),
               pct(s.in_use), count_text(s.cached, g.raw).c_str(), pct(s.cached));

@@ -16,10 +16,17 @@ int main(int argc, char** argv) {
   kvpool_pool_info info;
   kvpool_get_pool_info(c, &info);
   if (info.num_pages == 0 || info.page_stride == 0 || kvpool_base(c) == NULL) return 2;
+  if (info.device != -1) return 2; /* the host backend */
 
   kvpool_page_id pages[2];
   if (kvpool_alloc(c, 2, pages) != KVPOOL_OK) return 3;
   memset((char*)kvpool_base(c) + (size_t)pages[0] * info.page_stride, 0x42, info.page_stride);
+  /* The daemon copies page 0 into page 1; a page copied onto itself is refused. */
+  if (kvpool_copy(c, &pages[0], &pages[1], 1) != KVPOOL_OK) return 12;
+  if (memcmp((char*)kvpool_base(c) + (size_t)pages[0] * info.page_stride,
+             (char*)kvpool_base(c) + (size_t)pages[1] * info.page_stride, info.page_stride) != 0)
+    return 13;
+  if (kvpool_copy(c, &pages[0], &pages[0], 1) == KVPOOL_OK) return 14;
 
   kvpool_publish_item items[2] = {{pages[0], {1, 2}}, {pages[1], {3, 4}}};
   kvpool_publish_result results[2];
