@@ -229,8 +229,9 @@ std::mutex& ipc_mutex() {
   static std::mutex m;
   return m;
 }
-std::map<std::vector<uint8_t>, IpcOpen>& ipc_opens() {
-  static std::map<std::vector<uint8_t>, IpcOpen> opens;
+// Keyed by the handle's bytes.
+std::map<std::string, IpcOpen>& ipc_opens() {
+  static std::map<std::string, IpcOpen> opens;
   return opens;
 }
 
@@ -331,7 +332,7 @@ wire::Result<void*> ipc_open(std::span<const uint8_t> handle) {
                            " bytes, the daemon sent " + std::to_string(handle.size())};
   }
   std::lock_guard lock(ipc_mutex());
-  std::vector<uint8_t> key(handle.begin(), handle.end());
+  const std::string key(reinterpret_cast<const char*>(handle.data()), handle.size());
   IpcOpen& o = ipc_opens()[key];
   if (o.refs == 0) {
     cudaIpcMemHandle_t h{};

@@ -63,8 +63,17 @@ int exit_code(int status) {
 
 }  // namespace
 
+std::string kvpoold_binary() {
+  if (const char* e = std::getenv("KVPOOLD_BIN"); e != nullptr && *e != '\0') return e;
+#ifdef KVPOOLD_BIN
+  return KVPOOLD_BIN;
+#else
+  return "kvpoold";
+#endif
+}
+
 bool Daemon::start() {
-  std::string cmd = std::string(KVPOOLD_BIN) + " --socket " + socket_;
+  std::string cmd = kvpoold_binary() + " --socket " + socket_;
   if (!config_.empty()) cmd += " --config " + config_;
   if (!extra_.empty()) cmd += " " + extra_;
   const std::string log_path = dir_.file("kvpoold.log");

@@ -21,6 +21,9 @@ class TempDir {
   std::string path_;
 };
 
+// $KVPOOLD_BIN when set, else the kvpoold this build made (or "kvpoold" from $PATH).
+std::string kvpoold_binary();
+
 class Daemon {
  public:
   // Writes `config_yaml` (empty = run with the built-in default config) and starts kvpoold on

@@ -1,0 +1,50 @@
+// What the pool checks share (tests/gpu/pool_check.cpp, tests/integration/device_pool_test.cpp):
+// a prompt of kPromptTokens tokens whose K/V every worker computes the same way, appended into
+// pool pages and decoded through PoolKernels, with staging through device memory when the pool
+// is on a GPU, and page images read back to the host for byte comparisons.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "client/connection.h"
+#include "client/pool_kernels.h"
+
+namespace kvpool::gpu_check {
+
+inline constexpr uint32_t kLayers = 2;
+inline constexpr uint32_t kKvHeads = 8;
+inline constexpr uint32_t kHeadDim = 128;
+inline constexpr uint32_t kTokensPerPage = 16;
+inline constexpr uint32_t kQHeads = 32;         // groups of 4 query heads per KV head
+inline constexpr uint32_t kPromptTokens = 100;  // 6 full pages and 4 tokens in a 7th
+inline constexpr uint32_t kFullPages = kPromptTokens / kTokensPerPage;
+
+// A kvpoold config of one pool of that geometry, 256 pages.
+std::string pool_config(const std::string& backend, const std::string& dtype,
+                        const std::string& extra = "");
+
+BlockHash prompt_hash(uint32_t block);
+
+// Appends prompt tokens [first, last) of every layer; `pages` holds the prompt from token
+// first_page_token on (page i: tokens first_page_token + 16·i …).
+std::string append_prompt(client::PoolKernels& k, const std::vector<PageId>& pages,
+                          uint32_t first_page_token, uint32_t first, uint32_t last);
+inline std::string append_prompt(client::PoolKernels& k, const std::vector<PageId>& pages,
+                                 uint32_t first, uint32_t last) {
+  return append_prompt(k, pages, first, first, last);
+}
+
+// Decode of one fixed query over the whole prompt (`table`: its pages) for every layer, with
+// split-KV chunks of 32 tokens; the outputs of all layers, on the host. Sets err on failure.
+std::vector<float> decode_prompt(client::PoolKernels& k, const std::vector<PageId>& table,
+                                 std::string& err);
+
+// Page p's bytes and, for 8-bit pools, its scales, copied to the host.
+std::vector<std::byte> page_image(const client::Connection& c, PageId p);
+
+// Prints "what" to stderr and returns code (for worker processes' exit codes).
+int report(int code, const std::string& what);
+
+}  // namespace kvpool::gpu_check
