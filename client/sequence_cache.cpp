@@ -1,7 +1,6 @@
 #include "client/sequence_cache.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace kvpool::client {
 
@@ -108,12 +107,12 @@ Result<std::unique_ptr<SequenceCache>> SequenceCache::fork() {
     auto page = conn_.alloc(1);
     if (!page.ok()) return page.error();  // child's destructor releases what it retained
     const PageId copy = page.value()[0];
-    std::memcpy(conn_.page(copy), conn_.page(pages_.back()), conn_.pool().page_stride);
-    if (float* scales = conn_.page_scales(copy); scales != nullptr) {  // 8-bit pools
-      std::memcpy(scales, conn_.page_scales(pages_.back()),
-                  page_scale_bytes(conn_.pool().geometry));
-    }
-    child->pages_.push_back(copy);
+    child->pages_.push_back(copy);  // from here on the child's destructor releases it
+    // The daemon copies (bytes and 8-bit scales) on its own stream: the pool may be GPU memory,
+    // which this process cannot memcpy.
+    const wire::PageCopy pair{pages_.back(), copy};
+    auto copied = conn_.copy(std::span(&pair, 1));
+    if (!copied.ok()) return copied.error();
   }
   return child;
 }

@@ -8,7 +8,8 @@
 //   publish_full()       publishes the full blocks written since the last call; a block another
 //                        worker published first is adopted: its page replaces ours, ours goes back;
 //   fork()               a second sequence sharing every full block (retained, zero copy); the
-//                        partial last block is copied into a page of its own (copy on write);
+//                        partial last block is copied into a page of its own by the daemon
+//                        (copy on write; works for GPU pools too);
 //   apply_window(n)      drops the pages whose tokens all left a sliding window of n tokens;
 //   release()            gives every page back, tail first, so tails are evicted before heads.
 // Invariants: block b holds tokens [b·T, (b+1)·T); blocks [0, published_) are published (or

@@ -13,7 +13,7 @@ namespace kvpool::device {
 
 namespace {
 
-wire::Error failed(std::string what, int err) {
+wire::Error failed(const std::string& what, int err) {
   return wire::Error{Status(Errc::internal), what + ": " + std::strerror(err)};
 }
 
@@ -85,8 +85,9 @@ wire::Result<bool> MemfdVmm::set_access(uintptr_t va, uint64_t bytes) {
 }
 
 void MemfdVmm::unmap(uintptr_t va, uint64_t bytes) {
-  ::mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE,
-         MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+  // Replaces the segment's mapping with an inaccessible one: the range stays reserved.
+  (void)::mmap(reinterpret_cast<void*>(va), bytes, PROT_NONE,
+               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
 }
 
 void MemfdVmm::unreserve(uintptr_t va, uint64_t bytes) {
