@@ -52,6 +52,7 @@ class Staging {
 #ifdef KVPOOL_WITH_CUDA
     cudaMemcpy(host.data(), src, host.size() * sizeof(T), cudaMemcpyDeviceToHost);
 #else
+    (void)host;
     (void)src;
 #endif
   }
