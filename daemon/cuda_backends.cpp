@@ -13,7 +13,7 @@ namespace kvpool::daemon {
 namespace {
 wire::Error not_built(const char* name) {
   return wire::Error{Status(Errc::invalid_argument),
-                     std::string("backend ") + name +
+                     std::string(name) +
                          " is not available: this kvpoold was built without CUDA (no nvcc at "
                          "build time); use host or auto"};
 }
