@@ -15,6 +15,15 @@
 //     gets an error reply and the connection goes on.
 // When a connection closes for any reason, its session's references are released at once.
 //
+// Operations, metrics and events: after each read's requests are handled, every subscribed
+// connection (one that sent subscribe) gets the new events the Service has for it, at most
+// 256 KiB queued per subscriber: one that does not read stops receiving, its cursor falls
+// behind the ring and it later gets a gap event instead of what it missed, so it can neither
+// block the loop nor grow the daemon's memory. A subscribed connection takes no more requests.
+// The time from a read's completion to each of its replies being queued is recorded in the
+// Service's "request" latency histograms, and an activity hook (the stats publisher) runs after
+// every batch of requests and every session open and close.
+//
 // Thread-safety: everything runs on the io_context's thread.
 #pragma once
 
@@ -22,6 +31,7 @@
 
 #include <boost/asio.hpp>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -46,6 +56,8 @@ class Server {
   void stop();
 
   size_t connections() const { return connections_.size(); }
+  // Called after requests were handled and when sessions open or close.
+  void set_activity_hook(std::function<void()> hook) { on_activity_ = std::move(hook); }
 
  private:
   class Connection;
@@ -53,6 +65,8 @@ class Server {
 
   void accept();
   void closed(const std::shared_ptr<Connection>& c);
+  // Pushes new events to the subscribers and runs the activity hook.
+  void after_requests();
 
   boost::asio::io_context& io_;
   Service& service_;
@@ -62,6 +76,10 @@ class Server {
   std::string path_;
   std::set<std::shared_ptr<Connection>> connections_;
   bool stopping_ = false;
+  // Operations, metrics and events.
+  std::set<Connection*> subscribers_;  // the connections in connections_ that are subscribed
+  uint64_t pumped_seq_ = 0;            // the event sequence subscribers were last pumped up to
+  std::function<void()> on_activity_;
 };
 
 }  // namespace kvpool::daemon
