@@ -8,6 +8,8 @@
 // and validates the config file, applies what can change live (limits, tenants, logging), names
 // what needs a restart, and keeps the running config when the file is invalid.
 // The same reload runs for `kvpoolctl reload` (root or admin_group), which is told the outcome.
+// Beside the socket it publishes a read-only stats segment, <socket>.stats, and with
+// metrics.listen it serves Prometheus metrics over HTTP from a thread of its own.
 // Under systemd (Type=notify) it sends READY=1 with a STATUS= line once the pools and the socket
 // are up, RELOADING=1 then READY=1 around a reload, STOPPING=1 when it stops, and WATCHDOG=1
 // from the event loop at half WatchdogSec.
@@ -19,13 +21,19 @@
 #include <csignal>
 #include <iostream>
 
+#include "common/prometheus.h"
+#include "common/stats_layout.h"
+
 #include "daemon/config.h"
 #include "daemon/host_backend.h"
 #include "daemon/log.h"
+#include "daemon/metrics_http.h"
 #include "daemon/notify.h"
 #include "daemon/reload.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
+#include "daemon/stats_publisher.h"
+#include "daemon/stats_segment.h"
 
 #ifndef KVPOOL_VERSION
 #define KVPOOL_VERSION "0.0.0"
@@ -139,6 +147,57 @@ int run(int argc, char** argv) {
   };
   service.value()->set_reload_handler(reload);
 
+  // The stats segment beside the socket (an anonymous one when it is off or cannot be made, so
+  // that the metrics endpoint reads snapshots the same way), refreshed from this loop.
+  const size_t snapshot_bytes = kvpool::stats::snapshot_bytes(service.value()->pools().size());
+  std::unique_ptr<StatsSegment> segment;
+  if (config.metrics.stats_segment) {
+    auto file = StatsSegment::create_file(StatsSegment::path_for(config.socket_path),
+                                          snapshot_bytes, config.socket_mode, config.socket_group);
+    if (file.ok()) {
+      segment = std::move(file.value());
+      log_event(LogLevel::info, "stats_segment", {kv("path", segment->path())});
+    } else {
+      log_event(LogLevel::warn, "stats_segment_failed",
+                {kv("error", file.error().message),
+                 kv("detail", "kvpoolctl falls back to the snapshot op")});
+    }
+  }
+  if (!segment) {
+    auto anonymous = StatsSegment::create_anonymous(snapshot_bytes);
+    if (!anonymous.ok()) {
+      std::cerr << "kvpoold: " << anonymous.error().message << "\n";
+      return 1;
+    }
+    segment = std::move(anonymous.value());
+  }
+  StatsPublisher publisher(io, *service.value(), *segment);
+  publisher.start();
+  server.set_activity_hook([&publisher] { publisher.changed(); });
+
+  // The metrics endpoint reads the segment only, on its own thread.
+  std::unique_ptr<MetricsHttp> metrics;
+  if (!config.metrics.listen.empty()) {
+    ListenAddress address;
+    parse_listen_address(config.metrics.listen, address);  // validated with the config
+    auto started = MetricsHttp::start(address, [&segment]() -> std::optional<std::string> {
+      std::vector<std::byte> bytes;
+      kvpool::stats::Snapshot snapshot;
+      if (!segment->read(bytes).empty() ||
+          !kvpool::stats::decode(bytes, kvpool::stats::kLayoutVersion, snapshot).empty()) {
+        return std::nullopt;
+      }
+      return kvpool::stats::prometheus_text(snapshot);
+    });
+    if (!started.ok()) {
+      log_event(LogLevel::error, "metrics_failed", {kv("error", started.error().message)});
+      std::cerr << "kvpoold: " << started.error().message << "\n";
+      return 1;
+    }
+    metrics = std::move(started.value());
+    log_event(LogLevel::info, "metrics_listening", {kv("address", metrics->bound())});
+  }
+
   boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int sig) {
@@ -151,6 +210,8 @@ int run(int argc, char** argv) {
         log_event(LogLevel::info, "stopping",
                   {kv("signal", sig), kv("sessions", server.connections())});
         notifier.notify("STOPPING=1\nSTATUS=stopping");
+        metrics.reset();
+        publisher.stop();
         server.stop();
         io.stop();
       };
@@ -175,6 +236,8 @@ int run(int argc, char** argv) {
   log_event(LogLevel::info, "ready",
             {kv("socket", config.socket_path), kv("pools", service.value()->pools().size())});
   io.run();
+  metrics.reset();
+  publisher.stop();
   server.stop();
   log_event(LogLevel::info, "stopped");
   return 0;

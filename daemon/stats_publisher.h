@@ -1,0 +1,51 @@
+// StatsPublisher: when kvpoold writes its stats snapshot into the StatsSegment.
+//
+// Cadence: at start, every kHeartbeat (so a reader can tell a live daemon from a dead one by the
+// snapshot's age, and uptime moves), and after activity (requests handled, sessions opened or
+// closed): at once when the last publish is at least kMinInterval old, else once when it will
+// be. So the snapshot is never more than kMinInterval behind the pools, and publishing costs at
+// most 1000 snapshots a second (a few microseconds each) however busy the daemon is. Everything
+// runs on the event loop, which alone reads the Service.
+//
+// Thread-safety: event-loop thread only.
+#pragma once
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+
+#include <boost/asio.hpp>
+#include <chrono>
+#include <vector>
+
+#include "common/stats_layout.h"
+#include "daemon/service.h"
+#include "daemon/stats_segment.h"
+
+namespace kvpool::daemon {
+
+class StatsPublisher {
+ public:
+  static constexpr std::chrono::milliseconds kMinInterval{1};
+  static constexpr std::chrono::milliseconds kHeartbeat{100};
+
+  StatsPublisher(boost::asio::io_context& io, const Service& service, StatsSegment& segment);
+
+  void start();
+  void changed();
+  void stop();
+
+ private:
+  void publish();
+  void beat();
+
+  const Service& service_;
+  StatsSegment& segment_;
+  boost::asio::steady_timer heartbeat_;
+  boost::asio::steady_timer soon_;
+  bool soon_armed_ = false;
+  bool stopped_ = false;
+  std::chrono::steady_clock::time_point last_{};
+  stats::Snapshot snapshot_;
+  std::vector<std::byte> bytes_;
+};
+
+}  // namespace kvpool::daemon
