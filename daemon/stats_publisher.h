@@ -3,9 +3,11 @@
 // Cadence: at start, every kHeartbeat (so a reader can tell a live daemon from a dead one by the
 // snapshot's age, and uptime moves), and after activity (requests handled, sessions opened or
 // closed): at once when the last publish is at least kMinInterval old, else once when it will
-// be. So the snapshot is never more than kMinInterval behind the pools, and publishing costs at
-// most 1000 snapshots a second (a few microseconds each) however busy the daemon is. Everything
-// runs on the event loop, which alone reads the Service.
+// be. So the snapshot trails the pools by at most kMinInterval (plus scheduling), and a busy
+// daemon publishes at most 100 snapshots a second (under a microsecond each). Why not more
+// often: a 1 ms interval meant a timer wakeup per millisecond, which tripled the p99 round trip
+// of a daemon sharing its core with its clients (bench/RESULTS.md). Everything runs on the event
+// loop, which alone reads the Service.
 //
 // Thread-safety: event-loop thread only.
 #pragma once
@@ -24,7 +26,7 @@ namespace kvpool::daemon {
 
 class StatsPublisher {
  public:
-  static constexpr std::chrono::milliseconds kMinInterval{1};
+  static constexpr std::chrono::milliseconds kMinInterval{10};
   static constexpr std::chrono::milliseconds kHeartbeat{100};
 
   StatsPublisher(boost::asio::io_context& io, const Service& service, StatsSegment& segment);

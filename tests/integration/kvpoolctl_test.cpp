@@ -76,8 +76,8 @@ TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {
   ASSERT_TRUE(w.value()->lookup(std::vector<BlockHash>{BlockHash{1, 2}, BlockHash{3, 4}}).ok());
 
   const std::string sock = " --socket " + d.socket();
-  // status and stats read the daemon's stats segment, which trails the pools by up to a
-  // millisecond: wait until it shows the worker's calls.
+  // status and stats read the daemon's stats segment, which trails the pools by up to 10 ms:
+  // wait until it shows the worker's calls.
   for (int i = 0; i < 500 && json_of("stats --json" + sock)["lookups"] != 1; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -52,7 +52,7 @@ void traffic(Connection& w) {
 }
 
 // Waits until the stats segment shows `allocated` pages allocated: it trails the pools by up to
-// a millisecond (more on a loaded machine), so a test reads it only once it has caught up.
+// 10 ms (more on a loaded machine), so a test reads it only once it has caught up.
 void settled(const Daemon& d, uint64_t allocated) {
   stats::Snapshot s;
   ASSERT_TRUE(wait_until([&] {
