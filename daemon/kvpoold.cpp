@@ -173,7 +173,8 @@ int run(int argc, char** argv) {
   }
   StatsPublisher publisher(io, *service.value(), *segment);
   publisher.start();
-  server.set_activity_hook([&publisher] { publisher.changed(); });
+  server.set_activity_hook(
+      [&publisher, &service] { publisher.changed(service.value()->take_operator_change()); });
 
   // The metrics endpoint reads the segment only, on its own thread.
   std::unique_ptr<MetricsHttp> metrics;

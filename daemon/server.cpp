@@ -115,8 +115,11 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     in_len_ += n;
     process_frames(arrival);
     if (closed_) return;
+    // The activity hook runs before the replies leave, so that whoever reads the stats after
+    // a reply (kvpoolctl flush && kvpoolctl status) finds what the hook published.
+    if (server_.on_activity_) server_.on_activity_();
     flush();
-    server_.after_requests();
+    server_.pump_subscribers();
     if (closed_) return;
     if (close_after_flush_) {
       // Answered and closing: read nothing more; a peer that never takes the answer is closed
@@ -412,7 +415,7 @@ void Server::closed(const std::shared_ptr<Connection>& c) {
   if (on_activity_) on_activity_();
 }
 
-void Server::after_requests() {
+void Server::pump_subscribers() {
   if (!subscribers_.empty() && service_.events().next_seq() != pumped_seq_) {
     pumped_seq_ = service_.events().next_seq();
     // Pumping may close a subscriber (a failed send), which edits the set: walk a copy.
@@ -423,7 +426,6 @@ void Server::after_requests() {
     for (const auto& c : subscribers)
       c->pump_events();
   }
-  if (on_activity_) on_activity_();
 }
 
 void Server::stop() {

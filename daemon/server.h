@@ -22,7 +22,7 @@
 // block the loop nor grow the daemon's memory. A subscribed connection takes no more requests.
 // The time from a read's completion to each of its replies being queued is recorded in the
 // Service's "request" latency histograms, and an activity hook (the stats publisher) runs after
-// every batch of requests and every session open and close.
+// every batch of requests, before their replies are sent, and at every session open and close.
 //
 // Thread-safety: everything runs on the io_context's thread.
 #pragma once
@@ -56,7 +56,8 @@ class Server {
   void stop();
 
   size_t connections() const { return connections_.size(); }
-  // Called after requests were handled and when sessions open or close.
+  // Called after requests were handled (before their replies are sent) and when sessions open
+  // or close.
   void set_activity_hook(std::function<void()> hook) { on_activity_ = std::move(hook); }
 
  private:
@@ -65,8 +66,8 @@ class Server {
 
   void accept();
   void closed(const std::shared_ptr<Connection>& c);
-  // Pushes new events to the subscribers and runs the activity hook.
-  void after_requests();
+  // Pushes new events to the subscribers.
+  void pump_subscribers();
 
   boost::asio::io_context& io_;
   Service& service_;

@@ -407,6 +407,7 @@ wire::Result<bool> Service::check_admin(const SessionState& s, std::string_view 
 wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r) {
   if (auto ok = check_admin(s, "evict"); !ok.ok()) return ok.error();
   const uint32_t n = s.pool->pages->evict(r.count);
+  operator_change_ = true;
   log_event(LogLevel::info, "admin_evict",
             {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),
              kv("asked", r.count), kv("evicted", n)});
@@ -418,6 +419,7 @@ wire::Result<wire::Reply> Service::flush(SessionState& s) {
   s.pool->index_events->begin_flush();
   const uint32_t n = s.pool->pages->flush();
   s.pool->index_events->end_flush(s.pool->pages->indexed() == 0);
+  operator_change_ = true;
   log_event(LogLevel::info, "admin_flush",
             {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),
              kv("flushed", n)});

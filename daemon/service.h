@@ -38,6 +38,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/protocol.h"
@@ -152,6 +153,9 @@ class Service {
     reload_handler_ = std::move(handler);
   }
   void note_reload(bool applied);
+  // True once after an evict, flush or reload changed what the stats show (the stats publisher
+  // then publishes before the reply leaves).
+  bool take_operator_change() { return std::exchange(operator_change_, false); }
   const EventLog& events() const { return *events_; }
   LatencyRecorder& request_latency() { return request_latency_; }
   // The daemon-wide stats snapshot: counters and pages by state per pool, sessions, events,
@@ -183,6 +187,7 @@ class Service {
   uint32_t subscribers_ = 0;
   uint64_t reloads_ = 0;
   uint64_t reload_failures_ = 0;
+  bool operator_change_ = false;
 };
 
 }  // namespace kvpool::daemon

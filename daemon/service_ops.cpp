@@ -49,6 +49,7 @@ uint32_t Service::seconds_now() const {
 }
 
 void Service::note_reload(bool applied) {
+  operator_change_ = true;
   ++reloads_;
   if (!applied) ++reload_failures_;
 }

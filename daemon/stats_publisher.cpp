@@ -26,8 +26,10 @@ void StatsPublisher::beat() {
   });
 }
 
-void StatsPublisher::changed() {
-  if (stopped_ || soon_armed_) return;
+void StatsPublisher::changed(bool urgent) {
+  if (stopped_) return;
+  if (urgent) return publish();
+  if (soon_armed_) return;
   const auto due = last_ + kMinInterval;
   if (std::chrono::steady_clock::now() >= due) return publish();
   soon_armed_ = true;

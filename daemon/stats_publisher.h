@@ -3,11 +3,13 @@
 // Cadence: at start, every kHeartbeat (so a reader can tell a live daemon from a dead one by the
 // snapshot's age, and uptime moves), and after activity (requests handled, sessions opened or
 // closed): at once when the last publish is at least kMinInterval old, else once when it will
-// be. So the snapshot trails the pools by at most kMinInterval (plus scheduling), and a busy
-// daemon publishes at most 100 snapshots a second (under a microsecond each). Why not more
-// often: a 1 ms interval meant a timer wakeup per millisecond, which tripled the p99 round trip
-// of a daemon sharing its core with its clients (bench/RESULTS.md). Everything runs on the event
-// loop, which alone reads the Service.
+// be. An operator's change (evict, flush, reload) is published at once, before its reply is
+// sent, so `kvpoolctl flush && kvpoolctl status` never shows the cache from before the flush. So
+// the snapshot trails the pools by at most kMinInterval (plus scheduling), and a busy daemon
+// publishes at most 100 snapshots a second (under a microsecond each). Why not more often: a 1 ms
+// interval meant a timer wakeup per millisecond, which tripled the p99 round trip of a daemon
+// sharing its core with its clients (bench/RESULTS.md). Everything runs on the event loop, which
+// alone reads the Service.
 //
 // Thread-safety: event-loop thread only.
 #pragma once
@@ -32,7 +34,8 @@ class StatsPublisher {
   StatsPublisher(boost::asio::io_context& io, const Service& service, StatsSegment& segment);
 
   void start();
-  void changed();
+  // Something changed; `urgent` (an operator's evict, flush or reload) publishes at once.
+  void changed(bool urgent = false);
   void stop();
 
  private:
