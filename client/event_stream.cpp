@@ -60,9 +60,7 @@ bool EventStream::read_frame(int timeout_ms, Error& error) {
       have_header = true;
     }
     if (have_header && have_ >= need) break;
-    if (buffer_.size() < std::max<size_t>(need, 64 * 1024)) {
-      buffer_.resize(std::max<size_t>(need, 64 * 1024));
-    }
+    if (buffer_.size() < std::max(need, kReadChunk)) buffer_.resize(std::max(need, kReadChunk));
     int wait = -1;
     if (timeout_ms >= 0) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -43,6 +43,7 @@ class EventStream {
   bool read_frame(int timeout_ms, Error& error);
 
   static constexpr uint32_t kRequestId = 1;
+  static constexpr size_t kReadChunk = size_t{64} * 1024;
 
   std::unique_ptr<Connection> connection_;
   wire::SubscribeReply subscribed_;

@@ -121,7 +121,8 @@ struct Snapshot {
   const PoolStats* find_pool(std::string_view name) const;
 };
 
-inline constexpr size_t kSnapshotFixedBytes = sizeof(DaemonStats) + 2 * kMaxOps * sizeof(OpLatency);
+inline constexpr size_t kSnapshotFixedBytes =
+    sizeof(DaemonStats) + size_t{2} * kMaxOps * sizeof(OpLatency);
 static_assert(kSnapshotFixedBytes % 8 == 0 && sizeof(PoolStats) % 8 == 0);
 
 inline constexpr size_t snapshot_bytes(size_t num_pools) {

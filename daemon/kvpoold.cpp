@@ -173,8 +173,7 @@ int run(int argc, char** argv) {
   }
   StatsPublisher publisher(io, *service.value(), *segment);
   publisher.start();
-  server.set_activity_hook(
-      [&publisher, &service] { publisher.changed(service.value()->take_operator_change()); });
+  server.set_activity_listener(&publisher);
 
   // The metrics endpoint reads the segment only, on its own thread.
   std::unique_ptr<MetricsHttp> metrics;

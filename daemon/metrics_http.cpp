@@ -84,15 +84,15 @@ class MetricsHttp::Session : public std::enable_shared_from_this<Session> {
     if (!body) {
       return respond(http::status::service_unavailable, "no stats snapshot yet\n", keep, head);
     }
-    respond(http::status::ok, std::move(*body), keep, head,
-            std::string(stats::kPrometheusContentType));
+    respond(http::status::ok, std::move(*body), keep, head, stats::kPrometheusContentType);
   }
 
   void respond(http::status status, std::string body, bool keep_alive, bool head,
-               std::string content_type = "text/plain; charset=utf-8") {
+               std::string_view content_type = "text/plain; charset=utf-8") {
     response_.emplace(status, 11);
     response_->set(http::field::server, "kvpoold");
-    response_->set(http::field::content_type, content_type);
+    response_->set(http::field::content_type,
+                   beast::string_view(content_type.data(), content_type.size()));
     if (status == http::status::method_not_allowed) response_->set(http::field::allow, "GET, HEAD");
     response_->keep_alive(keep_alive);
     response_->body() = std::move(body);

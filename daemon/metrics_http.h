@@ -31,7 +31,7 @@ namespace kvpool::daemon {
 class MetricsHttp {
  public:
   static constexpr int kMaxConnections = 8;
-  static constexpr size_t kMaxHeaderBytes = 8 * 1024;
+  static constexpr size_t kMaxHeaderBytes = size_t{8} * 1024;
   static constexpr std::chrono::seconds kTimeout{5};
   static constexpr int kMaxRequestsPerConnection = 100;
 

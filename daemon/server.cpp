@@ -117,7 +117,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     if (closed_) return;
     // The activity hook runs before the replies leave, so that whoever reads the stats after
     // a reply (kvpoolctl flush && kvpoolctl status) finds what the hook published.
-    if (server_.on_activity_) server_.on_activity_();
+    if (server_.activity_ != nullptr) server_.activity_->on_activity();
     flush();
     server_.pump_subscribers();
     if (closed_) return;
@@ -403,7 +403,7 @@ void Server::accept() {
         auto c = std::make_shared<Connection>(*this, std::move(socket), std::move(session.value()));
         connections_.insert(c);
         c->start();
-        if (on_activity_) on_activity_();
+        if (activity_ != nullptr) activity_->on_activity();
       }
     }
     accept();
@@ -412,7 +412,7 @@ void Server::accept() {
 
 void Server::closed(const std::shared_ptr<Connection>& c) {
   connections_.erase(c);
-  if (on_activity_) on_activity_();
+  if (activity_ != nullptr) activity_->on_activity();
 }
 
 void Server::pump_subscribers() {
@@ -431,7 +431,7 @@ void Server::pump_subscribers() {
 void Server::stop() {
   if (stopping_) return;
   stopping_ = true;
-  on_activity_ = nullptr;  // whoever set it may be gone by now
+  activity_ = nullptr;  // whoever set it may be gone by now
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   accept_backoff_.cancel();

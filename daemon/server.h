@@ -31,7 +31,6 @@
 
 #include <boost/asio.hpp>
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <set>
 #include <string>
@@ -40,6 +39,13 @@
 #include "daemon/service.h"
 
 namespace kvpool::daemon {
+
+// What the Server tells about activity (the stats publisher listens).
+class ActivityListener {
+ public:
+  virtual ~ActivityListener() = default;
+  virtual void on_activity() = 0;
+};
 
 class Server {
  public:
@@ -56,9 +62,9 @@ class Server {
   void stop();
 
   size_t connections() const { return connections_.size(); }
-  // Called after requests were handled (before their replies are sent) and when sessions open
-  // or close.
-  void set_activity_hook(std::function<void()> hook) { on_activity_ = std::move(hook); }
+  // Told after requests were handled (before their replies are sent) and when sessions open or
+  // close; null = nobody. Not owned.
+  void set_activity_listener(ActivityListener* listener) { activity_ = listener; }
 
  private:
   class Connection;
@@ -80,7 +86,7 @@ class Server {
   // Operations, metrics and events.
   std::set<Connection*> subscribers_;  // the connections in connections_ that are subscribed
   uint64_t pumped_seq_ = 0;            // the event sequence subscribers were last pumped up to
-  std::function<void()> on_activity_;
+  ActivityListener* activity_ = nullptr;
 };
 
 }  // namespace kvpool::daemon

@@ -2,8 +2,7 @@
 
 namespace kvpool::daemon {
 
-StatsPublisher::StatsPublisher(boost::asio::io_context& io, const Service& service,
-                               StatsSegment& segment)
+StatsPublisher::StatsPublisher(boost::asio::io_context& io, Service& service, StatsSegment& segment)
     : service_(service), segment_(segment), heartbeat_(io), soon_(io) {}
 
 void StatsPublisher::start() {

@@ -21,28 +21,31 @@
 #include <vector>
 
 #include "common/stats_layout.h"
+#include "daemon/server.h"
 #include "daemon/service.h"
 #include "daemon/stats_segment.h"
 
 namespace kvpool::daemon {
 
-class StatsPublisher {
+class StatsPublisher final : public ActivityListener {
  public:
   static constexpr std::chrono::milliseconds kMinInterval{10};
   static constexpr std::chrono::milliseconds kHeartbeat{100};
 
-  StatsPublisher(boost::asio::io_context& io, const Service& service, StatsSegment& segment);
+  StatsPublisher(boost::asio::io_context& io, Service& service, StatsSegment& segment);
 
   void start();
   // Something changed; `urgent` (an operator's evict, flush or reload) publishes at once.
   void changed(bool urgent = false);
+  // The Server's activity: changed(), urgent when the Service saw an operator's change.
+  void on_activity() override { changed(service_.take_operator_change()); }
   void stop();
 
  private:
   void publish();
   void beat();
 
-  const Service& service_;
+  Service& service_;
   StatsSegment& segment_;
   boost::asio::steady_timer heartbeat_;
   boost::asio::steady_timer soon_;

@@ -25,7 +25,7 @@ std::string bytes_text(uint64_t b, bool raw) {
 }
 
 std::string count_text(uint64_t n, bool raw) {
-  const std::string digits = std::to_string(n);
+  std::string digits = std::to_string(n);
   if (raw) return digits;
   std::string s;
   for (size_t i = 0; i < digits.size(); ++i) {

@@ -137,12 +137,13 @@ int prefixes_verb(const Globals& g, uint32_t limit) {
       const std::string blocks = known ? std::to_string(uint64_t{e.depth} + 1) : "null";
       const std::string tokens = known ? std::to_string((uint64_t{e.depth} + 1) * t) : "null";
       const std::string idle = e.idle_s == E::kNever ? "null" : std::to_string(e.idle_s);
+      const uint64_t hit_tokens = uint64_t{e.hits} * t;
       std::printf(
           "%s{\"hash\":\"%s\",\"page\":%u,\"hits\":%u,\"hit_tokens\":%llu,\"depth\":%s,"
           "\"prefix_blocks\":%s,\"prefix_tokens\":%s,\"state\":\"%s\",\"age_s\":%u,"
           "\"idle_s\":%s,\"tenant\":\"%s\"}",
           i == 0 ? "" : ",", hash_hex(e.hash).c_str(), e.page, e.hits,
-          static_cast<unsigned long long>(uint64_t{e.hits} * t), depth.c_str(), blocks.c_str(),
+          static_cast<unsigned long long>(hit_tokens), depth.c_str(), blocks.c_str(),
           tokens.c_str(), e.state == wire::PagesReply::kCached ? "cached" : "in_use", e.age_s,
           idle.c_str(), json_escape(e.tenant).c_str());
     }

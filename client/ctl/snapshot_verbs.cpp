@@ -96,6 +96,8 @@ int stats_verb(const Globals& g, const std::string& format) {
   const stats::PoolStats& p = *s.find_pool(g.pool);
   const std::string name(s.pool_name(static_cast<size_t>(&p - s.pools.data())));
   const uint64_t t = p.tokens_per_page;
+  const uint64_t query_tokens = p.lookup_blocks * t;
+  const uint64_t hit_tokens = p.hit_blocks * t;
   const double hit = p.lookup_blocks ? double(p.hit_blocks) / double(p.lookup_blocks) : 0.0;
   const stats::DaemonStats& d = s.daemon;
   if (g.json) {
@@ -109,11 +111,11 @@ int stats_verb(const Globals& g, const std::string& format) {
         "\"latency_timed\":%s,\"latency\":%s}\n",
         kSchema, source_name(f), json_escape(name).c_str(), p.total, p.free, p.in_use, p.cached,
         p.indexed, d.sessions, static_cast<unsigned long long>(p.lookups),
-        static_cast<unsigned long long>(p.lookup_blocks * t),
-        static_cast<unsigned long long>(p.hit_blocks * t), hit,
-        static_cast<unsigned long long>(p.allocated), static_cast<unsigned long long>(p.released),
-        static_cast<unsigned long long>(p.published), static_cast<unsigned long long>(p.duplicates),
-        static_cast<unsigned long long>(p.evicted), static_cast<unsigned long long>(p.flushed),
+        static_cast<unsigned long long>(query_tokens), static_cast<unsigned long long>(hit_tokens),
+        hit, static_cast<unsigned long long>(p.allocated),
+        static_cast<unsigned long long>(p.released), static_cast<unsigned long long>(p.published),
+        static_cast<unsigned long long>(p.duplicates), static_cast<unsigned long long>(p.evicted),
+        static_cast<unsigned long long>(p.flushed),
         static_cast<unsigned long long>(d.event_next_seq),
         static_cast<unsigned long long>(d.event_oldest_seq), d.subscribers,
         static_cast<unsigned long long>(d.events_lost),
