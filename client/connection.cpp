@@ -315,4 +315,18 @@ Result<std::vector<wire::SessionInfo>> Connection::sessions() {
   return std::move(r.value().sessions);
 }
 
+// Operations, metrics and events -------------------------------------------------------------
+
+Result<wire::PrefixesReply> Connection::prefixes(uint32_t limit) {
+  return expect<wire::PrefixesReply>(call(wire::PrefixesRequest{limit}));
+}
+
+Result<wire::ReloadReply> Connection::reload() {
+  return expect<wire::ReloadReply>(call(wire::ReloadRequest{}));
+}
+
+Result<wire::SnapshotReply> Connection::snapshot() {
+  return expect<wire::SnapshotReply>(call(wire::SnapshotRequest{}));
+}
+
 }  // namespace kvpool::client

@@ -77,6 +77,15 @@ class Connection {
   // session holds, destinations not published. Returns when the bytes are in place.
   Result<uint32_t> copy(std::span<const wire::PageCopy> pairs);
 
+  // Operations, metrics and events.
+  // The most-hit indexed blocks this session may see (its tenant's; every tenant's for admins).
+  Result<wire::PrefixesReply> prefixes(uint32_t limit);
+  // Asks the daemon to reload its config file (root or the admin group); the outcome says
+  // whether it was applied, refused (and why) and which keys wait for a restart.
+  Result<wire::ReloadReply> reload();
+  // The daemon's stats snapshot (common/stats_layout.h), decoded.
+  Result<wire::SnapshotReply> snapshot();
+
   // One request, one reply (the typed calls above use it).
   Result<wire::Reply> call(const wire::Request& request);
 

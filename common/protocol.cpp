@@ -30,14 +30,22 @@ namespace {
 
 constexpr size_t kNumOpcodes = std::variant_size_v<Request>;
 static_assert(std::variant_size_v<Reply> == kNumOpcodes);
-static_assert(kNumOpcodes == static_cast<size_t>(Opcode::copy));
+
+// Variant alternative → opcode. Opcodes are wire values and need not be contiguous: 1..12 are
+// the pool operations, 20.. the operations, metrics and events block.
+constexpr std::array<uint16_t, kNumOpcodes> kOpcodeNumbers = {1, 2,  3,  4,  5,  6,  7,  8,
+                                                              9, 10, 11, 12, 20, 21, 22, 23};
+static_assert(kOpcodeNumbers[11] == static_cast<uint16_t>(Opcode::copy));
+static_assert(kOpcodeNumbers[kNumOpcodes - 1] == static_cast<uint16_t>(Opcode::snapshot));
 
 constexpr std::array<std::string_view, kNumOpcodes> kRequestNames = {
-    "hello", "alloc", "retain", "release",  "lookup", "publish",
-    "stats", "evict", "flush",  "sessions", "pages",  "copy"};
+    "hello", "alloc",    "retain", "release", "lookup",   "publish", "stats",     "evict",
+    "flush", "sessions", "pages",  "copy",    "prefixes", "reload",  "subscribe", "snapshot"};
 constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
-    "hello reply", "alloc reply", "retain reply", "release reply",  "lookup reply", "publish reply",
-    "stats reply", "evict reply", "flush reply",  "sessions reply", "pages reply",  "copy reply"};
+    "hello reply",    "alloc reply",    "retain reply",    "release reply",
+    "lookup reply",   "publish reply",  "stats reply",     "evict reply",
+    "flush reply",    "sessions reply", "pages reply",     "copy reply",
+    "prefixes reply", "reload reply",   "subscribe reply", "snapshot reply"};
 
 // Wire sizes of the fixed parts.
 constexpr size_t kU8 = 1;
@@ -369,6 +377,104 @@ void put_body(Writer& w, const SessionsReply& m) {
   }
 }
 
+// Operations, metrics and events (opcodes 20+): sizes and writers -----------------------------
+
+constexpr size_t kPrefixEntryFixedBytes =
+    kHashBytes + 5 * kU32 + kU8 + kU32;  // incl. tenant length
+constexpr size_t kEventFixedBytes = kU64 + 2 * kU8 + kU32 + kU64 + kHashBytes + kU32;
+constexpr size_t kMaxSnapshotBytes = kMaxPayloadBytes - kU16 - 2 * kU32;
+
+size_t body_size(const PrefixesRequest&) {
+  return kU32;
+}
+size_t body_size(const ReloadRequest&) {
+  return 0;
+}
+size_t body_size(const SubscribeRequest&) {
+  return kU64;
+}
+size_t body_size(const SnapshotRequest&) {
+  return 0;
+}
+size_t body_size(const PrefixesReply& m) {
+  size_t n = 2 * kU32;
+  for (const PrefixEntry& e : m.entries)
+    n += kPrefixEntryFixedBytes + e.tenant.size();
+  return n;
+}
+size_t body_size(const ReloadReply& m) {
+  size_t n = kU8 + kU32 + m.message.size() + kU32;
+  for (const std::string& k : m.restart)
+    n += kU32 + k.size();
+  return n;
+}
+size_t body_size(const SubscribeReply&) {
+  return 3 * kU64;
+}
+size_t body_size(const SnapshotReply& m) {
+  return 2 * kU32 + m.bytes.size();
+}
+size_t body_size(const EventBatch& m) {
+  size_t n = kU32;
+  for (const Event& e : m.events)
+    n += kEventFixedBytes + e.tenant.size();
+  return n;
+}
+
+void put_body(Writer& w, const PrefixesRequest& m) {
+  w.put(m.limit);
+}
+void put_body(Writer&, const ReloadRequest&) {}
+void put_body(Writer& w, const SubscribeRequest& m) {
+  w.put(m.from_seq);
+}
+void put_body(Writer&, const SnapshotRequest&) {}
+void put_body(Writer& w, const PrefixesReply& m) {
+  w.put(m.indexed);
+  w.put(static_cast<uint32_t>(m.entries.size()));
+  for (const PrefixEntry& e : m.entries) {
+    w.put(e.hash.lo);
+    w.put(e.hash.hi);
+    w.put(e.page);
+    w.put(e.depth);
+    w.put(e.hits);
+    w.put(e.age_s);
+    w.put(e.idle_s);
+    w.put(e.state);
+    w.str(e.tenant);
+  }
+}
+void put_body(Writer& w, const ReloadReply& m) {
+  w.put(m.outcome);
+  w.str(m.message);
+  w.put(static_cast<uint32_t>(m.restart.size()));
+  for (const std::string& k : m.restart)
+    w.str(k);
+}
+void put_body(Writer& w, const SubscribeReply& m) {
+  w.put(m.stream_id);
+  w.put(m.next_seq);
+  w.put(m.oldest_seq);
+}
+void put_body(Writer& w, const SnapshotReply& m) {
+  w.put(m.layout_version);
+  w.put(static_cast<uint32_t>(m.bytes.size()));
+  w.raw(m.bytes.data(), m.bytes.size());
+}
+void put_body(Writer& w, const EventBatch& m) {
+  w.put(static_cast<uint32_t>(m.events.size()));
+  for (const Event& e : m.events) {
+    w.put(e.seq);
+    w.put(e.kind);
+    w.put(e.cause);
+    w.put(e.page);
+    w.put(e.count);
+    w.put(e.hash.lo);
+    w.put(e.hash.hi);
+    w.str(e.tenant);
+  }
+}
+
 // Appends header + `payload` bytes to `out` (growing it at most once) and lets `body` write the
 // payload.
 template <typename Body>
@@ -671,6 +777,100 @@ bool get_body(Reader& r, SessionsReply& m) {
   return true;
 }
 
+// Operations, metrics and events (opcodes 20+): readers ---------------------------------------
+
+bool get_body(Reader& r, PrefixesRequest& m) {
+  if (!r.get(m.limit, "limit")) return false;
+  if (m.limit == 0 || m.limit > kMaxPrefixes) {
+    return r.fail(m.limit, cat({r.what(), ": limit ", m.limit, " is not in 1..", kMaxPrefixes}));
+  }
+  return true;
+}
+bool get_body(Reader&, ReloadRequest&) {
+  return true;
+}
+bool get_body(Reader& r, SubscribeRequest& m) {
+  return r.get(m.from_seq, "from_seq");
+}
+bool get_body(Reader&, SnapshotRequest&) {
+  return true;
+}
+bool get_body(Reader& r, PrefixesReply& m) {
+  uint32_t n = 0;
+  if (!(r.get(m.indexed, "indexed") && r.count(n, kPrefixEntryFixedBytes, "count"))) return false;
+  if (n > kMaxPrefixes) {
+    return r.fail(n, cat({r.what(), ": count ", n, " is above kMaxPrefixes (", kMaxPrefixes, ")"}));
+  }
+  m.entries.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    PrefixEntry& e = m.entries[i];
+    if (!(r.get(e.hash.lo, "hash") && r.get(e.hash.hi, "hash") && r.get(e.page, "page") &&
+          r.get(e.depth, "depth") && r.get(e.hits, "hits") && r.get(e.age_s, "age_s") &&
+          r.get(e.idle_s, "idle_s") && r.get(e.state, "state") && r.str(e.tenant, "tenant"))) {
+      return false;
+    }
+    if (e.state != PagesReply::kInUse && e.state != PagesReply::kCached) {
+      return r.fail(e.state, cat({r.what(), ": state ", e.state, " (entry ", i, ") is not 1 or 2"}),
+                    i);
+    }
+  }
+  return true;
+}
+bool get_body(Reader& r, ReloadReply& m) {
+  uint32_t n = 0;
+  if (!(r.get(m.outcome, "outcome") &&
+        r.str(m.message, "message", kMaxMessageBytes, "kMaxMessageBytes") &&
+        r.count(n, kU32, "restart count"))) {
+    return false;
+  }
+  if (m.outcome > ReloadReply::kNoConfigFile) {
+    return r.fail(m.outcome, cat({r.what(), ": outcome ", m.outcome, " is not 0, 1 or 2"}));
+  }
+  if (n > kMaxRestartKeys) {
+    return r.fail(n, cat({r.what(), ": ", n, " restart keys, above ", kMaxRestartKeys}));
+  }
+  m.restart.resize(n);
+  for (std::string& k : m.restart) {
+    if (!r.str(k, "restart key")) return false;
+  }
+  return true;
+}
+bool get_body(Reader& r, SubscribeReply& m) {
+  return r.get(m.stream_id, "stream_id") && r.get(m.next_seq, "next_seq") &&
+         r.get(m.oldest_seq, "oldest_seq");
+}
+bool get_body(Reader& r, SnapshotReply& m) {
+  uint32_t n = 0;
+  if (!(r.get(m.layout_version, "layout_version") && r.get(n, "length"))) return false;
+  if (n > kMaxSnapshotBytes) {
+    return r.fail(n, cat({r.what(), ": ", n, " snapshot bytes, above ", kMaxSnapshotBytes}));
+  }
+  const std::byte* p = r.take(n, "snapshot");
+  if (p == nullptr) return false;
+  m.bytes.assign(p, p + n);
+  return true;
+}
+bool get_body(Reader& r, EventBatch& m) {
+  uint32_t n = 0;
+  if (!r.count(n, kEventFixedBytes, "count")) return false;
+  m.events.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    Event& e = m.events[i];
+    if (!(r.get(e.seq, "seq") && r.get(e.kind, "kind") && r.get(e.cause, "cause") &&
+          r.get(e.page, "page") && r.get(e.count, "count") && r.get(e.hash.lo, "hash") &&
+          r.get(e.hash.hi, "hash") && r.str(e.tenant, "tenant"))) {
+      return false;
+    }
+    if (e.kind > Event::kGap || e.cause > Event::kFlushed) {
+      return r.fail(e.kind,
+                    cat({r.what(), ": event ", i, " has kind ", e.kind, " and cause ", e.cause,
+                         " (kinds 0..3, causes 0..2)"}),
+                    i);
+    }
+  }
+  return true;
+}
+
 // Opcode → decoder: entry i decodes alternative i (opcode i + 1) of the variant V in place.
 template <typename V>
 using BodyDecoder = bool (*)(Reader&, V&);
@@ -688,9 +888,20 @@ constexpr std::array<BodyDecoder<V>, sizeof...(I)> make_decoders(std::index_sequ
 constexpr auto kRequestDecoders = make_decoders<Request>(std::make_index_sequence<kNumOpcodes>{});
 constexpr auto kReplyDecoders = make_decoders<Reply>(std::make_index_sequence<kNumOpcodes>{});
 
-// The variant index (opcode − 1) when `op` names an operation, else kNumOpcodes.
+// Opcode → variant index for opcodes below kOpcodeTableSize; kNumOpcodes where none.
+constexpr size_t kOpcodeTableSize = 64;
+static_assert(kOpcodeNumbers[kNumOpcodes - 1] < kOpcodeTableSize);
+constexpr std::array<uint8_t, kOpcodeTableSize> kOpcodeIndex = [] {
+  std::array<uint8_t, kOpcodeTableSize> t{};
+  t.fill(static_cast<uint8_t>(kNumOpcodes));
+  for (size_t i = 0; i < kNumOpcodes; ++i)
+    t[kOpcodeNumbers[i]] = static_cast<uint8_t>(i);
+  return t;
+}();
+
+// The variant index of the operation `op` names, else kNumOpcodes.
 size_t opcode_index(uint16_t op) {
-  return op >= 1 && op <= kNumOpcodes ? op - 1u : kNumOpcodes;
+  return op < kOpcodeTableSize ? kOpcodeIndex[op] : kNumOpcodes;
 }
 
 Error length_mismatch(std::string_view what, const FrameHeader& h, size_t payload) {
@@ -702,10 +913,20 @@ Error length_mismatch(std::string_view what, const FrameHeader& h, size_t payloa
 }  // namespace
 
 Opcode opcode_of(const Request& r) {
-  return static_cast<Opcode>(r.index() + 1);
+  return static_cast<Opcode>(kOpcodeNumbers[r.index()]);
 }
 Opcode opcode_of(const Reply& r) {
-  return static_cast<Opcode>(r.index() + 1);
+  return static_cast<Opcode>(kOpcodeNumbers[r.index()]);
+}
+
+uint16_t opcode_number(size_t index) {
+  return index < kNumOpcodes ? kOpcodeNumbers[index] : 0;
+}
+
+std::string_view opcode_name(uint16_t opcode) {
+  if (opcode == static_cast<uint16_t>(Opcode::event_batch)) return "event_batch";
+  const size_t i = opcode_index(opcode);
+  return i == kNumOpcodes ? std::string_view() : kRequestNames[i];
 }
 
 void encode_request(uint32_t request_id, const Request& request, std::vector<std::byte>& out) {
@@ -823,6 +1044,39 @@ Result<Reply> decode_reply(const FrameHeader& header, std::span<const std::byte>
   Reply reply;
   if (!kReplyDecoders[index](r, reply) || !r.finish()) return r.take_error();
   return reply;
+}
+
+// Events pushed to a subscriber ----------------------------------------------------------------
+
+void encode_event_batch(uint32_t request_id, const EventBatch& batch, std::vector<std::byte>& out) {
+  put_frame(request_id,
+            static_cast<uint16_t>(static_cast<uint16_t>(Opcode::event_batch) | kReplyBit),
+            kU16 + body_size(batch), out, [&](Writer& w) {
+              w.put(static_cast<uint16_t>(Errc::ok));
+              put_body(w, batch);
+            });
+}
+
+Result<EventBatch> decode_event_batch(const FrameHeader& header,
+                                      std::span<const std::byte> payload) {
+  constexpr auto kOp =
+      static_cast<uint16_t>(static_cast<uint16_t>(Opcode::event_batch) | kReplyBit);
+  if (header.opcode != kOp) {
+    return make_error(Errc::unknown_opcode, header.opcode,
+                      cat({"opcode ", Hex{header.opcode, 4}, " is not an event batch"}));
+  }
+  if (payload.size() != header.length)
+    return length_mismatch("event batch", header, payload.size());
+  Reader r(payload, "event batch");
+  uint16_t code = 0;
+  if (!r.get(code, "status code")) return r.take_error();
+  if (code != static_cast<uint16_t>(Errc::ok)) {
+    r.fail(code, cat({"event batch: status code ", code, " is not ok"}));
+    return r.take_error();
+  }
+  EventBatch batch;
+  if (!get_body(r, batch) || !r.finish()) return r.take_error();
+  return batch;
 }
 
 }  // namespace kvpool::wire

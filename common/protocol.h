@@ -20,8 +20,12 @@
 //   flush    (empty)                                        (admin)
 //   sessions (empty)
 //   pages    (empty)
-//   copy     u32 n, n × (u32 src, u32 dst)                  (pages the session holds; dst
-//   unpublished)
+//   copy     u32 n, n × (u32 src, u32 dst)        (pages the session holds; dst unpublished)
+//   -- operations, metrics and events (opcodes 20+; 13..19 are free) --
+//   prefixes  u32 limit                                    (1..kMaxPrefixes)
+//   reload    (empty)                                      (admin)
+//   subscribe u64 from_seq                                 (0 = new events only)
+//   snapshot  (empty)
 // Every count is checked against the bytes present and against kMaxBatch before anything is
 // allocated, and a payload must be consumed exactly: trailing bytes are malformed.
 //
@@ -48,6 +52,17 @@
 //            string tenant, string pool)        — the sessions attached to the asker's pool
 //   pages    u32 n, n × u8 state (0 free, 1 in use, 2 cached), one per page of the asker's pool
 //   copy     u32 copied
+//   prefixes  u32 indexed, u32 n, n × (hash, u32 page, u32 depth, u32 hits, u32 age_s,
+//             u32 idle_s, u8 state, string tenant)    — most-hit indexed blocks, hits first
+//   reload    u8 outcome (0 applied, 1 refused, 2 no config file), string message,
+//             u32 n, n × string key                    — keys that changed but need a restart
+//   subscribe u64 stream_id, u64 next_seq, u64 oldest_seq
+//   snapshot  u32 layout_version, u32 n, n bytes       — common/stats_layout.h, as in the segment
+// After a subscribe reply the daemon pushes, on the same connection and with the subscribe's
+// request id, frames of opcode event_batch | kReplyBit (never a request, never answered):
+//   event_batch  u16 status (ok), u32 n, n × (u64 seq, u8 kind, u8 cause, u32 page, u64 count,
+//                hash, string tenant)
+// and reads nothing more from it but its close (any further frame is an error that closes it).
 //
 // Encoding and decoding are pure functions: bytes in, a message or an error out; no I/O, no
 // global state. Decoders never trust a length and never read past the span they are given.
@@ -58,6 +73,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -79,6 +95,9 @@ inline constexpr uint32_t kMaxSegments = 253;
 inline constexpr uint32_t kMaxHandleBytes = 64;  // a cudaIpcMemHandle_t
 // Bytes one copy request may move, so that a daemon-side copy stays short on the event loop.
 inline constexpr uint64_t kMaxCopyBytes = uint64_t{1} << 30;
+inline constexpr uint32_t kMaxPrefixes = 10000;          // entries in one prefixes reply
+inline constexpr uint32_t kMaxMessageBytes = 64u << 10;  // free text in a reply (reload)
+inline constexpr uint32_t kMaxRestartKeys = 64;
 
 enum class Opcode : uint16_t {
   hello = 1,
@@ -93,6 +112,12 @@ enum class Opcode : uint16_t {
   sessions = 10,
   pages = 11,
   copy = 12,
+  // Operations, metrics and events (13..19 are free).
+  prefixes = 20,
+  reload = 21,
+  subscribe = 22,
+  snapshot = 23,
+  event_batch = 24,  // pushed by the daemon on a subscribed connection; never a request
 };
 
 struct FrameHeader {
@@ -181,10 +206,31 @@ struct CopyRequest {
   friend bool operator==(const CopyRequest&, const CopyRequest&) = default;
 };
 
-// Alternative i is the request of opcode i + 1.
+// Operations, metrics and events (opcodes 20+) ----------------------------------------------
+
+struct PrefixesRequest {
+  uint32_t limit = 0;
+  friend bool operator==(const PrefixesRequest&, const PrefixesRequest&) = default;
+};
+struct ReloadRequest {
+  friend bool operator==(const ReloadRequest&, const ReloadRequest&) = default;
+};
+// from_seq 0 follows new events only; N ≥ 1 replays from N what the daemon's ring still holds
+// (older ones arrive as a gap event first). A from_seq beyond the next sequence is refused.
+struct SubscribeRequest {
+  uint64_t from_seq = 0;
+  friend bool operator==(const SubscribeRequest&, const SubscribeRequest&) = default;
+};
+struct SnapshotRequest {
+  friend bool operator==(const SnapshotRequest&, const SnapshotRequest&) = default;
+};
+
+// Alternative i is the request of opcode opcode_number(i): 1..12, then 20..23.
 using Request = std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest,
                              LookupRequest, PublishRequest, StatsRequest, EvictRequest,
-                             FlushRequest, SessionsRequest, PagesRequest, CopyRequest>;
+                             FlushRequest, SessionsRequest, PagesRequest, CopyRequest,
+                             // opcodes 20+
+                             PrefixesRequest, ReloadRequest, SubscribeRequest, SnapshotRequest>;
 
 Opcode opcode_of(const Request& r);
 
@@ -288,12 +334,86 @@ struct CopyReply {
   friend bool operator==(const CopyReply&, const CopyReply&) = default;
 };
 
-// Alternative i is the reply of opcode i + 1.
+// Operations, metrics and events (opcodes 20+) ----------------------------------------------
+
+// One indexed block. depth is its position in the chains that hit it (0 = the first block, so
+// the prefix it ends is depth + 1 blocks), kUnknownDepth until a lookup has hit it; idle_s is
+// kNever for a block never hit.
+struct PrefixEntry {
+  static constexpr uint32_t kUnknownDepth = UINT32_MAX;
+  static constexpr uint32_t kNever = UINT32_MAX;
+  BlockHash hash;
+  PageId page = kNoPage;
+  uint32_t depth = kUnknownDepth;
+  uint32_t hits = 0;
+  uint32_t age_s = 0;  // since published
+  uint32_t idle_s = kNever;
+  uint8_t state = 0;  // PagesReply::State: kInUse or kCached
+  std::string tenant;
+  friend bool operator==(const PrefixEntry&, const PrefixEntry&) = default;
+};
+struct PrefixesReply {
+  uint32_t indexed = 0;  // blocks indexed that the asker may see
+  std::vector<PrefixEntry> entries;
+  friend bool operator==(const PrefixesReply&, const PrefixesReply&) = default;
+};
+struct ReloadReply {
+  enum Outcome : uint8_t { kApplied = 0, kRefused = 1, kNoConfigFile = 2 };
+  uint8_t outcome = kApplied;
+  std::string message;               // the file on success, the FILE:LINE: KEY error on refusal
+  std::vector<std::string> restart;  // dotted keys that changed but wait for a restart
+  friend bool operator==(const ReloadReply&, const ReloadReply&) = default;
+};
+struct SubscribeReply {
+  uint64_t stream_id = 0;   // random per daemon start: a change means sequences restarted
+  uint64_t next_seq = 0;    // the sequence the next new event will carry
+  uint64_t oldest_seq = 0;  // the oldest sequence the ring still holds (= next_seq when empty)
+  friend bool operator==(const SubscribeReply&, const SubscribeReply&) = default;
+};
+// The daemon's stats snapshot in the layout of common/stats_layout.h (what the shared-memory
+// segment holds), for readers that cannot map the segment.
+struct SnapshotReply {
+  uint32_t layout_version = 0;
+  std::vector<std::byte> bytes;
+  friend bool operator==(const SnapshotReply&, const SnapshotReply&) = default;
+};
+
+// Alternative i is the reply of opcode opcode_number(i).
 using Reply =
     std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply, PublishReply,
-                 StatsReply, EvictReply, FlushReply, SessionsReply, PagesReply, CopyReply>;
+                 StatsReply, EvictReply, FlushReply, SessionsReply, PagesReply, CopyReply,
+                 // opcodes 20+
+                 PrefixesReply, ReloadReply, SubscribeReply, SnapshotReply>;
 
 Opcode opcode_of(const Reply& r);
+// The opcode of variant alternative `index`, and the name of an opcode ("" when it names none).
+uint16_t opcode_number(size_t index);
+std::string_view opcode_name(uint16_t opcode);
+
+// Events pushed to a subscriber (opcode event_batch). Sequence numbers increase by one per event
+// of the daemon's log; a subscriber sees those of its pool (and, unless it is an admin, its
+// tenant), so it may see gaps in them that are other pools' events. A kGap event says the
+// subscriber fell behind the ring: `count` events were lost and `seq` is where it resumes.
+struct Event {
+  enum Kind : uint8_t { kStored = 0, kRemoved = 1, kCleared = 2, kGap = 3 };
+  enum Cause : uint8_t { kNone = 0, kEvicted = 1, kFlushed = 2 };
+  uint64_t seq = 0;
+  uint8_t kind = kStored;
+  uint8_t cause = kNone;  // removed: why
+  PageId page = kNoPage;  // stored, removed
+  uint64_t count = 0;     // cleared: blocks removed; gap: events lost
+  BlockHash hash;         // stored, removed
+  std::string tenant;     // stored, removed
+  friend bool operator==(const Event&, const Event&) = default;
+};
+struct EventBatch {
+  std::vector<Event> events;
+  friend bool operator==(const EventBatch&, const EventBatch&) = default;
+};
+void encode_event_batch(uint32_t request_id, const EventBatch& batch, std::vector<std::byte>& out);
+// An event_batch frame's payload (header.opcode must be event_batch | kReplyBit).
+Result<EventBatch> decode_event_batch(const FrameHeader& header,
+                                      std::span<const std::byte> payload);
 
 // Encoding: appends one whole frame (header + payload) to `out`. ----------------------------
 

@@ -18,6 +18,7 @@
 
 #include "common/paths.h"
 #include "daemon/core/types.h"
+#include "daemon/listen_address.h"
 
 namespace kvpool::daemon {
 
@@ -30,7 +31,7 @@ constexpr uint32_t kMaxSocketMode = 0777;
 
 constexpr std::string_view kRootKeys[] = {"socket",      "backend", "device",  "max_segment_bytes",
                                           "limits",      "pools",   "tenants", "default_tenant",
-                                          "admin_group", "logging"};
+                                          "admin_group", "logging", "metrics", "events"};
 constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
 constexpr std::string_view kLimitKeys[] = {"max_sessions", "max_pages_per_session",
                                            "max_pages_per_tenant"};
@@ -39,6 +40,10 @@ constexpr std::string_view kGeometryKeys[] = {"layers", "kv_heads", "head_dim", 
                                               "dtype"};
 constexpr std::string_view kTenantKeys[] = {"name", "uids", "gids", "pools"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
+constexpr std::string_view kMetricsKeys[] = {"listen", "allow_non_loopback", "latency_histograms",
+                                             "stats_segment"};
+constexpr std::string_view kEventsKeys[] = {"ring_events"};
+constexpr uint64_t kMaxRingEvents = uint64_t{1} << 24;
 
 constexpr std::string_view kBackends[] = {"auto", "host", "cuda-vmm", "cuda-ipc", "fake-device"};
 constexpr std::string_view kPolicies[] = {"lru"};
@@ -143,6 +148,8 @@ class Parser {
       check_default_tenant(*v, config);
     }
     if (auto* v = find(f, "admin_group")) config.admin_group = get_string(*v);
+    if (auto* v = find(f, "metrics")) parse_metrics(*v, config);
+    if (auto* v = find(f, "events")) parse_events(*v, config);
     return config;
   }
 
@@ -453,6 +460,43 @@ class Parser {
         }
       }
       config.tenants.push_back(std::move(tenant));
+    }
+  }
+
+  // Operations, metrics and events ----------------------------------------------------------
+
+  bool get_bool(const Value& v) const {
+    require_scalar(v, "true or false");
+    const std::string& s = v.node.Scalar();
+    if (!is_quoted(v.node) && s == "true") return true;
+    if (!is_quoted(v.node) && s == "false") return false;
+    fail(v, "must be true or false, not " + quoted(s));
+  }
+
+  void parse_metrics(const Value& v, Config& config) const {
+    auto f = fields(v, kMetricsKeys);
+    if (auto* b = find(f, "allow_non_loopback")) config.metrics.allow_non_loopback = get_bool(*b);
+    if (auto* b = find(f, "latency_histograms")) config.metrics.latency_histograms = get_bool(*b);
+    if (auto* b = find(f, "stats_segment")) config.metrics.stats_segment = get_bool(*b);
+    if (auto* l = find(f, "listen")) {
+      config.metrics.listen = get_string(*l, "\"HOST:PORT\", or \"\" for no endpoint");
+      if (config.metrics.listen.empty()) return;
+      ListenAddress address;
+      if (std::string err = parse_listen_address(config.metrics.listen, address); !err.empty()) {
+        fail(*l, err);
+      }
+      if (!address.loopback && !config.metrics.allow_non_loopback) {
+        fail(*l, quoted(config.metrics.listen) +
+                     " is not a loopback address; the metrics endpoint has no authentication, "
+                     "so serving it beyond this machine needs metrics.allow_non_loopback: true");
+      }
+    }
+  }
+
+  void parse_events(const Value& v, Config& config) const {
+    auto f = fields(v, kEventsKeys);
+    if (auto* r = find(f, "ring_events")) {
+      config.events.ring_events = static_cast<uint32_t>(get_uint(*r, 16, kMaxRingEvents));
     }
   }
 

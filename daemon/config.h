@@ -16,8 +16,11 @@
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8 } } ]
 //   tenants:  [ { name: STR, uids: [INT], gids: [INT], pools: [STR] } ]
 //   default_tenant: STR        (tenant of peers no tenant entry matches; "" = refuse them)
-//   admin_group: STR           (group whose members may evict and flush; "" = root only)
+//   admin_group: STR           (group whose members may evict, flush, reload; "" = root only)
 //   logging:  { level: debug | info | warn | error }
+//   metrics:  { listen: "HOST:PORT" | "", allow_non_loopback: BOOL, latency_histograms: BOOL,
+//               stats_segment: BOOL }
+//   events:   { ring_events: INT }
 //
 // Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
 #pragma once
@@ -56,6 +59,19 @@ struct TenantConfig {
   friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
 };
 
+// Operations, metrics and events.
+struct MetricsConfig {
+  std::string listen;               // HTTP endpoint "HOST:PORT"; "" = none
+  bool allow_non_loopback = false;  // without it, listen must be a loopback address
+  bool latency_histograms = true;   // time every operation
+  bool stats_segment = true;        // publish <socket>.stats for readers
+  friend bool operator==(const MetricsConfig&, const MetricsConfig&) = default;
+};
+struct EventsConfig {
+  uint32_t ring_events = 65536;  // events kept for subscribers that fall behind or resume
+  friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
+};
+
 struct Config {
   std::string source = "<built-in>";  // file the config came from
 
@@ -74,9 +90,12 @@ struct Config {
   std::vector<PoolConfig> pools;
   std::vector<TenantConfig> tenants;
   std::string default_tenant = "default";
-  std::string admin_group;  // members (and root) may evict and flush; "" = root only
+  std::string admin_group;  // members (and root) may evict, flush, reload; "" = root only
 
   std::string log_level = "info";
+
+  MetricsConfig metrics;
+  EventsConfig events;
 
   friend bool operator==(const Config&, const Config&) = default;
 };

@@ -7,6 +7,9 @@
 // Signals: SIGTERM / SIGINT stop (every session is released, the socket removed); SIGHUP re-reads
 // and validates the config file, applies what can change live (limits, tenants, logging), names
 // what needs a restart, and keeps the running config when the file is invalid.
+// The same reload runs for `kvpoolctl reload` (root or admin_group), which is told the outcome.
+// Beside the socket it publishes a read-only stats segment, <socket>.stats, and with
+// metrics.listen it serves Prometheus metrics over HTTP from a thread of its own.
 // Under systemd (Type=notify) it sends READY=1 with a STATUS= line once the pools and the socket
 // are up, RELOADING=1 then READY=1 around a reload, STOPPING=1 when it stops, and WATCHDOG=1
 // from the event loop at half WatchdogSec.
@@ -18,12 +21,19 @@
 #include <csignal>
 #include <iostream>
 
+#include "common/prometheus.h"
+#include "common/stats_layout.h"
+
 #include "daemon/config.h"
 #include "daemon/host_backend.h"
 #include "daemon/log.h"
+#include "daemon/metrics_http.h"
 #include "daemon/notify.h"
+#include "daemon/reload.h"
 #include "daemon/server.h"
 #include "daemon/service.h"
+#include "daemon/stats_publisher.h"
+#include "daemon/stats_segment.h"
 
 #ifndef KVPOOL_VERSION
 #define KVPOOL_VERSION "0.0.0"
@@ -32,42 +42,6 @@
 namespace {
 
 using namespace kvpool::daemon;
-
-// SIGHUP: re-read the config file and apply what can change live. Returns "" or a note for the
-// systemd STATUS= line.
-std::string reload(const std::string& path, const std::string& socket_override, Service& service) {
-  if (path.empty()) {
-    log_event(LogLevel::info, "reload_skipped",
-              {kv("detail", "no --config file: the built-in default config stays")});
-    return "";
-  }
-  auto next = load_config(path);
-  if (!next.ok()) {
-    log_event(LogLevel::error, "reload_failed",
-              {kv("error", next.error().message), kv("detail", "keeping the running config")});
-    return "; last reload failed, running the previous config";
-  }
-  Config config = std::move(next.value());
-  if (!socket_override.empty()) config.socket_path = socket_override;
-  const std::vector<std::string> restart = service.apply_live(config);
-  LogLevel level = LogLevel::info;
-  parse_log_level(service.config().log_level, level);
-  set_log_level(level);
-  std::string keys;
-  for (const std::string& k : restart)
-    keys += (keys.empty() ? "" : ",") + k;
-  log_event(LogLevel::info, "reloaded",
-            {kv("config", path), kv("max_sessions", service.config().max_sessions),
-             kv("max_pages_per_session", service.config().max_pages_per_session),
-             kv("max_pages_per_tenant", service.config().max_pages_per_tenant),
-             kv("tenants", service.config().tenants.size())});
-  if (!restart.empty()) {
-    log_event(LogLevel::warn, "reload_needs_restart",
-              {kv("keys", keys), kv("detail", "these changes take effect at the next start")});
-    return "; changed " + keys + " need a restart";
-  }
-  return "";
-}
 
 int run(int argc, char** argv) {
   CLI::App app{
@@ -160,24 +134,84 @@ int run(int argc, char** argv) {
                              " pool(s) on " + config.socket_path + " (" +
                              std::string(service.value()->backend().name()) + " backend)";
   Notifier notifier;
+  // SIGHUP and `kvpoolctl reload` take the same path.
+  auto reload = [&]() {
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    notifier.notify("RELOADING=1\nMONOTONIC_USEC=" +
+                    std::to_string(uint64_t(now.tv_sec) * 1000000 + uint64_t(now.tv_nsec) / 1000));
+    kvpool::wire::ReloadReply outcome =
+        reload_config(config_path, socket_override, *service.value());
+    notifier.notify("READY=1\nSTATUS=" + status + reload_status_note(outcome));
+    return outcome;
+  };
+  service.value()->set_reload_handler(reload);
+
+  // The stats segment beside the socket (an anonymous one when it is off or cannot be made, so
+  // that the metrics endpoint reads snapshots the same way), refreshed from this loop.
+  const size_t snapshot_bytes = kvpool::stats::snapshot_bytes(service.value()->pools().size());
+  std::unique_ptr<StatsSegment> segment;
+  if (config.metrics.stats_segment) {
+    auto file = StatsSegment::create_file(StatsSegment::path_for(config.socket_path),
+                                          snapshot_bytes, config.socket_mode, config.socket_group);
+    if (file.ok()) {
+      segment = std::move(file.value());
+      log_event(LogLevel::info, "stats_segment", {kv("path", segment->path())});
+    } else {
+      log_event(LogLevel::warn, "stats_segment_failed",
+                {kv("error", file.error().message),
+                 kv("detail", "kvpoolctl falls back to the snapshot op")});
+    }
+  }
+  if (!segment) {
+    auto anonymous = StatsSegment::create_anonymous(snapshot_bytes);
+    if (!anonymous.ok()) {
+      std::cerr << "kvpoold: " << anonymous.error().message << "\n";
+      return 1;
+    }
+    segment = std::move(anonymous.value());
+  }
+  StatsPublisher publisher(io, *service.value(), *segment);
+  publisher.start();
+  server.set_activity_listener(&publisher);
+
+  // The metrics endpoint reads the segment only, on its own thread.
+  std::unique_ptr<MetricsHttp> metrics;
+  if (!config.metrics.listen.empty()) {
+    ListenAddress address;
+    parse_listen_address(config.metrics.listen, address);  // validated with the config
+    auto started = MetricsHttp::start(address, [&segment]() -> std::optional<std::string> {
+      std::vector<std::byte> bytes;
+      kvpool::stats::Snapshot snapshot;
+      if (!segment->read(bytes).empty() ||
+          !kvpool::stats::decode(bytes, kvpool::stats::kLayoutVersion, snapshot).empty()) {
+        return std::nullopt;
+      }
+      return kvpool::stats::prometheus_text(snapshot);
+    });
+    if (!started.ok()) {
+      log_event(LogLevel::error, "metrics_failed", {kv("error", started.error().message)});
+      std::cerr << "kvpoold: " << started.error().message << "\n";
+      return 1;
+    }
+    metrics = std::move(started.value());
+    log_event(LogLevel::info, "metrics_listening", {kv("address", metrics->bound())});
+  }
+
   boost::asio::signal_set signals(io, SIGINT, SIGTERM, SIGHUP);
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int sig) {
         if (ec) return;
         if (sig == SIGHUP) {
-          timespec now{};
-          ::clock_gettime(CLOCK_MONOTONIC, &now);
-          notifier.notify(
-              "RELOADING=1\nMONOTONIC_USEC=" +
-              std::to_string(uint64_t(now.tv_sec) * 1000000 + uint64_t(now.tv_nsec) / 1000));
-          const std::string outcome = reload(config_path, socket_override, *service.value());
-          notifier.notify("READY=1\nSTATUS=" + status + outcome);
+          reload();
           signals.async_wait(on_signal);
           return;
         }
         log_event(LogLevel::info, "stopping",
                   {kv("signal", sig), kv("sessions", server.connections())});
         notifier.notify("STOPPING=1\nSTATUS=stopping");
+        metrics.reset();
+        publisher.stop();
         server.stop();
         io.stop();
       };
@@ -202,6 +236,9 @@ int run(int argc, char** argv) {
   log_event(LogLevel::info, "ready",
             {kv("socket", config.socket_path), kv("pools", service.value()->pools().size())});
   io.run();
+  metrics.reset();
+  publisher.stop();
+  server.stop();
   log_event(LogLevel::info, "stopped");
   return 0;
 }

@@ -55,11 +55,31 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     frame_timer_.cancel();
     boost::system::error_code ignored;
     socket_.close(ignored);
+    if (subscribed_) server_.subscribers_.erase(this);
     log_event(LogLevel::info, "session_close",
               {kv("session", session_->id), kv("reason", std::string(reason)),
                kv("held_pages", session_->held_pages)});
     server_.service_.close_session(*session_);
     server_.closed(shared_from_this());
+  }
+
+  // Operations, metrics and events: a subscribed connection ---------------------------------
+
+  // Appends the events this subscriber has not seen, as long as less than
+  // kMaxSubscriberBacklogBytes wait for it, and sends what it can. A subscriber that does not
+  // read stops here; its cursor stays where it is and the ring moves on without it.
+  void pump_events() {
+    pump_posted_ = false;
+    if (!subscribed_ || closed_ || close_after_flush_) return;
+    bool added = false;
+    while (pending_bytes() < kMaxSubscriberBacklogBytes) {
+      batch_.events.clear();
+      server_.service_.collect_events(*session_, kEventsPerFrame, batch_);
+      if (batch_.events.empty()) break;
+      wire::encode_event_batch(session_->subscription->request_id, batch_, out_);
+      added = true;
+    }
+    if (added) flush();
   }
 
   // Queues an error reply and closes once it is sent (or could not be).
@@ -90,10 +110,16 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
 
   void on_read(size_t n) {
     if (closed_) return;
+    const uint64_t arrival =
+        server_.service_.request_latency().enabled() ? LatencyRecorder::now_ns() : 0;
     in_len_ += n;
-    process_frames();
+    process_frames(arrival);
     if (closed_) return;
+    // The activity hook runs before the replies leave, so that whoever reads the stats after
+    // a reply (kvpoolctl flush && kvpoolctl status) finds what the hook published.
+    if (server_.activity_ != nullptr) server_.activity_->on_activity();
     flush();
+    server_.pump_subscribers();
     if (closed_) return;
     if (close_after_flush_) {
       // Answered and closing: read nothing more; a peer that never takes the answer is closed
@@ -111,9 +137,10 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     wait_readable();
   }
 
-  void process_frames() {
+  // `arrival`: when the read that completed these frames returned (0 = latency is not timed).
+  void process_frames(uint64_t arrival) {
     size_t pos = 0;
-    while (!close_after_flush_ && in_len_ - pos >= wire::kHeaderBytes) {
+    while (!close_after_flush_ && !subscribed_ && in_len_ - pos >= wire::kHeaderBytes) {
       const std::span<const std::byte> avail(in_.data() + pos, in_len_ - pos);
       const auto header = wire::decode_header(avail);
       if (!header.ok()) {
@@ -139,8 +166,24 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
           fds_to_pass_ = fds;
           fds_at_ = reply_at;
         }
+        if (arrival != 0) {
+          server_.service_.request_latency().record(header.value().opcode,
+                                                    LatencyRecorder::now_ns() - arrival);
+        }
+        if (session_->subscription && !subscribed_) {
+          subscribed_ = true;
+          server_.subscribers_.insert(this);
+          server_.pumped_seq_ = 0;  // a replay from an old sequence is due even with no new event
+        }
       }
       pos += total;
+    }
+    if (subscribed_ && in_len_ > pos && !close_after_flush_) {
+      // A subscribed connection only receives; a request now would interleave with events.
+      fail(session_->subscription->request_id, static_cast<uint16_t>(wire::Opcode::subscribe),
+           wire::Error{Status(Errc::invalid_argument),
+                       "a subscribed connection takes no more requests"});
+      pos = in_len_;
     }
     // Keep the unconsumed tail at the front of the buffer.
     if (pos > 0) {
@@ -232,9 +275,18 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       reading_paused_ = false;
       wait_readable();
     }
+    // A subscriber that took everything may have more events waiting; the pump runs from the
+    // loop rather than from here so that a fast reader cannot recurse.
+    if (subscribed_ && !pump_posted_ &&
+        session_->subscription->cursor < server_.service_.events().next_seq()) {
+      pump_posted_ = true;
+      asio::post(server_.io_, [self = shared_from_this()] { self->pump_events(); });
+    }
   }
 
   static constexpr size_t kReadChunk = size_t{64} * 1024;
+  static constexpr size_t kMaxSubscriberBacklogBytes = size_t{256} * 1024;
+  static constexpr size_t kEventsPerFrame = 256;
 
   Server& server_;
   Local::socket socket_;
@@ -256,6 +308,11 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   bool write_waiting_ = false;
   bool timer_active_ = false;
   uint64_t timer_generation_ = 0;  // a timer firing for an older generation is stale
+
+  // Operations, metrics and events.
+  bool subscribed_ = false;
+  bool pump_posted_ = false;
+  wire::EventBatch batch_;  // reused for every event frame
 };
 
 Server::Server(asio::io_context& io, Service& service, std::chrono::milliseconds frame_timeout)
@@ -348,6 +405,7 @@ void Server::accept() {
         auto c = std::make_shared<Connection>(*this, std::move(socket), std::move(session.value()));
         connections_.insert(c);
         c->start();
+        if (activity_ != nullptr) activity_->on_activity();
       }
     }
     accept();
@@ -356,11 +414,26 @@ void Server::accept() {
 
 void Server::closed(const std::shared_ptr<Connection>& c) {
   connections_.erase(c);
+  if (activity_ != nullptr) activity_->on_activity();
+}
+
+void Server::pump_subscribers() {
+  if (!subscribers_.empty() && service_.events().next_seq() != pumped_seq_) {
+    pumped_seq_ = service_.events().next_seq();
+    // Pumping may close a subscriber (a failed send), which edits the set: walk a copy.
+    std::vector<std::shared_ptr<Connection>> subscribers;
+    subscribers.reserve(subscribers_.size());
+    for (Connection* c : subscribers_)
+      subscribers.push_back(c->shared_from_this());
+    for (const auto& c : subscribers)
+      c->pump_events();
+  }
 }
 
 void Server::stop() {
   if (stopping_) return;
   stopping_ = true;
+  activity_ = nullptr;  // whoever set it may be gone by now
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   accept_backoff_.cancel();

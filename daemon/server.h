@@ -16,6 +16,15 @@
 //     gets an error reply and the connection goes on.
 // When a connection closes for any reason, its session's references are released at once.
 //
+// Operations, metrics and events: after each read's requests are handled, every subscribed
+// connection (one that sent subscribe) gets the new events the Service has for it, at most
+// 256 KiB queued per subscriber: one that does not read stops receiving, its cursor falls
+// behind the ring and it later gets a gap event instead of what it missed, so it can neither
+// block the loop nor grow the daemon's memory. A subscribed connection takes no more requests.
+// The time from a read's completion to each of its replies being queued is recorded in the
+// Service's "request" latency histograms, and an activity hook (the stats publisher) runs after
+// every batch of requests, before their replies are sent, and at every session open and close.
+//
 // Thread-safety: everything runs on the io_context's thread.
 #pragma once
 
@@ -32,6 +41,13 @@
 
 namespace kvpool::daemon {
 
+// What the Server tells about activity (the stats publisher listens).
+class ActivityListener {
+ public:
+  virtual ~ActivityListener() = default;
+  virtual void on_activity() = 0;
+};
+
 class Server {
  public:
   static constexpr size_t kMaxBacklogBytes = 64u << 20;
@@ -47,6 +63,9 @@ class Server {
   void stop();
 
   size_t connections() const { return connections_.size(); }
+  // Told after requests were handled (before their replies are sent) and when sessions open or
+  // close; null = nobody. Not owned.
+  void set_activity_listener(ActivityListener* listener) { activity_ = listener; }
 
  private:
   class Connection;
@@ -54,6 +73,8 @@ class Server {
 
   void accept();
   void closed(const std::shared_ptr<Connection>& c);
+  // Pushes new events to the subscribers.
+  void pump_subscribers();
 
   boost::asio::io_context& io_;
   Service& service_;
@@ -63,6 +84,10 @@ class Server {
   std::string path_;
   std::set<std::shared_ptr<Connection>> connections_;
   bool stopping_ = false;
+  // Operations, metrics and events.
+  std::set<Connection*> subscribers_;  // the connections in connections_ that are subscribed
+  uint64_t pumped_seq_ = 0;            // the event sequence subscribers were last pumped up to
+  ActivityListener* activity_ = nullptr;
 };
 
 }  // namespace kvpool::daemon

@@ -87,6 +87,7 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
     pool->info.device = svc->backend_->device();
     pool->info.device_uuid = svc->backend_->device_uuid();
     pool->info.segments = pool->memory->segments();
+    pool->index = static_cast<uint16_t>(svc->pools_.size());
     log_event(LogLevel::info, "pool_ready",
               {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
                kv("bytes", pool->info.segment_bytes), kv("size", bytes_text(pages * per_page)),
@@ -97,6 +98,7 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
   for (const TenantConfig& t : config.tenants)
     svc->tenant_index(t.name);
   if (!config.default_tenant.empty()) svc->tenant_index(config.default_tenant);
+  svc->init_operations();
   return svc;
 }
 
@@ -116,6 +118,9 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   if (next.backend != config_.backend) restart.emplace_back("backend");
   if (next.device != config_.device) restart.emplace_back("device");
   if (next.pools != config_.pools) restart.emplace_back("pools");
+  // Operations, metrics and events: the endpoint, the segment and the ring are set up at start.
+  if (next.metrics != config_.metrics) restart.emplace_back("metrics");
+  if (next.events != config_.events) restart.emplace_back("events");
   // What can change live does; what cannot keeps its running value until a restart.
   Config applied = next;
   applied.socket_path = config_.socket_path;
@@ -124,6 +129,8 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   applied.backend = config_.backend;
   applied.device = config_.device;
   applied.pools = config_.pools;
+  applied.metrics = config_.metrics;
+  applied.events = config_.events;
   config_ = std::move(applied);
   for (const TenantConfig& t : config_.tenants)
     tenant_index(t.name);
@@ -184,6 +191,7 @@ void Service::close_session(SessionState& s) {
     tenant_held_[s.tenant] -= s.held_pages;
     s.held_pages = 0;
     s.attached = false;
+    if (s.subscription) --subscribers_;
 #ifndef NDEBUG
     // Debug and sanitizer builds verify DESIGN §3 whenever a session's references go back, so
     // the integration tests (kill -9 of workers included) check the invariants too.
@@ -208,6 +216,8 @@ void Service::refresh_held(SessionState& s) {
 void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& request,
                      std::vector<std::byte>& out, std::span<const int>* fds_to_pass) {
   *fds_to_pass = {};
+  const uint64_t started = service_latency_.enabled() ? LatencyRecorder::now_ns() : 0;
+  now_s_ = seconds_now();
   const wire::Opcode op = wire::opcode_of(request);
   wire::Result<wire::Reply> reply = error(Errc::internal, "unhandled request");
   if (!s.attached && op != wire::Opcode::hello) {
@@ -228,6 +238,13 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
           if constexpr (std::is_same_v<T, wire::SessionsRequest>) return sessions(s);
           if constexpr (std::is_same_v<T, wire::PagesRequest>) return pages(s);
           if constexpr (std::is_same_v<T, wire::CopyRequest>) return copy(s, r);
+          // Operations, metrics and events.
+          if constexpr (std::is_same_v<T, wire::PrefixesRequest>) return prefixes(s, r);
+          if constexpr (std::is_same_v<T, wire::ReloadRequest>) return reload(s);
+          if constexpr (std::is_same_v<T, wire::SubscribeRequest>) {
+            return subscribe(s, request_id, r);
+          }
+          if constexpr (std::is_same_v<T, wire::SnapshotRequest>) return snapshot(s);
         },
         request);
   }
@@ -236,6 +253,9 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   } else {
     *fds_to_pass = {};
     wire::encode_error(request_id, static_cast<uint16_t>(op), reply.error(), out);
+  }
+  if (started != 0) {
+    service_latency_.record(static_cast<uint16_t>(op), LatencyRecorder::now_ns() - started);
   }
 }
 
@@ -319,6 +339,7 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
   const Status st = s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits);
   if (!st.ok()) return from_status(st);
   l.pages.resize(hits);
+  s.pool->prefix_stats->hit(l.pages, now_s_);
   refresh_held(s);
   return wire::Reply(std::move(l));
 }
@@ -392,6 +413,7 @@ wire::Result<bool> Service::check_admin(const SessionState& s, std::string_view 
 wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r) {
   if (auto ok = check_admin(s, "evict"); !ok.ok()) return ok.error();
   const uint32_t n = s.pool->pages->evict(r.count);
+  operator_change_ = true;
   log_event(LogLevel::info, "admin_evict",
             {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),
              kv("asked", r.count), kv("evicted", n)});
@@ -400,7 +422,10 @@ wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictReque
 
 wire::Result<wire::Reply> Service::flush(SessionState& s) {
   if (auto ok = check_admin(s, "flush"); !ok.ok()) return ok.error();
+  s.pool->index_events->begin_flush();
   const uint32_t n = s.pool->pages->flush();
+  s.pool->index_events->end_flush(s.pool->pages->indexed() == 0);
+  operator_change_ = true;
   log_event(LogLevel::info, "admin_flush",
             {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),
              kv("flushed", n)});

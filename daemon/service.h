@@ -22,8 +22,14 @@
 // published page's bytes are shared and fixed; DESIGN §3), no page twice, at most
 // wire::kMaxCopyBytes per request; the daemon copies with its pool memory's PageCopier.
 //
-// Admin: evict and flush change what every tenant has cached, so they need root or membership
+// Admin: evict, flush and reload change what every tenant gets, so they need root or membership
 // (primary or supplementary) of the config's admin_group; sessions is read-only.
+//
+// Operations, metrics and events (service_ops.cpp): prefixes lists the most-hit indexed blocks
+// and subscribe follows the index's events, both scoped like lookups (an admin sees every
+// tenant, anyone else only its own); reload runs the handler kvpoold installed (the SIGHUP path)
+// and is admin only; snapshot answers with the stats snapshot the daemon also publishes in
+// shared memory. handle() times itself into the "service" latency histograms.
 //
 // Thread-safety: none; one thread (the event loop) owns a Service.
 #pragma once
@@ -31,16 +37,24 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/protocol.h"
+#include "common/stats_layout.h"
 #include "daemon/config.h"
 #include "daemon/core/page_pool.h"
+#include "daemon/events.h"
+#include "daemon/index_events.h"
+#include "daemon/latency.h"
 #include "daemon/memory_backend.h"
+#include "daemon/prefix_stats.h"
 
 namespace kvpool::daemon {
 
@@ -55,6 +69,10 @@ struct Pool {
   wire::PoolInfo info;
   std::unique_ptr<PoolMemory> memory;
   std::unique_ptr<core::PagePool> pages;
+  // Operations, metrics and events.
+  uint16_t index = 0;  // position in Service::pools()
+  std::unique_ptr<PrefixStats> prefix_stats;
+  std::unique_ptr<PoolIndexEvents> index_events;
 };
 
 // Per-connection state the Service keeps; the Server holds one per connection.
@@ -67,6 +85,8 @@ struct SessionState {
   uint32_t tenant = 0;  // index into Service::tenants()
   core::OwnerId owner = 0;
   uint64_t held_pages = 0;  // distinct pages held, as of the last call
+  // Set by a subscribe: the connection now carries events (the Server pushes them).
+  std::optional<Subscription> subscription;
 };
 
 class Service {
@@ -95,7 +115,8 @@ class Service {
 
   // Reload: applies what can change while sessions run (limits, tenants, default tenant, log
   // level) and returns the dotted keys that changed but need a restart (socket.*, backend,
-  // device, pools), which keep their running values. Existing sessions keep their tenant.
+  // device, pools, metrics, events), which keep their running values. Existing sessions keep
+  // their tenant.
   std::vector<std::string> apply_live(const Config& next);
 
  private:
@@ -132,6 +153,49 @@ class Service {
   uint32_t sessions_ = 0;
   std::set<SessionState*> live_;  // every open session (owned by its connection)
   uint64_t next_session_id_ = 1;
+
+  // Operations, metrics and events (service_ops.cpp) -----------------------------------------
+ public:
+  // What kvpoold's reload does (re-read the file, apply_live, log, notify systemd).
+  void set_reload_handler(std::function<wire::ReloadReply()> handler) {
+    reload_handler_ = std::move(handler);
+  }
+  void note_reload(bool applied);
+  // True once after an evict, flush or reload changed what the stats show (the stats publisher
+  // then publishes before the reply leaves).
+  bool take_operator_change() { return std::exchange(operator_change_, false); }
+  const EventLog& events() const { return *events_; }
+  LatencyRecorder& request_latency() { return request_latency_; }
+  // The daemon-wide stats snapshot: counters and pages by state per pool, sessions, events,
+  // latency histograms.
+  void fill_snapshot(stats::Snapshot& out) const;
+  // For a subscribed session: appends to `batch` up to `max` events it has not seen yet (a gap
+  // marker first when it fell behind the ring). Empty when there is nothing new.
+  void collect_events(SessionState& s, size_t max, wire::EventBatch& batch);
+
+ private:
+  // Sets up what the operations block keeps per pool (from create()).
+  void init_operations();
+  // Seconds since start + 1, as PrefixStats counts time.
+  uint32_t seconds_now() const;
+  bool is_admin(const SessionState& s) const { return check_admin(s, "").ok(); }
+  wire::Result<wire::Reply> prefixes(SessionState& s, const wire::PrefixesRequest& r);
+  wire::Result<wire::Reply> reload(SessionState& s);
+  wire::Result<wire::Reply> subscribe(SessionState& s, uint32_t request_id,
+                                      const wire::SubscribeRequest& r);
+  wire::Result<wire::Reply> snapshot(SessionState& s);
+
+  std::unique_ptr<EventLog> events_;
+  LatencyRecorder service_latency_{true};
+  LatencyRecorder request_latency_{true};
+  std::function<wire::ReloadReply()> reload_handler_;
+  uint64_t start_mono_ns_ = 0;
+  uint64_t start_unix_ms_ = 0;
+  uint32_t now_s_ = 1;  // seconds_now() as of the current request
+  uint32_t subscribers_ = 0;
+  uint64_t reloads_ = 0;
+  uint64_t reload_failures_ = 0;
+  bool operator_change_ = false;
 };
 
 }  // namespace kvpool::daemon

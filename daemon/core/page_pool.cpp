@@ -114,10 +114,11 @@ void PagePool::unref_page(PageId page) {
   }
 }
 
-void PagePool::uncache(PageId page) {
+void PagePool::uncache(PageId page, IndexObserver::Removal why) {
   PageMeta& m = pages_[page];
   KVPOOL_CHECK(m.word == kHashed);
   KVPOOL_CHECK(index_.erase(m.ns, m.hash, page));
+  if (observer_ != nullptr) observer_->removed(m.ns, m.hash, page, why);
   m.word = 0;
   --cached_;
 }
@@ -137,7 +138,7 @@ Status PagePool::alloc(OwnerId owner, std::span<PageId> out) {
   for (size_t k = from_free; k < n; ++k) {
     const PageId page = policy_->victim();
     KVPOOL_CHECK(page != kNoPage);
-    uncache(page);
+    uncache(page, IndexObserver::Removal::evicted);
     out[k] = page;
   }
   counters_.evicted += n - from_free;
@@ -266,18 +267,19 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     m.ns = ns;
     m.hash = items[i].hash;
     m.word |= kHashed;
+    if (observer_ != nullptr) observer_->stored(ns, m.hash, page);
     out[i] = {PublishResult::Kind::stored, page};
     ++counters_.published;
   }
   return {};
 }
 
-uint32_t PagePool::drop_victims(uint32_t n) {
+uint32_t PagePool::drop_victims(uint32_t n, IndexObserver::Removal why) {
   uint32_t dropped = 0;
   while (dropped < n) {
     const PageId page = policy_->victim();
     if (page == kNoPage) break;
-    uncache(page);
+    uncache(page, why);
     free_.push_back(page);
     ++dropped;
   }
@@ -285,13 +287,13 @@ uint32_t PagePool::drop_victims(uint32_t n) {
 }
 
 uint32_t PagePool::evict(uint32_t n) {
-  const uint32_t dropped = drop_victims(n);
+  const uint32_t dropped = drop_victims(n, IndexObserver::Removal::evicted);
   counters_.evicted += dropped;
   return dropped;
 }
 
 uint32_t PagePool::flush() {
-  const uint32_t dropped = drop_victims(cached_);
+  const uint32_t dropped = drop_victims(cached_, IndexObserver::Removal::flushed);
   KVPOOL_CHECK(cached_ == 0);
   counters_.flushed += dropped;
   return dropped;
@@ -312,6 +314,14 @@ PageState PagePool::state(PageId page) const {
   const uint32_t w = pages_[page].word;
   if ((w & kRefMask) != 0) return PageState::in_use;
   return w == kHashed ? PageState::cached : PageState::free;
+}
+
+bool PagePool::indexed_key(PageId page, Namespace& ns, BlockHash& hash) const {
+  const PageMeta& m = pages_[page];
+  if ((m.word & kHashed) == 0) return false;
+  ns = m.ns;
+  hash = m.hash;
+  return true;
 }
 
 uint32_t PagePool::refcount(PageId page) const {

@@ -22,6 +22,11 @@
 // Order matters in release(): pages become CACHED in the order given, so a worker that releases a
 // sequence tail first lets the policy evict tails before heads.
 //
+// Index observer: when one is set, it is told of every (namespace, hash) that enters the index
+// (publish) and every one that leaves it (eviction by alloc or evict(), flush()), in order, while
+// the pool is mid-operation: it must not call back into the pool. The daemon turns these calls
+// into stored/removed events; the core itself stays free of I/O.
+//
 // Thread-safety: none. One thread (the daemon's event loop) owns a PagePool.
 // Error policy: client mistakes (bad ids, pages not held, counts too large, missing capacity) are
 // returned as Status and change nothing; internal inconsistencies are bugs and abort via
@@ -37,6 +42,7 @@
 #include "common/block_hash.h"
 #include "common/status.h"
 #include "daemon/core/eviction_policy.h"
+#include "daemon/core/index_observer.h"
 #include "daemon/core/ledger.h"
 #include "daemon/core/prefix_index.h"
 #include "daemon/core/types.h"
@@ -120,6 +126,12 @@ class PagePool {
   uint32_t held(OwnerId owner, PageId page) const;  // 0 for an unknown owner or page
   uint32_t owner_pages(OwnerId owner) const;        // distinct pages held; 0 if unknown
   const EvictionPolicy& policy() const { return *policy_; }
+  // The key a page is indexed under; false when it carries no hash. Precondition: valid_page.
+  bool indexed_key(PageId page, Namespace& ns, BlockHash& hash) const;
+  uint32_t indexed() const { return index_.size(); }
+
+  // Index observer (see above); null = none. Not owned; must outlive the pool or be reset.
+  void set_observer(IndexObserver* observer) { observer_ = observer; }
 
   // Verifies invariants I1–I5. Returns an empty string when they hold, else the first violation.
   // O(pages + index slots + ledger slots): for tests and debug builds, not the hot path.
@@ -147,9 +159,9 @@ class PagePool {
   PageId find_cached(Namespace ns, const BlockHash& hash) const;
   // A CACHED page chosen by the policy leaves the cache: out of the index, hash cleared. The
   // caller puts it on the free stack or hands it out.
-  void uncache(PageId page);
+  void uncache(PageId page, IndexObserver::Removal why);
   // Drops up to n victims onto the free stack.
-  uint32_t drop_victims(uint32_t n);
+  uint32_t drop_victims(uint32_t n, IndexObserver::Removal why);
   // One reference more / less, with the state transitions that follow.
   void ref_page(PageId page);
   void unref_page(PageId page);
@@ -158,6 +170,7 @@ class PagePool {
   std::vector<PageId> free_;  // stack of FREE pages
   PrefixIndex index_;
   std::unique_ptr<EvictionPolicy> policy_;
+  IndexObserver* observer_ = nullptr;
 
   std::vector<OwnerSlot> owners_;  // indexed by the low 32 bits of an OwnerId
   std::vector<uint32_t> free_owner_slots_;

@@ -9,11 +9,11 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 
 #include "client/connection.h"
+#include "tests/common/prom_parser.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::testing {
@@ -76,6 +76,11 @@ TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {
   ASSERT_TRUE(w.value()->lookup(std::vector<BlockHash>{BlockHash{1, 2}, BlockHash{3, 4}}).ok());
 
   const std::string sock = " --socket " + d.socket();
+  // status and stats read the daemon's stats segment, which trails the pools by up to 10 ms:
+  // wait until it shows the worker's calls.
+  for (int i = 0; i < 500 && json_of("stats --json" + sock)["lookups"] != 1; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   auto s = json_of("status --json" + sock);
   EXPECT_EQ(s["schema"], 1);
   EXPECT_EQ(s["pool"], "default");
@@ -121,28 +126,11 @@ TEST(Kvpoolctl, PrometheusOutputParses) {
   ASSERT_TRUE(d.start()) << d.log();
   std::string out;
   ASSERT_EQ(run_command(kCtl + " --socket " + d.socket() + " stats --format prom", out), 0) << out;
-  const std::regex sample(
-      R"(^([a-z_]+)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? [0-9]+(\.[0-9]+)?$)");
-  const std::regex help(R"(^# HELP ([a-z_]+) .+$)");
-  const std::regex type(R"(^# TYPE ([a-z_]+) (counter|gauge)$)");
-  std::set<std::string> typed;
-  std::istringstream lines(out);
-  std::string line;
-  int samples = 0;
-  while (std::getline(lines, line)) {
-    std::smatch m;
-    if (std::regex_match(line, m, type)) {
-      typed.insert(m[1]);
-    } else if (std::regex_match(line, m, sample)) {
-      EXPECT_TRUE(typed.count(m[1])) << "sample before its TYPE: " << line;
-      ++samples;
-    } else {
-      EXPECT_TRUE(std::regex_match(line, help)) << "not exposition format: " << line;
-    }
-  }
-  EXPECT_GE(samples, 10);
-  EXPECT_TRUE(typed.count("kvpool_pages"));
-  EXPECT_TRUE(typed.count("kvpool_prefix_hit_tokens_total"));
+  const PromParse p = parse_prometheus(out);
+  ASSERT_EQ(p.error, "") << out;
+  EXPECT_GE(p.samples.size(), 10u);
+  EXPECT_EQ(p.types.at("kvpool_pages"), "gauge");
+  EXPECT_EQ(p.types.at("kvpool_prefix_hit_tokens_total"), "counter");
   EXPECT_NE(out.find("kvpool_pages{pool=\"default\",state=\"free\"} 64"), std::string::npos);
 }
 
@@ -150,9 +138,9 @@ TEST(Kvpoolctl, SessionsEvictFlushAndAdminRights) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run kvpoolctl under other uids";
   Daemon d(std::string(kPool) + "socket: {mode: \"0666\"}\nadmin_group: daemon\n");
   ASSERT_TRUE(d.start()) << d.log();
-  std::filesystem::permissions(std::filesystem::path(d.socket()).parent_path(),
-                               std::filesystem::perms::owner_all |
-                                   std::filesystem::perms::others_exec);
+  std::filesystem::permissions(
+      std::filesystem::path(d.socket()).parent_path(),
+      std::filesystem::perms::owner_all | std::filesystem::perms::others_exec);
   const std::string sock = " --socket " + d.socket();
   // Three cached pages, and a worker holding two more.
   {
@@ -160,9 +148,10 @@ TEST(Kvpoolctl, SessionsEvictFlushAndAdminRights) {
     ASSERT_TRUE(w.ok());
     auto p = w.value()->alloc(3);
     ASSERT_TRUE(p.ok());
-    ASSERT_TRUE(w.value()->publish(std::vector<PublishItem>{{p.value()[0], BlockHash{1, 1}},
-                                                             {p.value()[1], BlockHash{2, 2}},
-                                                             {p.value()[2], BlockHash{3, 3}}})
+    ASSERT_TRUE(w.value()
+                    ->publish(std::vector<PublishItem>{{p.value()[0], BlockHash{1, 1}},
+                                                       {p.value()[1], BlockHash{2, 2}},
+                                                       {p.value()[2], BlockHash{3, 3}}})
                     .ok());
   }
   auto holder = client::Connection::attach(d.socket(), "holder");
@@ -221,6 +210,21 @@ TEST(Kvpoolctl, ErrorsAndUsage) {
   EXPECT_NE(out.find("--kv-heads"), std::string::npos) << out;
   EXPECT_EQ(run_command(kCtl + " status --help", out), 0);
   EXPECT_NE(out.find("--watch"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " prefixes --help", out), 0);
+  EXPECT_NE(out.find("--limit"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " events --help", out), 0);
+  EXPECT_NE(out.find("--from"), std::string::npos) << out;
+  EXPECT_NE(out.find("--count"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " reload --help", out), 0);
+  EXPECT_NE(out.find("SIGHUP"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " prefixes --limit 0", out), 2);
+  EXPECT_EQ(run_command(kCtl + " events --count 0", out), 2);
+  EXPECT_EQ(run_command(kCtl + " reload extra", out), 2);
+  for (const char* verb : {"prefixes", "reload", "events --count 1", "stats --no-shm"}) {
+    EXPECT_EQ(run_command(kCtl + " --socket " + dir.file("none.sock") + " " + verb, out), 1)
+        << verb;
+    EXPECT_NE(out.find("kvpoold is not running"), std::string::npos) << verb << ": " << out;
+  }
 }
 
 }  // namespace

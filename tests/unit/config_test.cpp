@@ -261,7 +261,50 @@ TEST(ConfigTest, DefaultTenantSpecialNames) {
   EXPECT_EQ(c.tenants[0].pools, std::vector<std::string>{"default"});
 }
 
+TEST(ConfigTest, MetricsAndEventsKeys) {
+  Config c = parse_ok("");
+  EXPECT_EQ(c.metrics, MetricsConfig{});
+  EXPECT_EQ(c.metrics.listen, "");
+  EXPECT_TRUE(c.metrics.latency_histograms);
+  EXPECT_TRUE(c.metrics.stats_segment);
+  EXPECT_EQ(c.events.ring_events, 65536u);
+  c = parse_ok(
+      "metrics:\n  listen: \"127.0.0.1:9464\"\n  latency_histograms: false\n"
+      "  stats_segment: false\nevents:\n  ring_events: 16\n");
+  EXPECT_EQ(c.metrics.listen, "127.0.0.1:9464");
+  EXPECT_FALSE(c.metrics.latency_histograms);
+  EXPECT_FALSE(c.metrics.stats_segment);
+  EXPECT_EQ(c.events.ring_events, 16u);
+  c = parse_ok("metrics: {listen: \"[::1]:0\"}\n");
+  EXPECT_EQ(c.metrics.listen, "[::1]:0");
+  // Beyond loopback only when asked for, in either order.
+  c = parse_ok("metrics:\n  listen: \"0.0.0.0:9464\"\n  allow_non_loopback: true\n");
+  EXPECT_TRUE(c.metrics.allow_non_loopback);
+  EXPECT_EQ(parse_ok("metrics:\n  listen: \"\"\n").metrics.listen, "");
+}
+
 // Errors: "FILE:LINE: KEY: what is wrong" ----------------------------------------------------
+
+TEST(ConfigErrorTest, MetricsAndEvents) {
+  expect_error("metrics:\n  listen: \"0.0.0.0:9464\"\n", 2, "metrics.listen",
+               "not a loopback address");
+  expect_error("metrics:\n  listen: \"10.1.2.3:9464\"\n", 2, "metrics.listen",
+               "metrics.allow_non_loopback: true");
+  expect_error("metrics:\n  listen: \"127.0.0.1\"\n", 2, "metrics.listen", "has no port");
+  expect_error("metrics:\n  listen: \"127.0.0.1:70000\"\n", 2, "metrics.listen", "0..65535");
+  expect_error("metrics:\n  listen: \"example.com:80\"\n", 2, "metrics.listen",
+               "not an IPv4 address");
+  expect_error("metrics:\n  listen: [1]\n", 2, "metrics.listen", "must be a string");
+  expect_error("metrics:\n  port: 9464\n", 2, "metrics.port", "unknown key");
+  expect_error("metrics:\n  latency_histograms: yes\n", 2, "metrics.latency_histograms",
+               "true or false");
+  expect_error("metrics:\n  stats_segment: \"true\"\n", 2, "metrics.stats_segment",
+               "true or false");
+  expect_error("events:\n  ring_events: 8\n", 2, "events.ring_events", "at least 16");
+  expect_error("events:\n  ring_events: 99999999999\n", 2, "events.ring_events", "at most");
+  expect_error("events:\n  ring: 64\n", 2, "events.ring", "unknown key");
+  expect_error("metric:\n  listen: \"\"\n", 1, "metric", "unknown key");
+}
 
 TEST(ConfigErrorTest, UnknownKeys) {
   expect_error("backend: host\nsockets:\n  path: /x\n", 2, "sockets", "unknown key");

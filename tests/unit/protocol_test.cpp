@@ -158,6 +158,12 @@ std::vector<Request> sample_requests() {
   v.emplace_back(PagesRequest{});
   v.emplace_back(CopyRequest{});
   v.emplace_back(CopyRequest{{PageCopy{1, 2}, PageCopy{UINT32_MAX, 0}, PageCopy{7, 7}}});
+  v.emplace_back(PrefixesRequest{1});
+  v.emplace_back(PrefixesRequest{kMaxPrefixes});
+  v.emplace_back(ReloadRequest{});
+  v.emplace_back(SubscribeRequest{0});
+  v.emplace_back(SubscribeRequest{UINT64_MAX});
+  v.emplace_back(SnapshotRequest{});
   return v;
 }
 
@@ -247,7 +253,31 @@ std::vector<Reply> sample_replies() {
       {SessionInfo{1, 4242, 1000, 17, "worker-a", "default", "pool"},
        SessionInfo{UINT64_MAX, 0, 0, 0, "", "", ""},
        SessionInfo{9, 1, 2, 3, name_of('w', kMaxNameBytes), "t", name_of('p', kMaxNameBytes)}}});
+  v.emplace_back(PrefixesReply{});
+  v.emplace_back(PrefixesReply{
+      7,
+      {PrefixEntry{BlockHash{1, 2}, 3, 0, 9, 12, 1, PagesReply::kCached, "default"},
+       PrefixEntry{BlockHash{UINT64_MAX, 0}, kNoPage, PrefixEntry::kUnknownDepth, 0, UINT32_MAX,
+                   PrefixEntry::kNever, PagesReply::kInUse, name_of('t', kMaxNameBytes)}}});
+  v.emplace_back(ReloadReply{});
+  v.emplace_back(ReloadReply{ReloadReply::kRefused, "f.yaml:3: limits.x: unknown key", {}});
+  v.emplace_back(ReloadReply{ReloadReply::kApplied, "f.yaml", {"pools", "socket.path"}});
+  v.emplace_back(ReloadReply{ReloadReply::kNoConfigFile, "", {}});
+  v.emplace_back(SubscribeReply{0x1234, 1, 1});
+  v.emplace_back(SubscribeReply{UINT64_MAX, UINT64_MAX, 0});
+  v.emplace_back(SnapshotReply{});
+  v.emplace_back(SnapshotReply{1, hex_bytes({1, 2, 3, 0, 0xff})});
   return v;
+}
+
+EventBatch sample_events() {
+  EventBatch b;
+  b.events.push_back(Event{1, Event::kStored, Event::kNone, 4, 0, BlockHash{5, 6}, "default"});
+  b.events.push_back(Event{2, Event::kRemoved, Event::kEvicted, 4, 0, BlockHash{5, 6}, "t"});
+  b.events.push_back(Event{3, Event::kRemoved, Event::kFlushed, 9, 0, BlockHash{}, ""});
+  b.events.push_back(Event{9, Event::kCleared, Event::kNone, kNoPage, 12, BlockHash{}, ""});
+  b.events.push_back(Event{UINT64_MAX, Event::kGap, Event::kNone, kNoPage, UINT64_MAX, {}, ""});
+  return b;
 }
 
 // Round trips ----------------------------------------------------------------------------------
@@ -267,6 +297,71 @@ TEST(ProtocolRoundTrip, OpcodeIsAlternativePlusOne) {
   EXPECT_EQ(opcode_of(Reply{LookupReply{}}), Opcode::lookup);
   EXPECT_EQ(opcode_of(Reply{PublishReply{}}), Opcode::publish);
   EXPECT_EQ(opcode_of(Reply{StatsReply{}}), Opcode::stats);
+}
+
+TEST(ProtocolRoundTrip, OpcodesOfTheOperationsBlockStartAt20) {
+  EXPECT_EQ(opcode_of(Request{PrefixesRequest{}}), Opcode::prefixes);
+  EXPECT_EQ(opcode_of(Request{ReloadRequest{}}), Opcode::reload);
+  EXPECT_EQ(opcode_of(Request{SubscribeRequest{}}), Opcode::subscribe);
+  EXPECT_EQ(opcode_of(Request{SnapshotRequest{}}), Opcode::snapshot);
+  EXPECT_EQ(opcode_of(Reply{SnapshotReply{}}), Opcode::snapshot);
+  EXPECT_EQ(static_cast<uint16_t>(Opcode::prefixes), 20);
+  EXPECT_EQ(opcode_number(0), 1);
+  EXPECT_EQ(opcode_number(11), 12);  // copy, the last of the pool operations
+  EXPECT_EQ(opcode_number(12), 20);
+  EXPECT_EQ(opcode_number(99), 0);
+  EXPECT_EQ(opcode_name(20), "prefixes");
+  EXPECT_EQ(opcode_name(24), "event_batch");
+  EXPECT_EQ(opcode_name(12), "copy");
+  EXPECT_EQ(opcode_name(13), "");
+}
+
+TEST(ProtocolRoundTrip, EventBatch) {
+  Bytes frame;
+  encode_event_batch(77, sample_events(), frame);
+  auto h = decode_header(frame);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h.value().opcode, static_cast<uint16_t>(Opcode::event_batch) | kReplyBit);
+  EXPECT_EQ(h.value().request_id, 77u);
+  const Bytes payload = exact(payload_of(frame));
+  auto b = decode_event_batch(h.value(), payload);
+  ASSERT_TRUE(b.ok()) << b.error().message;
+  EXPECT_EQ(b.value(), sample_events());
+  // Not a request, and not a reply either: a client must read it with decode_event_batch.
+  EXPECT_TRUE(fails_with(Errc::unknown_opcode, decode_request(h.value(), payload)));
+  EXPECT_FALSE(decode_reply(h.value(), payload).ok());
+  // Every cut fails cleanly.
+  for (size_t cut = 0; cut < payload.size(); ++cut) {
+    FrameHeader hh = h.value();
+    hh.length = static_cast<uint32_t>(cut);
+    const Bytes part = exact(std::span<const std::byte>(payload).first(cut));
+    EXPECT_TRUE(fails_with(Errc::malformed_frame, decode_event_batch(hh, part))) << cut;
+  }
+  // A bad kind is named.
+  Bytes bad = payload;
+  bad[2 + 4 + 8] = std::byte{9};
+  auto r = decode_event_batch(h.value(), exact(bad));
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
+  EXPECT_NE(r.error().message.find("kind 9"), std::string::npos) << r.error().message;
+}
+
+TEST(ProtocolDecodeRequest, PrefixesLimitIsBounded) {
+  for (uint32_t limit : {0u, kMaxPrefixes + 1}) {
+    const Bytes payload = Builder().u32(limit).bytes();
+    auto r = decode_request(header_for(static_cast<uint16_t>(Opcode::prefixes), payload.size()),
+                            payload);
+    ASSERT_TRUE(fails_with(Errc::malformed_frame, r)) << limit;
+    EXPECT_NE(r.error().message.find("limit"), std::string::npos);
+  }
+}
+
+TEST(ProtocolDecodeReply, ReloadOutcomeAndSnapshotLengthAreChecked) {
+  const uint16_t reload = static_cast<uint16_t>(Opcode::reload) | kReplyBit;
+  Bytes p = Builder().u16(0).u8(3).str("x").u32(0).bytes();
+  EXPECT_TRUE(fails_with(Errc::malformed_frame, decode_reply(header_for(reload, p.size()), p)));
+  const uint16_t snap = static_cast<uint16_t>(Opcode::snapshot) | kReplyBit;
+  p = Builder().u16(0).u32(1).u32(100).u8(1).bytes();  // 100 bytes announced, 1 present
+  EXPECT_TRUE(fails_with(Errc::malformed_frame, decode_reply(header_for(snap, p.size()), p)));
 }
 
 TEST(ProtocolRoundTrip, EveryRequest) {
@@ -562,8 +657,9 @@ TEST(ProtocolHeader, ShortSpan) {
 // decode_request errors ------------------------------------------------------------------------
 
 TEST(ProtocolDecodeRequest, UnknownOpcode) {
-  const uint16_t ops[] = {0,      13,     14,     0x7fff, 0x8000, 0x8001, 0x8002,
-                          0x8003, 0x8004, 0x8005, 0x8006, 0x8007, 0xffff};
+  const uint16_t ops[] = {0,      13,     19,     24,     25,     63,     64,
+                          0x7fff, 0x8000, 0x8001, 0x8002, 0x8003, 0x8004, 0x8005,
+                          0x8006, 0x8007, 0x800c, 0x8014, 0xffff};
   for (uint16_t op : ops) {
     auto r = decode_request_bytes(op, Bytes{});
     ASSERT_TRUE(fails_with(Errc::unknown_opcode, r)) << op;
@@ -941,7 +1037,7 @@ TEST(WireRobustness, RandomPayloadsForEveryOpcode) {
   Rng rng(20240611);
   size_t decoded = 0;
   size_t payloads = 0;
-  const uint16_t ops[] = {1, 2, 3, 4, 5, 6, 7};
+  const uint16_t ops[] = {1, 2, 3, 4, 5, 6, 7, 20, 21, 22, 23};
   for (uint16_t base : ops) {
     for (uint16_t op : {base, static_cast<uint16_t>(base | kReplyBit)}) {
       for (int i = 0; i < 100000; ++i) {

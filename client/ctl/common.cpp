@@ -1,0 +1,107 @@
+#include "client/ctl/common.h"
+
+#include "client/stats_reader.h"
+
+namespace kvpool::ctl {
+
+std::string bytes_text(uint64_t b, bool raw) {
+  if (raw) return std::to_string(b);
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(b);
+  size_t u = 0;
+  while (v >= 1024 && u + 1 < std::size(kUnits)) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[48];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
+  } else if (b >= 1000000000ull) {
+    std::snprintf(buf, sizeof buf, "%.2f %s (%.1f GB)", v, kUnits[u], double(b) / 1e9);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+  }
+  return buf;
+}
+
+std::string count_text(uint64_t n, bool raw) {
+  std::string digits = std::to_string(n);
+  if (raw) return digits;
+  std::string s;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i != 0 && (digits.size() - i) % 3 == 0) s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+std::string duration_text(double ns) {
+  char buf[32];
+  if (ns < 1e3) {
+    std::snprintf(buf, sizeof buf, "%.0f ns", ns);
+  } else if (ns < 1e6) {
+    std::snprintf(buf, sizeof buf, "%.1f us", ns / 1e3);
+  } else if (ns < 1e9) {
+    std::snprintf(buf, sizeof buf, "%.2f ms", ns / 1e6);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f s", ns / 1e9);
+  }
+  return buf;
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) continue;
+    out += c;
+  }
+  return out;
+}
+
+std::string hash_hex(const BlockHash& h) {
+  char buf[33];
+  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.hi),
+                static_cast<unsigned long long>(h.lo));
+  return buf;
+}
+
+std::unique_ptr<client::Connection> connect(const Globals& g) {
+  auto c =
+      client::Connection::attach(g.socket, "kvpoolctl", g.pool, client::Connection::Memory::none);
+  if (!c.ok()) {
+    std::fprintf(stderr, "kvpoolctl: %s\n", c.error().message.c_str());
+    return nullptr;
+  }
+  return std::move(c.value());
+}
+
+bool fetch_snapshot(const Globals& g, Fetched& out) {
+  if (!g.no_shm && client::read_stats_segment(g.socket, out.snapshot).empty()) {
+    out.from_segment = true;
+    if (out.snapshot.find_pool(g.pool) != nullptr) return true;
+    std::fprintf(stderr, "kvpoolctl: kvpoold has no pool named %s\n", g.pool.c_str());
+    return false;
+  }
+  auto c = connect(g);
+  if (!c) return false;
+  auto r = c->snapshot();
+  if (!succeeded(r)) return false;
+  const std::string why = stats::decode(r.value().bytes, r.value().layout_version, out.snapshot);
+  if (!why.empty()) {
+    std::fprintf(stderr, "kvpoolctl: %s\n", why.c_str());
+    return false;
+  }
+  out.from_segment = false;
+  out.tenant = c->pool().tenant;
+  // This query's own session is not a worker.
+  if (out.snapshot.daemon.sessions > 0) --out.snapshot.daemon.sessions;
+  for (size_t i = 0; i < out.snapshot.pools.size(); ++i) {
+    if (out.snapshot.pool_name(i) == c->pool().pool_name && out.snapshot.pools[i].sessions > 0) {
+      --out.snapshot.pools[i].sessions;
+    }
+  }
+  return true;
+}
+
+}  // namespace kvpool::ctl

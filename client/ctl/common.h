@@ -1,0 +1,77 @@
+// kvpoolctl's shared pieces: global options, number and byte formatting, JSON escaping, how a
+// verb connects to the daemon and reports a failed call, and the verbs themselves (one file per
+// group: snapshot_verbs.cpp, pool_verbs.cpp, events_verb.cpp, plan_verb.cpp; kvpoolctl.cpp
+// wires them to the command line).
+//
+// Output conventions: text for people (human units on a terminal, plain numbers with --raw or
+// off a terminal); --json prints one object per report (events: one per line) carrying
+// "schema": 1. Exit codes: 0 ok, 1 failure (daemon not running, refused, ...), 2 usage.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "client/connection.h"
+#include "common/stats_layout.h"
+
+namespace kvpool::ctl {
+
+inline constexpr int kSchema = 1;
+
+struct Globals {
+  std::string socket;
+  std::string pool;
+  bool json = false;
+  bool raw = false;
+  bool no_shm = false;  // ask the daemon instead of reading the stats segment
+};
+
+std::string bytes_text(uint64_t b, bool raw);
+std::string count_text(uint64_t n, bool raw);
+// A duration in ns as "850 ns", "12.3 us", "4.56 ms", "1.20 s".
+std::string duration_text(double ns);
+std::string json_escape(const std::string& s);
+// A block hash as 32 hex digits, high word first.
+std::string hash_hex(const BlockHash& h);
+
+// Connects (hello to g.pool), or prints why not and returns null.
+std::unique_ptr<client::Connection> connect(const Globals& g);
+
+// True when the call succeeded; otherwise prints the daemon's reason (the verb then exits 1).
+template <typename T>
+bool succeeded(const client::Result<T>& r) {
+  if (r.ok()) return true;
+  std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
+  return false;
+}
+
+// A stats snapshot from the segment beside the socket, or (no_shm, or no usable segment) from
+// the snapshot op, in which case the asking session is taken out of the session counts and
+// `tenant` is the tenant the daemon gave this user. Prints why not and returns false.
+struct Fetched {
+  stats::Snapshot snapshot;
+  bool from_segment = false;
+  std::string tenant;  // "" when read from the segment (no session: no tenant)
+};
+bool fetch_snapshot(const Globals& g, Fetched& out);
+
+// Verbs: each returns the exit code.
+int status_verb(const Globals& g);
+int stats_verb(const Globals& g, const std::string& format);
+int sessions_verb(const Globals& g);
+int pages_verb(const Globals& g, uint32_t width);
+int drop_verb(const Globals& g, uint32_t count);  // evict (count > 0) or flush (0)
+int prefixes_verb(const Globals& g, uint32_t limit);
+int reload_verb(const Globals& g);
+int events_verb(const Globals& g, uint64_t from_seq, uint64_t count);
+
+struct PlanArgs {
+  uint32_t layers = 0, kv_heads = 0, head_dim = 0, tokens = 0, batch = 1, tokens_per_page = 16;
+  std::string dtype = "fp16";
+  std::string capacity;
+};
+int plan_verb(const Globals& g, const PlanArgs& a);
+
+}  // namespace kvpool::ctl

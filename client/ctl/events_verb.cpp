@@ -1,0 +1,116 @@
+// kvpoolctl events: follows the daemon's prefix-index events (client/event_stream.h), one line
+// per event, flushed as it comes, until --count events were printed or the stream ends.
+#include <string>
+
+#include "client/ctl/common.h"
+#include "client/event_stream.h"
+
+namespace kvpool::ctl {
+
+namespace {
+
+const char* kind_name(uint8_t kind) {
+  switch (kind) {
+    case wire::Event::kStored:
+      return "stored";
+    case wire::Event::kRemoved:
+      return "removed";
+    case wire::Event::kCleared:
+      return "cleared";
+    default:
+      return "gap";
+  }
+}
+
+const char* cause_name(uint8_t cause) {
+  return cause == wire::Event::kFlushed ? "flushed" : "evicted";
+}
+
+void print_json(const wire::Event& e, const std::string& pool) {
+  const auto seq = static_cast<unsigned long long>(e.seq);
+  const auto count = static_cast<unsigned long long>(e.count);
+  switch (e.kind) {
+    case wire::Event::kGap:
+      std::printf(
+          "{\"schema\":%d,\"type\":\"gap\",\"pool\":\"%s\",\"lost\":%llu,"
+          "\"resume_seq\":%llu}\n",
+          kSchema, pool.c_str(), count, seq);
+      break;
+    case wire::Event::kCleared:
+      std::printf(
+          "{\"schema\":%d,\"seq\":%llu,\"type\":\"cleared\",\"pool\":\"%s\","
+          "\"blocks\":%llu}\n",
+          kSchema, seq, pool.c_str(), count);
+      break;
+    default: {
+      const std::string cause = e.kind == wire::Event::kRemoved
+                                    ? std::string(",\"cause\":\"") + cause_name(e.cause) + "\""
+                                    : "";
+      std::printf(
+          "{\"schema\":%d,\"seq\":%llu,\"type\":\"%s\",\"pool\":\"%s\",\"tenant\":\"%s\","
+          "\"hash\":\"%s\",\"page\":%u%s}\n",
+          kSchema, seq, kind_name(e.kind), pool.c_str(), json_escape(e.tenant).c_str(),
+          hash_hex(e.hash).c_str(), e.page, cause.c_str());
+    }
+  }
+}
+
+void print_text(const wire::Event& e) {
+  const auto seq = static_cast<unsigned long long>(e.seq);
+  const auto count = static_cast<unsigned long long>(e.count);
+  switch (e.kind) {
+    case wire::Event::kGap:
+      std::printf("gap          lost %llu event(s); resuming at seq %llu\n", count, seq);
+      break;
+    case wire::Event::kCleared:
+      std::printf("seq %-8llu cleared  every cached block of the pool (%llu)\n", seq, count);
+      break;
+    default:
+      std::printf("seq %-8llu %-8s block %s  page %u  tenant %s%s\n", seq, kind_name(e.kind),
+                  hash_hex(e.hash).c_str(), e.page, e.tenant.c_str(),
+                  e.kind == wire::Event::kRemoved
+                      ? (std::string("  (") + cause_name(e.cause) + ")").c_str()
+                      : "");
+  }
+}
+
+}  // namespace
+
+int events_verb(const Globals& g, uint64_t from_seq, uint64_t count) {
+  auto stream = client::EventStream::open(g.socket, g.pool, from_seq);
+  if (!succeeded(stream)) return 1;
+  client::EventStream& s = *stream.value();
+  const std::string pool = json_escape(s.pool().pool_name);
+  const wire::SubscribeReply& sub = s.subscribed();
+  if (g.json) {
+    std::printf(
+        "{\"schema\":%d,\"type\":\"subscribed\",\"pool\":\"%s\",\"stream\":\"%016llx\","
+        "\"next_seq\":%llu,\"oldest_seq\":%llu}\n",
+        kSchema, pool.c_str(), static_cast<unsigned long long>(sub.stream_id),
+        static_cast<unsigned long long>(sub.next_seq),
+        static_cast<unsigned long long>(sub.oldest_seq));
+  } else {
+    std::printf("following pool %s: stream %016llx, next seq %llu (oldest held %llu)\n",
+                s.pool().pool_name.c_str(), static_cast<unsigned long long>(sub.stream_id),
+                static_cast<unsigned long long>(sub.next_seq),
+                static_cast<unsigned long long>(sub.oldest_seq));
+  }
+  std::fflush(stdout);
+  uint64_t printed = 0;
+  while (count == 0 || printed < count) {
+    auto batch = s.next(-1);
+    if (!succeeded(batch)) return 1;
+    for (const wire::Event& e : batch.value().events) {
+      if (g.json) {
+        print_json(e, pool);
+      } else {
+        print_text(e);
+      }
+      if (count != 0 && ++printed == count) break;
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace kvpool::ctl

@@ -1,0 +1,166 @@
+// kvpoolctl status and stats: both render one stats snapshot, read from the daemon's stats
+// segment when it can be (no round trip) or else asked for with the snapshot op.
+#include <string>
+
+#include "client/ctl/common.h"
+#include "common/geometry.h"
+#include "common/prometheus.h"
+
+namespace kvpool::ctl {
+
+namespace {
+
+const char* source_name(const Fetched& f) {
+  return f.from_segment ? "segment" : "op";
+}
+
+std::string dtype_text(uint32_t dtype) {
+  return dtype <= static_cast<uint32_t>(KvDtype::int8)
+             ? std::string(dtype_name(static_cast<KvDtype>(dtype)))
+             : "dtype " + std::to_string(dtype);
+}
+
+// "op":{"count":..,"p50_us":..,...} for every operation called at least once.
+std::string latency_json(const stats::OpLatency (&service)[stats::kMaxOps],
+                         const stats::OpLatency (&request)[stats::kMaxOps]) {
+  std::string out = "{";
+  for (uint32_t op = 0; op < stats::kMaxOps; ++op) {
+    const stats::OpLatency& h = service[op];
+    if (h.count == 0 || h.name[0] == '\0') continue;
+    char buf[512];
+    std::snprintf(buf, sizeof buf,
+                  "%s\"%s\":{\"count\":%llu,\"mean_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,"
+                  "\"max_us\":%.3f,\"request_p99_us\":%.3f}",
+                  out.size() > 1 ? "," : "", h.name, static_cast<unsigned long long>(h.count),
+                  static_cast<double>(h.sum_ns) / static_cast<double>(h.count) / 1e3,
+                  stats::quantile_ns(h, 0.5) / 1e3, stats::quantile_ns(h, 0.99) / 1e3,
+                  static_cast<double>(h.max_ns) / 1e3, stats::quantile_ns(request[op], 0.99) / 1e3);
+    out += buf;
+  }
+  return out + "}";
+}
+
+}  // namespace
+
+int status_verb(const Globals& g) {
+  Fetched f;
+  if (!fetch_snapshot(g, f)) return 1;
+  const stats::Snapshot& s = f.snapshot;
+  const stats::PoolStats& p = *s.find_pool(g.pool);
+  const std::string name(s.pool_name(static_cast<size_t>(&p - s.pools.data())));
+  const std::string backend(p.backend);
+  if (g.json) {
+    const std::string tenant =
+        f.tenant.empty() ? "" : ",\"tenant\":\"" + json_escape(f.tenant) + "\"";
+    std::printf(
+        "{\"schema\":%d,\"socket\":\"%s\",\"source\":\"%s\",\"pid\":%llu,\"uptime_s\":%.1f,"
+        "\"pool\":\"%s\",\"backend\":\"%s\"%s,\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,"
+        "\"tokens_per_page\":%u,\"dtype\":\"%s\",\"page_bytes\":%llu,\"pool_bytes\":%llu,"
+        "\"segments\":%u,\"device\":%d,\"pages\":{\"total\":%u,\"free\":%u,\"in_use\":%u,"
+        "\"cached\":%u},\"indexed_blocks\":%u,"
+        "\"sessions\":%u,\"pool_sessions\":%u}\n",
+        kSchema, json_escape(g.socket).c_str(), source_name(f),
+        static_cast<unsigned long long>(s.daemon.pid),
+        static_cast<double>(s.daemon.uptime_ms) / 1e3, json_escape(name).c_str(),
+        json_escape(backend).c_str(), tenant.c_str(), p.layers, p.kv_heads, p.head_dim,
+        p.tokens_per_page, dtype_text(p.dtype).c_str(),
+        static_cast<unsigned long long>(p.page_stride),
+        static_cast<unsigned long long>(p.segment_bytes), p.segments, p.device, p.total, p.free,
+        p.in_use, p.cached, p.indexed, s.daemon.sessions, p.sessions);
+    return 0;
+  }
+  auto pct = [&](uint32_t n) { return p.total ? 100.0 * n / p.total : 0.0; };
+  std::printf("kvpoold at %s (pid %llu, up %.0f s)\n", g.socket.c_str(),
+              static_cast<unsigned long long>(s.daemon.pid),
+              static_cast<double>(s.daemon.uptime_ms) / 1e3);
+  std::printf("  pool      %s (%s backend)%s\n", name.c_str(), backend.c_str(),
+              f.tenant.empty() ? "" : (", tenant " + f.tenant).c_str());
+  std::printf("  geometry  %u layers x %u KV heads x head dim %u, %u tokens/page, %s\n", p.layers,
+              p.kv_heads, p.head_dim, p.tokens_per_page, dtype_text(p.dtype).c_str());
+  std::printf("  memory    %s in %s pages of %s, %u segment(s), %s\n",
+              bytes_text(p.segment_bytes, g.raw).c_str(), count_text(p.total, g.raw).c_str(),
+              bytes_text(p.page_stride, g.raw).c_str(), p.segments,
+              p.device < 0 ? "host memory" : ("CUDA device " + std::to_string(p.device)).c_str());
+  std::printf("  pages     %s free (%.1f%%), %s in use (%.1f%%), %s cached (%.1f%%)\n",
+              count_text(p.free, g.raw).c_str(), pct(p.free), count_text(p.in_use, g.raw).c_str(),
+              pct(p.in_use), count_text(p.cached, g.raw).c_str(), pct(p.cached));
+  std::printf("  sessions  %u worker(s)\n", s.daemon.sessions);
+  return 0;
+}
+
+int stats_verb(const Globals& g, const std::string& format) {
+  Fetched f;
+  if (!fetch_snapshot(g, f)) return 1;
+  const stats::Snapshot& s = f.snapshot;
+  if (format == "prom") {
+    std::fputs(stats::prometheus_text(s, g.pool).c_str(), stdout);
+    return 0;
+  }
+  const stats::PoolStats& p = *s.find_pool(g.pool);
+  const std::string name(s.pool_name(static_cast<size_t>(&p - s.pools.data())));
+  const uint64_t t = p.tokens_per_page;
+  const uint64_t query_tokens = p.lookup_blocks * t;
+  const uint64_t hit_tokens = p.hit_blocks * t;
+  const double hit = p.lookup_blocks ? double(p.hit_blocks) / double(p.lookup_blocks) : 0.0;
+  const stats::DaemonStats& d = s.daemon;
+  if (g.json) {
+    std::printf(
+        "{\"schema\":%d,\"source\":\"%s\",\"pool\":\"%s\",\"pages\":{\"total\":%u,\"free\":%u,"
+        "\"in_use\":%u,\"cached\":%u},\"indexed_blocks\":%u,\"sessions\":%u,\"lookups\":%llu,"
+        "\"query_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"allocated\":%llu,"
+        "\"released\":%llu,\"published\":%llu,\"duplicates\":%llu,\"evicted\":%llu,"
+        "\"flushed\":%llu,\"events\":{\"next_seq\":%llu,\"oldest_seq\":%llu,\"subscribers\":%u,"
+        "\"lost\":%llu},\"reloads\":{\"applied\":%llu,\"refused\":%llu},"
+        "\"latency_timed\":%s,\"latency\":%s}\n",
+        kSchema, source_name(f), json_escape(name).c_str(), p.total, p.free, p.in_use, p.cached,
+        p.indexed, d.sessions, static_cast<unsigned long long>(p.lookups),
+        static_cast<unsigned long long>(query_tokens), static_cast<unsigned long long>(hit_tokens),
+        hit, static_cast<unsigned long long>(p.allocated),
+        static_cast<unsigned long long>(p.released), static_cast<unsigned long long>(p.published),
+        static_cast<unsigned long long>(p.duplicates), static_cast<unsigned long long>(p.evicted),
+        static_cast<unsigned long long>(p.flushed),
+        static_cast<unsigned long long>(d.event_next_seq),
+        static_cast<unsigned long long>(d.event_oldest_seq), d.subscribers,
+        static_cast<unsigned long long>(d.events_lost),
+        static_cast<unsigned long long>(d.reloads - d.reload_failures),
+        static_cast<unsigned long long>(d.reload_failures), d.latency_enabled ? "true" : "false",
+        latency_json(s.service, s.request).c_str());
+    return 0;
+  }
+  std::printf("pool %s\n", name.c_str());
+  std::printf("  pages        %s total: %s free, %s in use, %s cached; %s blocks indexed\n",
+              count_text(p.total, g.raw).c_str(), count_text(p.free, g.raw).c_str(),
+              count_text(p.in_use, g.raw).c_str(), count_text(p.cached, g.raw).c_str(),
+              count_text(p.indexed, g.raw).c_str());
+  std::printf("  prefix       %s lookups, %s of %s tokens hit (%.1f%%)\n",
+              count_text(p.lookups, g.raw).c_str(), count_text(p.hit_blocks * t, g.raw).c_str(),
+              count_text(p.lookup_blocks * t, g.raw).c_str(), 100.0 * hit);
+  std::printf("  pages moved  %s allocated, %s released, %s published, %s duplicates\n",
+              count_text(p.allocated, g.raw).c_str(), count_text(p.released, g.raw).c_str(),
+              count_text(p.published, g.raw).c_str(), count_text(p.duplicates, g.raw).c_str());
+  std::printf("  dropped      %s evicted, %s flushed\n", count_text(p.evicted, g.raw).c_str(),
+              count_text(p.flushed, g.raw).c_str());
+  std::printf("  sessions     %u worker(s)\n", d.sessions);
+  std::printf("  events       next seq %llu, %u subscriber(s), %s lost to gaps\n",
+              static_cast<unsigned long long>(d.event_next_seq), d.subscribers,
+              count_text(d.events_lost, g.raw).c_str());
+  if (!d.latency_enabled) {
+    std::printf("  latency      not timed (metrics.latency_histograms: false)\n");
+    return 0;
+  }
+  std::printf("  latency      %-10s %10s %10s %10s %10s %12s\n", "op", "count", "p50", "p99", "max",
+              "request p99");
+  for (uint32_t op = 0; op < stats::kMaxOps; ++op) {
+    const stats::OpLatency& h = s.service[op];
+    if (h.count == 0 || h.name[0] == '\0') continue;
+    std::printf("               %-10s %10s %10s %10s %10s %12s\n", h.name,
+                count_text(h.count, g.raw).c_str(),
+                duration_text(stats::quantile_ns(h, 0.5)).c_str(),
+                duration_text(stats::quantile_ns(h, 0.99)).c_str(),
+                duration_text(static_cast<double>(h.max_ns)).c_str(),
+                duration_text(stats::quantile_ns(s.request[op], 0.99)).c_str());
+  }
+  return 0;
+}
+
+}  // namespace kvpool::ctl

@@ -1,0 +1,174 @@
+#include "common/prometheus.h"
+
+#include <cinttypes>
+#include <cstdio>
+
+namespace kvpool::stats {
+
+namespace {
+
+class Out {
+ public:
+  void family(const char* name, const char* type, const char* help) {
+    text_ += "# HELP ";
+    text_ += name;
+    text_ += ' ';
+    text_ += help;
+    text_ += "\n# TYPE ";
+    text_ += name;
+    text_ += ' ';
+    text_ += type;
+    text_ += '\n';
+  }
+  // name{labels} value; `labels` already escaped and joined ("" = none).
+  void sample(std::string_view name, const std::string& labels, uint64_t value) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%" PRIu64, value);
+    line(name, labels, buf);
+  }
+  void sample(std::string_view name, const std::string& labels, double value) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.10g", value);
+    line(name, labels, buf);
+  }
+  std::string take() { return std::move(text_); }
+
+ private:
+  void line(std::string_view name, const std::string& labels, const char* value) {
+    text_ += name;
+    if (!labels.empty()) {
+      text_ += '{';
+      text_ += labels;
+      text_ += '}';
+    }
+    text_ += ' ';
+    text_ += value;
+    text_ += '\n';
+  }
+  std::string text_;
+};
+
+std::string label(std::string_view key, std::string_view value) {
+  std::string s(key);
+  s += "=\"";
+  s += escape_label(value);
+  s += '"';
+  return s;
+}
+
+void histograms(Out& out, const char* name, const char* help, const OpLatency (&ops)[kMaxOps]) {
+  out.family(name, "histogram", help);
+  const std::string bucket = std::string(name) + "_bucket";
+  for (const OpLatency& h : ops) {
+    if (h.count == 0 || h.name[0] == '\0') continue;
+    const std::string op = label("op", h.name);
+    uint64_t cumulative = 0;
+    for (uint32_t i = 0; i + 1 < kLatencyBuckets; ++i) {
+      cumulative += h.buckets[i];
+      char le[40];
+      std::snprintf(le, sizeof le, "%.10g", static_cast<double>(bucket_upper_ns(i)) * 1e-9);
+      out.sample(bucket, op + "," + label("le", le), cumulative);
+    }
+    out.sample(bucket, op + ",le=\"+Inf\"", h.count);
+    out.sample(std::string(name) + "_sum", op, static_cast<double>(h.sum_ns) * 1e-9);
+    out.sample(std::string(name) + "_count", op, h.count);
+  }
+}
+
+}  // namespace
+
+std::string escape_label(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (const char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string prometheus_text(const Snapshot& s, std::string_view pool) {
+  Out out;
+  std::vector<size_t> shown;
+  std::vector<std::string> lbl;
+  for (size_t i = 0; i < s.pools.size(); ++i) {
+    if (!pool.empty() && s.pool_name(i) != pool) continue;
+    shown.push_back(i);
+    lbl.push_back(label("pool", s.pool_name(i)));
+  }
+  // One per-pool family: `field` picks the value.
+  auto per_pool = [&](const char* name, const char* type, const char* help, auto field) {
+    out.family(name, type, help);
+    for (size_t k = 0; k < shown.size(); ++k)
+      out.sample(name, lbl[k], static_cast<uint64_t>(field(s.pools[shown[k]])));
+  };
+
+  out.family("kvpool_pages", "gauge", "Pages by state.");
+  for (size_t k = 0; k < shown.size(); ++k) {
+    const PoolStats& p = s.pools[shown[k]];
+    out.sample("kvpool_pages", lbl[k] + ",state=\"free\"", uint64_t{p.free});
+    out.sample("kvpool_pages", lbl[k] + ",state=\"in_use\"", uint64_t{p.in_use});
+    out.sample("kvpool_pages", lbl[k] + ",state=\"cached\"", uint64_t{p.cached});
+  }
+  per_pool("kvpool_pool_bytes", "gauge", "Bytes of pool memory.",
+           [](const PoolStats& p) { return p.segment_bytes; });
+  per_pool("kvpool_page_bytes", "gauge", "Bytes from one page to the next.",
+           [](const PoolStats& p) { return p.page_stride; });
+  per_pool("kvpool_sessions", "gauge", "Worker sessions attached to the pool.",
+           [](const PoolStats& p) { return p.sessions; });
+  per_pool("kvpool_indexed_blocks", "gauge", "Blocks in the prefix index.",
+           [](const PoolStats& p) { return p.indexed; });
+  per_pool("kvpool_prefix_query_tokens_total", "counter", "Tokens asked for by prefix lookups.",
+           [](const PoolStats& p) { return p.lookup_blocks * p.tokens_per_page; });
+  per_pool("kvpool_prefix_hit_tokens_total", "counter", "Tokens found cached by prefix lookups.",
+           [](const PoolStats& p) { return p.hit_blocks * p.tokens_per_page; });
+  per_pool("kvpool_lookups_total", "counter", "Prefix lookup calls.",
+           [](const PoolStats& p) { return p.lookups; });
+  per_pool("kvpool_pages_allocated_total", "counter", "Pages handed out by alloc.",
+           [](const PoolStats& p) { return p.allocated; });
+  per_pool("kvpool_page_references_released_total", "counter",
+           "References dropped by release and by closing sessions.",
+           [](const PoolStats& p) { return p.released; });
+  per_pool("kvpool_pages_published_total", "counter", "Pages published (stored).",
+           [](const PoolStats& p) { return p.published; });
+  per_pool("kvpool_publish_duplicates_total", "counter",
+           "Publishes answered with a page another worker published first.",
+           [](const PoolStats& p) { return p.duplicates; });
+  per_pool("kvpool_evictions_total", "counter", "Cached pages evicted (by alloc or evict).",
+           [](const PoolStats& p) { return p.evicted; });
+  per_pool("kvpool_pages_flushed_total", "counter", "Cached pages dropped by flush.",
+           [](const PoolStats& p) { return p.flushed; });
+
+  const DaemonStats& d = s.daemon;
+  out.family("kvpool_connections", "gauge", "Open connections to the daemon, attached or not.");
+  out.sample("kvpool_connections", "", uint64_t{d.sessions});
+  out.family("kvpool_start_time_seconds", "gauge", "When the daemon started, in Unix seconds.");
+  out.sample("kvpool_start_time_seconds", "", static_cast<double>(d.start_unix_ms) / 1000.0);
+  out.family("kvpool_uptime_seconds", "gauge", "Seconds since the daemon started.");
+  out.sample("kvpool_uptime_seconds", "", static_cast<double>(d.uptime_ms) / 1000.0);
+  out.family("kvpool_events_total", "counter", "Index events (stored, removed, cleared) logged.");
+  out.sample("kvpool_events_total", "", d.event_next_seq > 0 ? d.event_next_seq - 1 : 0);
+  out.family("kvpool_event_subscribers", "gauge", "Connections following the event stream.");
+  out.sample("kvpool_event_subscribers", "", uint64_t{d.subscribers});
+  out.family("kvpool_events_lost_total", "counter",
+             "Events subscribers fell behind on (reported to them as gaps).");
+  out.sample("kvpool_events_lost_total", "", d.events_lost);
+  out.family("kvpool_reloads_total", "counter", "Configuration reloads, by result.");
+  out.sample("kvpool_reloads_total", "result=\"applied\"", d.reloads - d.reload_failures);
+  out.sample("kvpool_reloads_total", "result=\"refused\"", d.reload_failures);
+
+  histograms(out, "kvpool_op_duration_seconds",
+             "Time the daemon spent handling one request, by operation.", s.service);
+  histograms(out, "kvpool_request_duration_seconds",
+             "Time from a request's arrival to its reply being queued, by operation.", s.request);
+  return out.take();
+}
+
+}  // namespace kvpool::stats

@@ -1,0 +1,168 @@
+// The daemon's stats snapshot: its byte layout, shared by kvpoold (which writes it into a
+// read-only shared-memory segment and answers the snapshot op with the same bytes), kvpoolctl
+// and the metrics endpoint (which read it).
+//
+// Segment = SegmentHeader (64 bytes) + snapshot. Snapshot = DaemonStats + kMaxOps OpLatency for
+// the time inside the service ("service") + kMaxOps OpLatency from a frame's arrival to its reply
+// being queued ("request") + num_pools × PoolStats. Every struct is plain data: fixed-width
+// little-endian integers and NUL-padded character arrays, no pointers, sizes static_asserted and
+// multiples of 8 bytes; kLayoutVersion changes whenever any of it does, and readers refuse a
+// version they do not know.
+//
+// Seqlock: the header's `version` word is odd while the single writer (the daemon's event loop)
+// rewrites the snapshot and even when it is whole. A reader copies the snapshot between two
+// reads of an equal even version, retrying a bounded number of times; it never writes, so a
+// reader can neither block nor corrupt the writer. Every word is accessed with relaxed atomic
+// loads and stores plus fences, so a torn copy is detected, never acted upon.
+//
+// Latency histograms: bucket i < kLatencyBuckets − 1 counts durations in (2^(7+i), 2^(8+i)] ns
+// (bucket 0 is everything up to 256 ns), the last bucket everything above 2^30 ns (~1.07 s).
+//
+// Thread-safety: plain values; seqlock_write from one thread, seqlock_read from any.
+// Error policy: decode() and seqlock_read() say what is wrong instead of throwing.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kvpool::stats {
+
+inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
+inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
+inline constexpr uint32_t kLatencyBuckets = 24;
+inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
+inline constexpr uint32_t kNameBytes = 256;      // = wire::kMaxNameBytes
+inline constexpr uint32_t kMaxPools = 4096;      // bound a reader accepts
+
+struct SegmentHeader {
+  uint64_t magic = kSegmentMagic;
+  uint32_t layout_version = kLayoutVersion;
+  uint32_t header_bytes = sizeof(SegmentHeader);
+  uint64_t snapshot_bytes = 0;
+  uint64_t version = 0;  // seqlock: odd while being written; 0 = nothing published yet
+  uint64_t reserved[4] = {};
+};
+static_assert(sizeof(SegmentHeader) == 64);
+
+struct DaemonStats {
+  uint64_t pid = 0;
+  uint64_t start_unix_ms = 0;      // wall clock at start
+  uint64_t published_mono_ns = 0;  // CLOCK_MONOTONIC when this snapshot was taken
+  uint64_t uptime_ms = 0;
+  uint32_t sessions = 0;  // open connections, attached or not
+  uint32_t num_pools = 0;
+  uint32_t subscribers = 0;
+  uint32_t latency_enabled = 0;
+  uint64_t stream_id = 0;  // the event stream's id (changes with every start)
+  uint64_t event_next_seq = 0;
+  uint64_t event_oldest_seq = 0;
+  uint64_t event_capacity = 0;
+  uint64_t events_lost = 0;  // sequence numbers skipped by gap markers, all subscribers
+  uint64_t reloads = 0;
+  uint64_t reload_failures = 0;
+  uint64_t reserved[4] = {};
+};
+static_assert(sizeof(DaemonStats) == 136);
+
+struct OpLatency {
+  char name[16] = {};  // the operation ("" when the opcode names none); NUL-padded
+  uint64_t count = 0;
+  uint64_t sum_ns = 0;
+  uint64_t max_ns = 0;
+  uint64_t buckets[kLatencyBuckets] = {};  // not cumulative
+};
+static_assert(sizeof(OpLatency) == 232);
+
+struct PoolStats {
+  char name[kNameBytes] = {};  // name_len bytes, NUL-padded
+  char backend[16] = {};       // NUL-terminated
+  uint32_t name_len = 0;
+  uint32_t dtype = 0;  // KvDtype
+  uint32_t layers = 0;
+  uint32_t kv_heads = 0;
+  uint32_t head_dim = 0;
+  uint32_t tokens_per_page = 0;
+  uint32_t total = 0;
+  uint32_t free = 0;
+  uint32_t in_use = 0;
+  uint32_t cached = 0;
+  uint32_t sessions = 0;  // sessions attached to this pool
+  uint32_t indexed = 0;   // blocks in the prefix index
+  int32_t device = -1;    // the daemon's CUDA ordinal; −1: host memory
+  uint32_t segments = 0;  // memory segments the pool is made of
+  uint64_t page_stride = 0;
+  uint64_t segment_bytes = 0;
+  uint64_t lookups = 0;
+  uint64_t lookup_blocks = 0;
+  uint64_t hit_blocks = 0;
+  uint64_t allocated = 0;
+  uint64_t released = 0;
+  uint64_t published = 0;
+  uint64_t duplicates = 0;
+  uint64_t evicted = 0;
+  uint64_t flushed = 0;
+};
+static_assert(sizeof(PoolStats) == 416);
+
+// A decoded snapshot.
+struct Snapshot {
+  DaemonStats daemon;
+  OpLatency service[kMaxOps];
+  OpLatency request[kMaxOps];
+  std::vector<PoolStats> pools;
+
+  std::string_view pool_name(size_t i) const;
+  std::string_view backend(size_t i) const;
+  // The pool named `name` ("" = the first); nullptr when there is none.
+  const PoolStats* find_pool(std::string_view name) const;
+};
+
+inline constexpr size_t kSnapshotFixedBytes =
+    sizeof(DaemonStats) + size_t{2} * kMaxOps * sizeof(OpLatency);
+static_assert(kSnapshotFixedBytes % 8 == 0 && sizeof(PoolStats) % 8 == 0);
+
+inline constexpr size_t snapshot_bytes(size_t num_pools) {
+  return kSnapshotFixedBytes + num_pools * sizeof(PoolStats);
+}
+
+// Copies `text` into a NUL-padded field of N bytes, cut to fit (N − 1 bytes when the field must
+// stay NUL-terminated).
+template <size_t N>
+void set_name(char (&field)[N], std::string_view text, bool terminated = true) {
+  const size_t n = std::min(text.size(), terminated ? N - 1 : N);
+  for (size_t i = 0; i < N; ++i)
+    field[i] = i < n ? text[i] : '\0';
+}
+
+// The histogram bucket of a duration; the upper bound of bucket i in ns (0 for the last, which
+// has none).
+uint32_t latency_bucket(uint64_t ns);
+uint64_t bucket_upper_ns(uint32_t i);
+// Records one duration into a histogram.
+void record(OpLatency& h, uint64_t ns);
+// An estimate of the q-quantile (0 < q ≤ 1) in ns: the bucket holding it, interpolated
+// geometrically inside the bucket and never above the recorded maximum; 0 without samples.
+double quantile_ns(const OpLatency& h, double q);
+
+// Snapshot ↔ bytes (the segment's snapshot part, the snapshot op's payload).
+void encode(const Snapshot& s, std::vector<std::byte>& out);
+// "" when `bytes` is a whole snapshot of `layout_version` with consistent counts and names;
+// otherwise what is wrong (and `out` is unspecified).
+std::string decode(std::span<const std::byte> bytes, uint32_t layout_version, Snapshot& out);
+
+// Seqlock over a mapped segment (SegmentHeader at offset 0, snapshot after it).
+// The writer: `segment` has room for the header and snapshot.size() bytes.
+void seqlock_init(std::byte* segment, size_t snapshot_size);
+void seqlock_write(std::byte* segment, std::span<const std::byte> snapshot);
+// A reader: copies the newest whole snapshot of a segment of `segment_size` bytes into `out`.
+// "" on success, else why not (wrong magic or layout, nothing published yet, always mid-write).
+std::string seqlock_read(const std::byte* segment, size_t segment_size,
+                         std::vector<std::byte>& out);
+
+}  // namespace kvpool::stats

@@ -1,0 +1,44 @@
+// PoolIndexEvents: the observer a pool's core reports index changes to (core::IndexObserver).
+//
+// Each change becomes an EventLog entry for that pool: a publish is `stored` (and resets the
+// page's PrefixStats), an eviction is `removed` (cause evicted). A flush is bracketed by
+// begin_flush()/end_flush(): its removals are held back and, when the flush leaves the pool's
+// index empty, replaced by one `cleared` event carrying their number (what a KV-aware router
+// needs: drop everything of this pool), else logged one by one (cause flushed) because blocks
+// still in use stayed indexed.
+//
+// Thread-safety: none; called on the event loop from inside pool operations.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "daemon/core/index_observer.h"
+#include "daemon/events.h"
+#include "daemon/prefix_stats.h"
+
+namespace kvpool::daemon {
+
+class PoolIndexEvents final : public core::IndexObserver {
+ public:
+  // `now` is read at each event: the Service keeps it current (seconds since start + 1).
+  PoolIndexEvents(uint16_t pool, EventLog& log, PrefixStats& prefix_stats, const uint32_t& now)
+      : pool_(pool), log_(log), prefix_stats_(prefix_stats), now_(now) {}
+
+  void stored(Namespace ns, const BlockHash& hash, PageId page) override;
+  void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) override;
+
+  void begin_flush();
+  // `index_empty`: the pool's index holds nothing after the flush.
+  void end_flush(bool index_empty);
+
+ private:
+  uint16_t pool_;
+  EventLog& log_;
+  PrefixStats& prefix_stats_;
+  const uint32_t& now_;
+  bool flushing_ = false;
+  std::vector<LoggedEvent> held_;  // a flush's removals, until end_flush
+};
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,29 @@
+// Reloading kvpoold's configuration: what SIGHUP and the reload op both do.
+//
+// The file is read and validated as at start; an invalid one is refused with its
+// "FILE:LINE: KEY: ..." error and the running configuration stays. A valid one goes through
+// Service::apply_live: limits, tenants, default tenant, admin group and logging change at once,
+// while keys that cannot change under running sessions (socket.*, backend, device, pools,
+// metrics, events) keep their running values and are returned as needing a restart. Each
+// outcome is logged (reloaded, reload_failed, reload_needs_restart, reload_skipped) and counted
+// in the stats snapshot.
+//
+// Thread-safety: event-loop thread (it changes the Service).
+#pragma once
+
+#include <string>
+
+#include "common/protocol.h"
+#include "daemon/service.h"
+
+namespace kvpool::daemon {
+
+// `path` "" means the daemon runs the built-in config: nothing to re-read (kNoConfigFile).
+// `socket_override` (--socket) keeps overriding the file's socket.path.
+wire::ReloadReply reload_config(const std::string& path, const std::string& socket_override,
+                                Service& service);
+
+// A note for systemd's STATUS= line after a reload ("" when it was applied in full).
+std::string reload_status_note(const wire::ReloadReply& outcome);
+
+}  // namespace kvpool::daemon
