@@ -77,6 +77,7 @@ bool Daemon::start() {
   if (!config_.empty()) cmd += " --config " + config_;
   if (!extra_.empty()) cmd += " " + extra_;
   const std::string log_path = dir_.file("kvpoold.log");
+  const size_t log_start = log().size();  // the log is appended to across restarts
   pid_ = ::fork();
   if (pid_ == 0) {
     const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -87,7 +88,11 @@ bool Daemon::start() {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < deadline) {
     if (!running()) return false;
-    if (can_connect(socket_)) return true;
+    // Ready means the daemon said so: it listens on its socket before the last start-up steps
+    // (stats segment, metrics endpoint), any of which may still stop it.
+    if (log().find("event=ready", log_start) != std::string::npos && can_connect(socket_)) {
+      return true;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return false;

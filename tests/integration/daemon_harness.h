@@ -31,7 +31,8 @@ class Daemon {
   explicit Daemon(const std::string& config_yaml, const std::string& extra_args = "");
   ~Daemon();  // SIGKILL if still running
 
-  // Starts the process and waits (up to 10 s) until the socket accepts connections.
+  // Starts the process and waits (up to 10 s) until it logs event=ready and its socket accepts
+  // connections.
   // Returns false, with the daemon's log in log(), if it exits or never becomes ready.
   bool start();
   // SIGTERM and wait; returns the exit status (as waitpid reports it) or -1.
