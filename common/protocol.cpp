@@ -1,4 +1,8 @@
-// The kvpool wire codec (see protocol.h for the layouts).
+// The kvpool wire codec (see protocol.h for the layouts): framing (the header), the opcode tables,
+// the dispatch from an opcode to its payload codec, the public encode_* and decode_* functions,
+// and the payload codecs of the pool operations (opcodes 1..12, hello .. copy). Those of the
+// operations, metrics and events block (opcodes 20+) are in protocol_ops.cpp; Writer, Reader and
+// the error-text helpers they share are in wire_codec.h.
 //
 // How decoding stays safe: every read goes through Reader, which holds a pointer and the number
 // of bytes left in the span it was given and refuses (returns false, recording the cause) any read
@@ -16,17 +20,37 @@
 #include <algorithm>
 #include <array>
 #include <cassert>
-#include <charconv>
-#include <concepts>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
-#include <initializer_list>
+#include <string>
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
+#include <vector>
+
+#include "common/protocol_ops_codec.h"
+#include "common/wire_codec.h"
 
 namespace kvpool::wire {
 namespace {
+
+using codec::cat;
+using codec::Hex;
+using codec::kHashBytes;
+using codec::kU16;
+using codec::kU32;
+using codec::kU64;
+using codec::kU8;
+using codec::make_error;
+using codec::Reader;
+using codec::Writer;
+
+// The payload codecs of opcodes 20+ (protocol_ops_codec.h) join the overload sets of those below.
+using codec::body_size;
+using codec::get_body;
+using codec::put_body;
 
 constexpr size_t kNumOpcodes = std::variant_size_v<Request>;
 static_assert(std::variant_size_v<Reply> == kNumOpcodes);
@@ -48,11 +72,6 @@ constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
     "prefixes reply", "reload reply",   "subscribe reply", "snapshot reply"};
 
 // Wire sizes of the fixed parts.
-constexpr size_t kU8 = 1;
-constexpr size_t kU16 = 2;
-constexpr size_t kU32 = 4;
-constexpr size_t kU64 = 8;
-constexpr size_t kHashBytes = 2 * kU64;
 constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
 constexpr size_t kPublishResultBytes = kU8 + kU32;
 constexpr size_t kPoolInfoFixedBytes =
@@ -69,53 +88,6 @@ static_assert(sizeof(PageId) == kU32);
 static_assert(sizeof(PageCopy) == kPageCopyBytes && offsetof(PageCopy, dst) == kU32);
 static_assert(std::is_trivially_copyable_v<BlockHash> && sizeof(BlockHash) == kHashBytes &&
               offsetof(BlockHash, lo) == 0 && offsetof(BlockHash, hi) == kU64);
-
-// Error messages are built only on failure, with one allocation: cat() joins pieces of text and
-// numbers that are formatted in place.
-struct Hex {
-  uint64_t value;
-  int digits;
-};
-
-class Piece {
- public:
-  Piece(std::string_view s) : text_(s) {}  // NOLINT(google-explicit-constructor)
-  Piece(const char* s) : text_(s) {}       // NOLINT(google-explicit-constructor)
-  template <std::integral T>
-  Piece(T v) {  // NOLINT(google-explicit-constructor)
-    const auto [end, ec] = std::to_chars(buf_, buf_ + sizeof buf_, v);
-    len_ = static_cast<size_t>(end - buf_);
-  }
-  Piece(Hex h) {  // NOLINT(google-explicit-constructor)
-    static constexpr char kDigits[] = "0123456789abcdef";
-    len_ = static_cast<size_t>(h.digits) + 2;
-    buf_[0] = '0';
-    buf_[1] = 'x';
-    for (size_t i = len_; i > 2; --i, h.value >>= 4)
-      buf_[i - 1] = kDigits[h.value & 0xf];
-  }
-  std::string_view view() const { return len_ != 0 ? std::string_view(buf_, len_) : text_; }
-
- private:
-  std::string_view text_;
-  char buf_[24] = {};
-  size_t len_ = 0;
-};
-
-std::string cat(std::initializer_list<Piece> pieces) {
-  size_t n = 0;
-  for (const Piece& p : pieces)
-    n += p.view().size();
-  std::string s;
-  s.reserve(n);
-  for (const Piece& p : pieces)
-    s += p.view();
-  return s;
-}
-
-Error make_error(Errc code, uint64_t value, std::string message, uint32_t item = kNoItem) {
-  return Error{Status(code, item, value), std::move(message)};
-}
 
 // A known Errc value. No default: a new code that is not listed here is a -Wswitch warning.
 bool is_known_errc(uint16_t v) {
@@ -147,37 +119,7 @@ bool is_known_errc(uint16_t v) {
   return false;
 }
 
-// Encoding ------------------------------------------------------------------------------------
-
-// Writes into a buffer that the caller has sized exactly.
-class Writer {
- public:
-  explicit Writer(std::byte* p) : p_(p) {}
-
-  template <typename T>
-  void put(T v) {
-    static_assert(std::is_integral_v<T>);
-    std::memcpy(p_, &v, sizeof v);
-    p_ += sizeof v;
-  }
-  void raw(const void* src, size_t n) {
-    if (n != 0) std::memcpy(p_, src, n);
-    p_ += n;
-  }
-  void str(std::string_view s) {
-    put(static_cast<uint32_t>(s.size()));
-    raw(s.data(), s.size());
-  }
-  template <typename T>
-  void array(const std::vector<T>& v) {
-    put(static_cast<uint32_t>(v.size()));
-    raw(v.data(), v.size() * sizeof(T));
-  }
-  const std::byte* pos() const { return p_; }
-
- private:
-  std::byte* p_;
-};
+// Pool operations (opcodes 1..12): sizes and writers ------------------------------------------
 
 // Payload sizes (replies: without the status code).
 size_t body_size(const HelloRequest& m) {
@@ -377,103 +319,7 @@ void put_body(Writer& w, const SessionsReply& m) {
   }
 }
 
-// Operations, metrics and events (opcodes 20+): sizes and writers -----------------------------
-
-constexpr size_t kPrefixEntryFixedBytes =
-    kHashBytes + 5 * kU32 + kU8 + kU32;  // incl. tenant length
-constexpr size_t kEventFixedBytes = kU64 + 2 * kU8 + kU32 + kU64 + kHashBytes + kU32;
-constexpr size_t kMaxSnapshotBytes = kMaxPayloadBytes - kU16 - 2 * kU32;
-
-size_t body_size(const PrefixesRequest&) {
-  return kU32;
-}
-size_t body_size(const ReloadRequest&) {
-  return 0;
-}
-size_t body_size(const SubscribeRequest&) {
-  return kU64;
-}
-size_t body_size(const SnapshotRequest&) {
-  return 0;
-}
-size_t body_size(const PrefixesReply& m) {
-  size_t n = 2 * kU32;
-  for (const PrefixEntry& e : m.entries)
-    n += kPrefixEntryFixedBytes + e.tenant.size();
-  return n;
-}
-size_t body_size(const ReloadReply& m) {
-  size_t n = kU8 + kU32 + m.message.size() + kU32;
-  for (const std::string& k : m.restart)
-    n += kU32 + k.size();
-  return n;
-}
-size_t body_size(const SubscribeReply&) {
-  return 3 * kU64;
-}
-size_t body_size(const SnapshotReply& m) {
-  return 2 * kU32 + m.bytes.size();
-}
-size_t body_size(const EventBatch& m) {
-  size_t n = kU32;
-  for (const Event& e : m.events)
-    n += kEventFixedBytes + e.tenant.size();
-  return n;
-}
-
-void put_body(Writer& w, const PrefixesRequest& m) {
-  w.put(m.limit);
-}
-void put_body(Writer&, const ReloadRequest&) {}
-void put_body(Writer& w, const SubscribeRequest& m) {
-  w.put(m.from_seq);
-}
-void put_body(Writer&, const SnapshotRequest&) {}
-void put_body(Writer& w, const PrefixesReply& m) {
-  w.put(m.indexed);
-  w.put(static_cast<uint32_t>(m.entries.size()));
-  for (const PrefixEntry& e : m.entries) {
-    w.put(e.hash.lo);
-    w.put(e.hash.hi);
-    w.put(e.page);
-    w.put(e.depth);
-    w.put(e.hits);
-    w.put(e.age_s);
-    w.put(e.idle_s);
-    w.put(e.state);
-    w.str(e.tenant);
-  }
-}
-void put_body(Writer& w, const ReloadReply& m) {
-  w.put(m.outcome);
-  w.str(m.message);
-  w.put(static_cast<uint32_t>(m.restart.size()));
-  for (const std::string& k : m.restart)
-    w.str(k);
-}
-void put_body(Writer& w, const SubscribeReply& m) {
-  w.put(m.stream_id);
-  w.put(m.next_seq);
-  w.put(m.oldest_seq);
-}
-void put_body(Writer& w, const SnapshotReply& m) {
-  w.put(m.layout_version);
-  w.put(static_cast<uint32_t>(m.bytes.size()));
-  w.raw(m.bytes.data(), m.bytes.size());
-}
-void put_body(Writer& w, const EventBatch& m) {
-  w.put(static_cast<uint32_t>(m.events.size()));
-  for (const Event& e : m.events) {
-    w.put(e.seq);
-    w.put(e.kind);
-    w.put(e.cause);
-    w.put(e.page);
-    w.put(e.count);
-    w.put(e.hash.lo);
-    w.put(e.hash.hi);
-    w.str(e.tenant);
-  }
-}
+// Framing -------------------------------------------------------------------------------------
 
 // Appends header + `payload` bytes to `out` (growing it at most once) and lets `body` write the
 // payload.
@@ -495,114 +341,7 @@ void put_frame(uint32_t request_id, uint16_t opcode, size_t payload, std::vector
   assert(w.pos() == out.data() + end);
 }
 
-// Decoding ------------------------------------------------------------------------------------
-
-// A bounds-checked cursor over one payload. Every read checks the bytes left first; the first
-// failure records an Error naming the message (`what`), the field and the numbers, and returns
-// false so that decoders can chain reads with &&.
-class Reader {
- public:
-  Reader(std::span<const std::byte> bytes, std::string_view what)
-      : p_(bytes.data()), left_(bytes.size()), size_(bytes.size()), what_(what) {}
-
-  // `field` and `suffix` name what is read (the suffix saves building a string on success).
-  template <typename T>
-  bool get(T& v, std::string_view field, std::string_view suffix = {}) {
-    static_assert(std::is_integral_v<T>);
-    if (left_ < sizeof(T)) {
-      return fail(left_, cat({what_, ": payload ends at byte ", size_ - left_, " in ", field,
-                              suffix, " (needs ", sizeof(T), " bytes, ", left_, " left)"}));
-    }
-    std::memcpy(&v, p_, sizeof(T));
-    skip(sizeof(T));
-    return true;
-  }
-
-  // A batch count: at most kMaxBatch, and count × item_bytes bytes must follow. Nothing is sized
-  // from `n` unless this returns true.
-  bool count(uint32_t& n, size_t item_bytes, std::string_view field) {
-    if (!get(n, field)) return false;
-    if (n > kMaxBatch) {
-      return fail(n, cat({what_, ": ", field, " ", n, " is above kMaxBatch (", kMaxBatch, ")"}));
-    }
-    if (uint64_t{n} * item_bytes > left_) {
-      return fail(n, cat({what_, ": ", field, " ", n, " but only ", left_, " bytes follow (needs ",
-                          uint64_t{n} * item_bytes, ")"}));
-    }
-    return true;
-  }
-
-  // A u32 count of T followed by that many Ts whose memory layout is the wire layout.
-  template <typename T>
-  bool array(std::vector<T>& v, std::string_view field) {
-    uint32_t n = 0;
-    if (!count(n, sizeof(T), field)) return false;
-    v.resize(n);
-    return raw(v.data(), size_t{n} * sizeof(T), field);
-  }
-
-  // A u32 length followed by that many bytes, at most `max_bytes` (named `limit`).
-  bool str(std::string& s, std::string_view field, size_t max_bytes = kMaxNameBytes,
-           std::string_view limit = "kMaxNameBytes") {
-    uint32_t n = 0;
-    if (!get(n, field, " length")) return false;
-    if (n > max_bytes) {
-      return fail(
-          n, cat({what_, ": ", field, " is ", n, " bytes, above ", limit, " (", max_bytes, ")"}));
-    }
-    if (n > left_) {
-      return fail(n,
-                  cat({what_, ": ", field, " length ", n, " but only ", left_, " bytes follow"}));
-    }
-    s.assign(reinterpret_cast<const char*>(p_), n);
-    skip(n);
-    return true;
-  }
-
-  // The next `n` bytes, or nullptr (and an error) when fewer are left. For batches whose size
-  // count() has validated, so that the items can then be read without a check each.
-  const std::byte* take(size_t n, std::string_view field) {
-    if (n > left_) {  // unreachable after count(), kept so that no read is ever unchecked
-      fail(n, cat({what_, ": ", field, " need ", n, " bytes, ", left_, " left"}));
-      return nullptr;
-    }
-    const std::byte* p = p_;
-    skip(n);
-    return p;
-  }
-
-  // The whole payload was consumed.
-  bool finish() {
-    if (left_ == 0) return true;
-    return fail(left_, cat({what_, ": ", left_, left_ == 1 ? " trailing byte" : " trailing bytes",
-                            " after ", size_ - left_, " decoded bytes"}));
-  }
-
-  bool fail(uint64_t value, std::string message, uint32_t item = kNoItem) {
-    error_ = make_error(Errc::malformed_frame, value, std::move(message), item);
-    return false;
-  }
-  Error take_error() { return std::move(error_); }
-  std::string_view what() const { return what_; }
-
- private:
-  bool raw(void* dst, size_t n, std::string_view field) {
-    const std::byte* p = take(n, field);
-    if (p == nullptr) return false;
-    if (n != 0) std::memcpy(dst, p, n);
-    return true;
-  }
-  void skip(size_t n) {
-    p_ += n;
-    left_ -= n;
-  }
-
-  const std::byte* p_;
-  size_t left_;
-  size_t size_;
-  std::string_view what_;
-  Error error_;
-};
+// Pool operations (opcodes 1..12): readers ----------------------------------------------------
 
 bool get_body(Reader& r, HelloRequest& m) {
   return r.str(m.worker_name, "worker_name") && r.str(m.pool_name, "pool_name");
@@ -772,100 +511,6 @@ bool get_body(Reader& r, SessionsReply& m) {
           r.get(s.held_pages, "held_pages") && r.str(s.worker, "worker") &&
           r.str(s.tenant, "tenant") && r.str(s.pool, "pool"))) {
       return false;
-    }
-  }
-  return true;
-}
-
-// Operations, metrics and events (opcodes 20+): readers ---------------------------------------
-
-bool get_body(Reader& r, PrefixesRequest& m) {
-  if (!r.get(m.limit, "limit")) return false;
-  if (m.limit == 0 || m.limit > kMaxPrefixes) {
-    return r.fail(m.limit, cat({r.what(), ": limit ", m.limit, " is not in 1..", kMaxPrefixes}));
-  }
-  return true;
-}
-bool get_body(Reader&, ReloadRequest&) {
-  return true;
-}
-bool get_body(Reader& r, SubscribeRequest& m) {
-  return r.get(m.from_seq, "from_seq");
-}
-bool get_body(Reader&, SnapshotRequest&) {
-  return true;
-}
-bool get_body(Reader& r, PrefixesReply& m) {
-  uint32_t n = 0;
-  if (!(r.get(m.indexed, "indexed") && r.count(n, kPrefixEntryFixedBytes, "count"))) return false;
-  if (n > kMaxPrefixes) {
-    return r.fail(n, cat({r.what(), ": count ", n, " is above kMaxPrefixes (", kMaxPrefixes, ")"}));
-  }
-  m.entries.resize(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    PrefixEntry& e = m.entries[i];
-    if (!(r.get(e.hash.lo, "hash") && r.get(e.hash.hi, "hash") && r.get(e.page, "page") &&
-          r.get(e.depth, "depth") && r.get(e.hits, "hits") && r.get(e.age_s, "age_s") &&
-          r.get(e.idle_s, "idle_s") && r.get(e.state, "state") && r.str(e.tenant, "tenant"))) {
-      return false;
-    }
-    if (e.state != PagesReply::kInUse && e.state != PagesReply::kCached) {
-      return r.fail(e.state, cat({r.what(), ": state ", e.state, " (entry ", i, ") is not 1 or 2"}),
-                    i);
-    }
-  }
-  return true;
-}
-bool get_body(Reader& r, ReloadReply& m) {
-  uint32_t n = 0;
-  if (!(r.get(m.outcome, "outcome") &&
-        r.str(m.message, "message", kMaxMessageBytes, "kMaxMessageBytes") &&
-        r.count(n, kU32, "restart count"))) {
-    return false;
-  }
-  if (m.outcome > ReloadReply::kNoConfigFile) {
-    return r.fail(m.outcome, cat({r.what(), ": outcome ", m.outcome, " is not 0, 1 or 2"}));
-  }
-  if (n > kMaxRestartKeys) {
-    return r.fail(n, cat({r.what(), ": ", n, " restart keys, above ", kMaxRestartKeys}));
-  }
-  m.restart.resize(n);
-  for (std::string& k : m.restart) {
-    if (!r.str(k, "restart key")) return false;
-  }
-  return true;
-}
-bool get_body(Reader& r, SubscribeReply& m) {
-  return r.get(m.stream_id, "stream_id") && r.get(m.next_seq, "next_seq") &&
-         r.get(m.oldest_seq, "oldest_seq");
-}
-bool get_body(Reader& r, SnapshotReply& m) {
-  uint32_t n = 0;
-  if (!(r.get(m.layout_version, "layout_version") && r.get(n, "length"))) return false;
-  if (n > kMaxSnapshotBytes) {
-    return r.fail(n, cat({r.what(), ": ", n, " snapshot bytes, above ", kMaxSnapshotBytes}));
-  }
-  const std::byte* p = r.take(n, "snapshot");
-  if (p == nullptr) return false;
-  m.bytes.assign(p, p + n);
-  return true;
-}
-bool get_body(Reader& r, EventBatch& m) {
-  uint32_t n = 0;
-  if (!r.count(n, kEventFixedBytes, "count")) return false;
-  m.events.resize(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    Event& e = m.events[i];
-    if (!(r.get(e.seq, "seq") && r.get(e.kind, "kind") && r.get(e.cause, "cause") &&
-          r.get(e.page, "page") && r.get(e.count, "count") && r.get(e.hash.lo, "hash") &&
-          r.get(e.hash.hi, "hash") && r.str(e.tenant, "tenant"))) {
-      return false;
-    }
-    if (e.kind > Event::kGap || e.cause > Event::kFlushed) {
-      return r.fail(e.kind,
-                    cat({r.what(), ": event ", i, " has kind ", e.kind, " and cause ", e.cause,
-                         " (kinds 0..3, causes 0..2)"}),
-                    i);
     }
   }
   return true;
