@@ -158,6 +158,39 @@ constexpr BlockOps kAvx2Ops{detail::avx2::load_row,
                             detail::avx2::accumulate_pv, detail::avx2::softmax_block_scores};
 #endif
 
+// Prefetch distance of run_chunk, in pages, and its prefetch calls per block: before each of the
+// block's four phases.
+constexpr uint64_t kPrefetchPages = 2;
+constexpr uint32_t kPrefetchPhases = 4;
+
+// The next page's K and V tiles (bytes each), prefetched `per_call` cache lines at a time, K
+// first; an empty NextPage prefetches nothing.
+struct NextPage {
+  const std::byte* k = nullptr;
+  const std::byte* v = nullptr;
+  uint64_t bytes = 0;
+  uint64_t done = 0;  // bytes of K, then of V, asked for so far
+  uint64_t per_call = 0;
+  void prefetch() {
+    for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
+      __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
+  }
+};
+
+// The K and V tiles of the page holding token t (a page boundary) as a NextPage, its scales
+// prefetched at once; empty when t is past the chunk's end.
+NextPage upcoming_page(const DecodeArgs& a, const PageId* table, uint32_t head, uint64_t t,
+                       uint64_t end, uint64_t row_bytes) {
+  if (t >= end) return {};
+  const Geometry& g = a.kv.geometry;
+  const PageId page = table[t / g.tokens_per_page];
+  if (dtype_is_quantized(g.dtype))
+    __builtin_prefetch(detail::head_scales(a.kv, a.layer, page, head));
+  const HeadTile tiles = detail::head_tile_addresses(a.kv, a.layer, page, head);
+  return NextPage{tiles.k, tiles.v, std::min<uint64_t>(g.tokens_per_page, end - t) * row_bytes, 0,
+                  0};
+}
+
 // Computes item `it` into acc[group][D] and st[group] (unnormalised online-softmax states).
 // Keys go in blocks of up to kBlock tokens of one page: the block's K rows are converted once and
 // dotted with every query row of the group, each state takes the block's scores at once
@@ -187,23 +220,32 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
   for (uint64_t t0 = begin; t0 < end; t0 += t_page) {
     const HeadTile tile = detail::head_tile(a.kv, a.layer, table[t0 / t_page], it.head);
     const auto in_page = static_cast<uint32_t>(std::min<uint64_t>(t_page, end - t0));
-    if (t0 + t_page < end) {
-      // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next
-      // one coming: ask for its K and V tiles while this page is being computed.
-      const HeadTile next = detail::head_tile(a.kv, a.layer, table[t0 / t_page + 1], it.head);
-      const uint64_t bytes = std::min<uint64_t>(t_page, end - t0 - t_page) * row_bytes;
-      for (uint64_t off = 0; off < bytes; off += kCacheLine) {
-        __builtin_prefetch(next.k + off);
-        __builtin_prefetch(next.v + off);
+    // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next ones
+    // coming: ask for the K and V tiles (and scales) of the page kPrefetchPages ahead while this
+    // one is being computed, spread over the page's phases rather than in one burst, which would
+    // stall the core once the line-fill buffers are full. The chunk's first page asks for the
+    // pages in between at once.
+    if (t0 == begin) {
+      for (uint64_t ahead = 1; ahead < kPrefetchPages; ++ahead) {
+        NextPage page = upcoming_page(a, table, it.head, t0 + ahead * t_page, end, row_bytes);
+        page.per_call = UINT64_MAX;
+        page.prefetch();
       }
     }
+    NextPage next = upcoming_page(a, table, it.head, t0 + kPrefetchPages * t_page, end, row_bytes);
+    const uint64_t phases = uint64_t{kPrefetchPhases} * ((in_page + kBlock - 1) / kBlock);
+    next.per_call = (2 * next.bytes / kCacheLine + phases - 1) / phases;
     for (uint32_t j0 = 0; j0 < in_page; j0 += kBlock) {
       const uint32_t n = std::min(kBlock, in_page - j0);
+      next.prefetch();
       ops.load_row(g.dtype, tile.k + j0 * row_bytes, n * d, tile.k_scale, kb);
+      next.prefetch();
       ops.score_block(q, group, d, kb, n, a.scale, p, kBlock, part);
       for (uint32_t h = 0; h < group; ++h)
         ws.corr[h] = ops.softmax_block_scores(st[h], p + size_t{h} * kBlock, n);
+      next.prefetch();
       ops.load_row(g.dtype, tile.v + j0 * row_bytes, n * d, tile.v_scale, vb);
+      next.prefetch();
       ops.accumulate_pv(acc, ws.corr.data(), p, kBlock, vb, group, n, d);
     }
   }
