@@ -1,10 +1,13 @@
-// The AVX2 inner loops of the CPU decode (kernels/cpu/attention_avx2.h) against their references:
-// row conversion bit for bit against the scalar conversions of kv_dtype.h for every code in every
-// vector lane, scores and P·V against fp64, the vectorised softmax block against the scalar one of
-// online_softmax.h (edge cases included). Whole-kernel checks of both instruction sets against the
-// fp64 attention reference are in kernel_attention_test.cpp. Skipped where the CPU has no AVX2.
+// The inner loops of the CPU attention kernels against their references. Baseline pieces
+// (attention_common.h, softmax_add_block): fast conversions bit for bit, dot products against
+// fp64, the block softmax against per-key updates. AVX2 pieces (attention_avx2.h, skipped where
+// the CPU has no AVX2): row conversion bit for bit against the scalar conversions of kv_dtype.h
+// for every code in every vector lane, scores and P·V against fp64, the vectorised softmax block
+// against the scalar one of online_softmax.h (edge cases included). Whole-kernel checks of both
+// instruction sets against the fp64 attention reference are in kernel_attention_test.cpp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstddef>
@@ -15,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/attention_avx2.h"
+#include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/kv_dtype.h"
 #include "kernels/online_softmax.h"
@@ -22,6 +26,86 @@
 
 namespace kvpool::kernels {
 namespace {
+
+// Baseline pieces (kernels/cpu/attention_common.h, softmax_add_block) ----------------------------
+
+TEST(AttentionCommon, FastConversionsAreBitExact) {
+  for (uint32_t h = 0; h < 0x10000u; ++h) {
+    const auto x = static_cast<uint16_t>(h);
+    ASSERT_EQ(f32_bits(cpu::detail::fp16_to_f32_fast(x)), f32_bits(fp16_to_f32(x))) << h;
+  }
+  for (uint32_t v = 0; v < 0x100u; ++v) {
+    const auto x = static_cast<uint8_t>(v);
+    ASSERT_EQ(f32_bits(cpu::detail::fp8_e4m3_to_f32_fast(x)), f32_bits(fp8_e4m3_to_f32(x))) << v;
+  }
+}
+
+TEST(AttentionCommon, DotHeadsMatchesFp64) {
+  std::mt19937_64 rng(5);
+  for (uint32_t d : {1u, 7u, 8u, 72u, 128u}) {
+    for (uint32_t heads : {1u, 3u, 4u, 5u, 9u}) {
+      const std::vector<float> q = test::random_normal(rng, size_t{heads} * d, 1.0f);
+      const std::vector<float> k = test::random_normal(rng, d, 1.0f);
+      std::vector<float> part(size_t{heads} * cpu::detail::kDotLanes), s(heads);
+      cpu::detail::dot_heads(q.data(), heads, d, k.data(), 0.5f, part.data(), s.data());
+      for (uint32_t h = 0; h < heads; ++h) {
+        double ref = 0.0;
+        double mag = 0.0;
+        for (uint32_t i = 0; i < d; ++i) {
+          ref += double{q[size_t{h} * d + i]} * k[i];
+          mag += std::fabs(double{q[size_t{h} * d + i]} * k[i]);
+        }
+        EXPECT_NEAR(s[h], 0.5 * ref, 0.5 * mag * 1e-6) << "d " << d << " heads " << heads;
+      }
+    }
+  }
+}
+
+TEST(AttentionCommon, SoftmaxAddBlockMatchesPerKeySoftmax) {
+  std::mt19937_64 rng(6);
+  constexpr int kD = 12;
+  const std::vector<int> blocks{5, 1, 16, 3, 16};  // the third block brings a new, larger max
+  int keys = 0;
+  for (int n : blocks)
+    keys += n;
+  std::vector<float> scores = test::random_normal(rng, static_cast<size_t>(keys), 3.0f);
+  scores[8] = 20.0f;
+  const std::vector<float> v = test::random_normal(rng, static_cast<size_t>(keys) * kD, 1.0f);
+
+  SoftmaxStats ref;
+  std::vector<float> acc_ref(kD, 0.0f);
+  for (int j = 0; j < keys; ++j)
+    softmax_add(ref, acc_ref.data(), v.data() + j * kD, kD, scores[static_cast<size_t>(j)]);
+
+  SoftmaxStats st;
+  std::vector<float> acc(kD, 0.0f);
+  std::vector<float> s = scores;
+  int j0 = 0;
+  for (int n : blocks) {
+    softmax_add_block(st, acc.data(), v.data() + j0 * kD, kD, kD, s.data() + j0, n);
+    j0 += n;
+  }
+  EXPECT_EQ(st.m, ref.m);
+  EXPECT_NEAR(st.l, ref.l, 1e-5 * ref.l);
+  for (int i = 0; i < kD; ++i)
+    EXPECT_NEAR(acc[static_cast<size_t>(i)] / st.l, acc_ref[static_cast<size_t>(i)] / ref.l, 1e-5);
+
+  // A block of −inf scores carries no weight and leaves the state as it was.
+  const SoftmaxStats before = st;
+  const std::vector<float> acc_before = acc;
+  float ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+  softmax_add_block(st, acc.data(), v.data(), kD, kD, ninf, 3);
+  EXPECT_EQ(st.m, before.m);
+  EXPECT_EQ(st.l, before.l);
+  EXPECT_EQ(acc, acc_before);
+  SoftmaxStats empty;
+  std::fill(ninf, ninf + 3, -INFINITY);  // the call above turned them into p_j = 0
+  EXPECT_EQ(softmax_block_scores(empty, ninf, 3), 1.0f);
+  EXPECT_EQ(empty.l, 0.0f);
+  EXPECT_EQ(empty.m, -INFINITY);
+}
+
+// Instruction sets ------------------------------------------------------------------------------
 
 TEST(KernelIsa, NamesAndSupport) {
   EXPECT_EQ(cpu::isa_name(cpu::Isa::automatic), "automatic");
