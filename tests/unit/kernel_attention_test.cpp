@@ -15,8 +15,6 @@
 #include <vector>
 
 #include "kernels/cpu/kernels_cpu.h"
-#include "kernels/kv_dtype.h"
-#include "kernels/online_softmax.h"
 #include "tests/unit/kernel_test_util.h"
 
 namespace kvpool::kernels {
