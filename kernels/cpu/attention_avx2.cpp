@@ -27,6 +27,7 @@
 #include "kernels/cpu/attention_avx2.h"
 
 #if KVPOOL_CPU_HAVE_AVX2
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include <algorithm>
@@ -43,9 +44,12 @@ namespace kvpool::kernels::cpu::detail::avx2 {
 
 bool supported() {
   static const bool ok = [] {
+    // __builtin_cpu_supports also checks that the OS saves the YMM registers. Not every compiler
+    // knows "f16c" there (clang 14 does not), so that bit comes from CPUID leaf 1 (ECX bit 29).
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
   }();
   return ok;
 }
