@@ -16,10 +16,15 @@
 // with softmax_merge in chunk order and writes acc / l. Work items are handed to `threads`
 // std::threads through one atomic counter (attention_common.h).
 //
-// Instruction sets (kernels_cpu.h, Isa). A block's three inner loops (K/V row conversion, the
-// group's scores, the P·V accumulation) come from a BlockOps table picked once per call: the
-// baseline one (portable C++) or the AVX2 + FMA + F16C one (attention_avx2.h, when the CPU has it
-// and head_dim % 8 == 0). The rest (chunking, the online softmax, the merge) is the same code.
+// Instruction sets (kernels_cpu.h, Isa). A block's four inner loops (K/V row conversion, the
+// group's scores, the softmax block update, the P·V accumulation) come from a BlockOps table
+// picked once per call: the baseline one (portable C++; online_softmax.h's softmax_block_scores)
+// or the AVX2 + FMA + F16C one (attention_avx2.h, when the CPU has it and head_dim % 8 == 0).
+// The rest (chunking, prefetching, the merge) is the same code.
+//
+// Prefetching. Pages are scattered, so the hardware prefetchers cannot see the next one coming;
+// run_chunk asks for the K and V tiles and scales of the page two ahead, a quarter of the lines
+// before each phase of a block (a 64-line burst would stall on the line-fill buffers).
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read: the tail of the last page, other
