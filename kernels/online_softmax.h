@@ -1,5 +1,7 @@
-// The online-softmax state of one query row over a set of keys, and the merge of two states
-// (split-KV), shared by the CPU and CUDA kernels.
+// The online-softmax state of one query row over a set of keys, its update by one key or a block
+// of keys, and the merge of two states (split-KV, lane groups, warps), shared by the CPU and CUDA
+// kernels: the CPU decode and both CUDA attention kernels take blocks of scores with
+// softmax_block_scores and merge with softmax_merge; the CPU extend adds keys one at a time.
 //
 // For scores s_j and value rows v_j, a state holds m = max_j s_j, l = Σ_j exp(s_j − m) and
 // acc = Σ_j exp(s_j − m) · v_j; the attention output is acc / l. Adding a key rescales by
