@@ -1,5 +1,9 @@
 // kvpool-kernel-bench: CPU paged-attention decode bandwidth (KV bytes read / time) next to the
-// bandwidth of a 2 GiB memcpy measured at the start of the same run.
+// bandwidth of a 2 GiB memcpy measured at the start of the same run, for each KV dtype and each
+// instruction set of the CPU kernels (kernels_cpu.h, Isa: the portable baseline loops and the
+// AVX2 ones, where the CPU has AVX2). The last column, the decode threads' CPU time per (token,
+// KV head), measures the kernel's cost independently of other load on the machine; the memcpy is
+// measured again at the end to show whether the machine stayed quiet.
 //
 // Geometry of the GPU table: 32 query heads over 8 KV heads, head dim 128, 16 tokens per
 // page, one layer; the pages of each sequence are scattered over the pool (a random
@@ -10,7 +14,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -34,6 +40,13 @@ double best_seconds(int reps, Fn&& fn) {
   return best;
 }
 
+// CPU time of this process (all threads), in seconds.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + double(ts.tv_nsec) * 1e-9;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -42,37 +55,83 @@ int main(int argc, char** argv) {
   int reps = 5;
   std::string contexts = "4096,16384,65536";
   std::string batches = "1,8";
+  std::string dtypes = "bf16,fp16,fp8_e4m3,int8";
+  std::string isas = "baseline,automatic";
   app.add_option("--threads", threads, "Decode threads")->capture_default_str();
   app.add_option("--reps", reps, "Repetitions per point (best is reported)")->capture_default_str();
   app.add_option("--contexts", contexts, "Context lengths")->capture_default_str();
   app.add_option("--batches", batches, "Batch sizes")->capture_default_str();
+  app.add_option("--dtypes", dtypes, "KV dtypes")->capture_default_str();
+  app.add_option("--isas", isas, "Instruction sets: baseline, avx2, automatic (the best one)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
-  auto parse = [](const std::string& s) {
-    std::vector<uint32_t> out;
+  auto split = [](const std::string& s) {
+    std::vector<std::string> out;
     size_t pos = 0;
     while (pos < s.size()) {
       const size_t comma = s.find(',', pos);
-      out.push_back(static_cast<uint32_t>(std::stoul(s.substr(pos, comma - pos))));
+      out.push_back(s.substr(pos, comma - pos));
       if (comma == std::string::npos) break;
       pos = comma + 1;
     }
     return out;
   };
+  auto parse = [&](const std::string& s) {
+    std::vector<uint32_t> out;
+    for (const std::string& x : split(s))
+      out.push_back(static_cast<uint32_t>(std::stoul(x)));
+    return out;
+  };
+  std::vector<KvDtype> dtype_list;
+  for (const std::string& x : split(dtypes)) {
+    const std::optional<KvDtype> d = parse_dtype(x);
+    if (!d) {
+      std::fprintf(stderr, "unknown dtype '%s'\n", x.c_str());
+      return 2;
+    }
+    dtype_list.push_back(*d);
+  }
+  // automatic is reported as the instruction set it resolves to for head dim 128.
+  std::vector<kernels::cpu::Isa> isa_list;
+  for (const std::string& x : split(isas)) {
+    kernels::cpu::Isa isa = kernels::cpu::Isa::automatic;
+    if (x == "baseline") {
+      isa = kernels::cpu::Isa::baseline;
+    } else if (x == "avx2") {
+      isa = kernels::cpu::Isa::avx2;
+    } else if (x != "automatic") {
+      std::fprintf(stderr, "unknown isa '%s'\n", x.c_str());
+      return 2;
+    }
+    if (isa == kernels::cpu::Isa::automatic) {
+      isa = kernels::cpu::isa_supported(kernels::cpu::Isa::avx2) ? kernels::cpu::Isa::avx2
+                                                                 : kernels::cpu::Isa::baseline;
+    }
+    if (!kernels::cpu::isa_supported(isa)) {
+      std::fprintf(stderr, "isa %s: not supported by this CPU, skipped\n", x.c_str());
+      continue;
+    }
+    if (std::find(isa_list.begin(), isa_list.end(), isa) == isa_list.end()) isa_list.push_back(isa);
+  }
 
   // The baseline: memcpy of a 2 GiB buffer (far beyond the caches), pre-faulted, best of reps.
+  // It is measured again at the end: on a shared machine a large difference means the run was
+  // disturbed, and the ratios (against the first) are not to be trusted.
   constexpr size_t kCopyBytes = size_t{2} << 30;
-  std::vector<std::byte> copy_src(kCopyBytes, std::byte{1}), copy_dst(kCopyBytes, std::byte{2});
-  const double copy_s =
-      best_seconds(reps, [&] { std::memcpy(copy_dst.data(), copy_src.data(), kCopyBytes); });
-  const double memcpy_gbs = double(kCopyBytes) / copy_s / 1e9;
-  copy_src = {};
-  copy_dst = {};
+  auto memcpy_bandwidth = [&] {
+    std::vector<std::byte> src(kCopyBytes, std::byte{1}), dst(kCopyBytes, std::byte{2});
+    const double s = best_seconds(reps, [&] { std::memcpy(dst.data(), src.data(), kCopyBytes); });
+    return double(kCopyBytes) / s / 1e9;
+  };
+  const double memcpy_gbs = memcpy_bandwidth();
   std::printf("threads %u; decode bandwidth = KV bytes read / time; memcpy of 2 GiB: %.2f GB/s\n",
               threads, memcpy_gbs);
-  std::printf("%-9s %5s %7s %9s %10s %9s %8s\n", "dtype", "batch", "context", "KV MB", "time ms",
-              "GB/s", "of memcpy");
+  // cpu ns: CPU time of all decode threads per (token, KV head), the least of the reps: what the
+  // kernel costs, whatever else the machine runs.
+  std::printf("%-9s %-8s %5s %7s %9s %10s %9s %8s %9s\n", "dtype", "isa", "batch", "context",
+              "KV MB", "time ms", "GB/s", "of memcpy", "cpu ns");
   std::mt19937 rng(1);
-  for (const KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+  for (const KvDtype dt : dtype_list) {
     const Geometry g{1, 8, 128, 16, dt};
     const uint64_t stride = page_data_bytes(g);
     for (const uint32_t batch : parse(batches)) {
@@ -96,19 +155,29 @@ int main(int argc, char** argv) {
         a.block_table_stride = blocks;
         a.context_lens = lens.data();
         a.scale = 0.088f;
-        std::string err;
-        const double t = best_seconds(reps, [&] { err = kernels::cpu::decode(a, pages, threads); });
-        if (!err.empty()) {
-          std::fprintf(stderr, "decode: %s\n", err.c_str());
-          return 1;
+        for (const kernels::cpu::Isa isa : isa_list) {
+          std::string err;
+          double cpu = 1e30;
+          const double t = best_seconds(reps, [&] {
+            const double c0 = process_cpu_seconds();
+            err = kernels::cpu::decode(a, pages, threads, isa);
+            cpu = std::min(cpu, process_cpu_seconds() - c0);
+          });
+          if (!err.empty()) {
+            std::fprintf(stderr, "decode: %s\n", err.c_str());
+            return 1;
+          }
+          const double bytes = double(batch) * ctx * 2 * 8 * 128 * dtype_bytes(dt);
+          const double gbs = bytes / t / 1e9;
+          std::printf("%-9s %-8s %5u %7u %9.1f %10.3f %9.2f %7.0f%% %9.1f\n",
+                      std::string(dtype_name(dt)).c_str(),
+                      std::string(kernels::cpu::isa_name(isa)).c_str(), batch, ctx, bytes / 1e6,
+                      t * 1e3, gbs, 100.0 * gbs / memcpy_gbs,
+                      cpu * 1e9 / (double(batch) * ctx * 8));
         }
-        const double bytes = double(batch) * ctx * 2 * 8 * 128 * dtype_bytes(dt);
-        const double gbs = bytes / t / 1e9;
-        std::printf("%-9s %5u %7u %9.1f %10.3f %9.2f %7.0f%%\n",
-                    std::string(dtype_name(dt)).c_str(), batch, ctx, bytes / 1e6, t * 1e3, gbs,
-                    100.0 * gbs / memcpy_gbs);
       }
     }
   }
+  std::printf("memcpy of 2 GiB at the end: %.2f GB/s\n", memcpy_bandwidth());
   return 0;
 }

@@ -183,15 +183,27 @@ struct HeadTile {
   float v_scale;
 };
 
-inline HeadTile head_tile(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
+// The (K, V) scale pair of one (page, layer, KV head) in an 8-bit pool's side region.
+inline const float* head_scales(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
+  const Geometry& g = kv.geometry;
+  return kv.scales + ((uint64_t{page} * g.layers + layer) * g.kv_heads + head) * 2;
+}
+
+// The tiles' addresses only (scales 1): what a prefetch needs, without loading the scales.
+inline HeadTile head_tile_addresses(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
   const Geometry& g = kv.geometry;
   const std::byte* p = static_cast<const std::byte*>(kv.base) + uint64_t{page} * kv.page_stride;
-  HeadTile t{p + page_k_offset(g, layer, head, 0, 0) * dtype_bytes(g.dtype),
-             p + page_v_offset(g, layer, head, 0, 0) * dtype_bytes(g.dtype), 1.0f, 1.0f};
+  return HeadTile{p + page_k_offset(g, layer, head, 0, 0) * dtype_bytes(g.dtype),
+                  p + page_v_offset(g, layer, head, 0, 0) * dtype_bytes(g.dtype), 1.0f, 1.0f};
+}
+
+inline HeadTile head_tile(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
+  const Geometry& g = kv.geometry;
+  HeadTile t = head_tile_addresses(kv, layer, page, head);
   if (dtype_is_quantized(g.dtype)) {
-    const uint64_t idx = ((uint64_t{page} * g.layers + layer) * g.kv_heads + head) * 2;
-    t.k_scale = kv.scales[idx];
-    t.v_scale = kv.scales[idx + 1];
+    const float* sc = head_scales(kv, layer, page, head);
+    t.k_scale = sc[0];
+    t.v_scale = sc[1];
   }
   return t;
 }

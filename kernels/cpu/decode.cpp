@@ -16,6 +16,16 @@
 // with softmax_merge in chunk order and writes acc / l. Work items are handed to `threads`
 // std::threads through one atomic counter (attention_common.h).
 //
+// Instruction sets (kernels_cpu.h, Isa). A block's four inner loops (K/V row conversion, the
+// group's scores, the softmax block update, the P·V accumulation) come from a BlockOps table
+// picked once per call: the baseline one (portable C++; online_softmax.h's softmax_block_scores)
+// or the AVX2 + FMA + F16C one (attention_avx2.h, when the CPU has it and head_dim % 8 == 0).
+// The rest (chunking, prefetching, the merge) is the same code.
+//
+// Prefetching. Pages are scattered, so the hardware prefetchers cannot see the next one coming;
+// run_chunk asks for the K and V tiles and scales of the page two ahead, a quarter of the lines
+// before each phase of a block (a 64-line burst would stall on the line-fill buffers).
+//
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read: the tail of the last page, other
 //    layers and the unused block-table entries are never touched, whatever they hold;
@@ -34,6 +44,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention_avx2.h"
 #include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/online_softmax.h"
@@ -77,15 +88,17 @@ struct Workspace {
         corr(group) {}
 };
 
-// acc[h][0..d) = acc[h] · corr[h] + Σ_j p[h][j] · v[j] for every query head h of the group and the
-// n ≤ kBlock value rows v[j] = v + j · d. Walks acc in tiles of kTile floats that stay in
-// registers while the block's V rows stream through (from L1: the block is kBlock · d floats).
-// Per element the order is fixed: the rescale, then the keys in order, whatever the tiling.
+// acc[h][0..d) = acc[h] · corr[h] + Σ_j p[h · p_stride + j] · v[j] for every query head h of the
+// group and the n ≤ kBlock value rows v[j] = v + j · d. Walks acc in tiles of kTile floats that
+// stay in registers while the block's V rows stream through (from L1: the block is kBlock · d
+// floats). Per element the order is fixed: the rescale, then the keys in order, whatever the
+// tiling.
 void accumulate_pv(float* __restrict acc, const float* __restrict corr, const float* __restrict p,
-                   const float* __restrict v, uint32_t group, uint32_t n, uint32_t d) {
+                   uint32_t p_stride, const float* __restrict v, uint32_t group, uint32_t n,
+                   uint32_t d) {
   for (uint32_t h = 0; h < group; ++h) {
     float* a = acc + size_t{h} * d;
-    const float* ph = p + size_t{h} * kBlock;
+    const float* ph = p + size_t{h} * p_stride;
     const float c = corr[h];
     uint32_t i = 0;
     for (; i + kTile <= d; i += kTile) {
@@ -110,13 +123,86 @@ void accumulate_pv(float* __restrict acc, const float* __restrict corr, const fl
   }
 }
 
+// s[h · s_stride + j] = scale · (q_h · k_j) for the group's query rows q_h = q + h · d and the
+// n ≤ kBlock fp32 key rows k_j = k + j · d; part is scratch for kBlock · group · kDotLanes floats.
+// Each K row is dotted with every query row at once (dot_partials), its lanes folded per row.
+void score_block(const float* q, uint32_t group, uint32_t d, const float* k, uint32_t n,
+                 float scale, float* s, uint32_t s_stride, float* part) {
+  const size_t part_row = size_t{group} * detail::kDotLanes;  // a K row's partial sums
+  for (uint32_t j = 0; j < n; ++j)
+    detail::dot_partials(q, group, d, k + size_t{j} * d, part + size_t{j} * part_row);
+  for (uint32_t h = 0; h < group; ++h) {
+    for (uint32_t j = 0; j < n; ++j) {
+      s[size_t{h} * s_stride + j] =
+          detail::sum_lanes(part + size_t{j} * part_row + size_t{h} * detail::kDotLanes) * scale;
+    }
+  }
+}
+
+// A block's inner loops, in one instruction set (file comment).
+struct BlockOps {
+  void (*load_row)(KvDtype dtype, const std::byte* src, uint32_t n, float scale, float* dst);
+  void (*score_block)(const float* q, uint32_t group, uint32_t d, const float* k, uint32_t n,
+                      float scale, float* s, uint32_t s_stride, float* part);
+  void (*accumulate_pv)(float* acc, const float* corr, const float* p, uint32_t p_stride,
+                        const float* v, uint32_t group, uint32_t n, uint32_t d);
+  float (*softmax_block_scores)(SoftmaxStats& st, float* s, uint32_t n);
+};
+
+constexpr BlockOps kBaselineOps{detail::load_row, score_block, accumulate_pv,
+                                [](SoftmaxStats& st, float* s, uint32_t n) {
+                                  return softmax_block_scores(st, s, static_cast<int>(n));
+                                }};
+
+#if KVPOOL_CPU_HAVE_AVX2
+constexpr BlockOps kAvx2Ops{detail::avx2::load_row,
+                            [](const float* q, uint32_t group, uint32_t d, const float* k,
+                               uint32_t n, float scale, float* s, uint32_t s_stride, float*) {
+                              detail::avx2::score_block(q, group, d, k, n, scale, s, s_stride);
+                            },
+                            detail::avx2::accumulate_pv, detail::avx2::softmax_block_scores};
+#endif
+
+// Prefetch distance of run_chunk, in pages, and its prefetch calls per block: before each of the
+// block's four phases.
+constexpr uint64_t kPrefetchPages = 2;
+constexpr uint32_t kPrefetchPhases = 4;
+
+// The next page's K and V tiles (bytes each), prefetched `per_call` cache lines at a time, K
+// first; an empty NextPage prefetches nothing.
+struct NextPage {
+  const std::byte* k = nullptr;
+  const std::byte* v = nullptr;
+  uint64_t bytes = 0;
+  uint64_t done = 0;  // bytes of K, then of V, asked for so far
+  uint64_t per_call = 0;
+  void prefetch() {
+    for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
+      __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
+  }
+};
+
+// The K and V tiles of the page holding token t (a page boundary) as a NextPage, its scales
+// prefetched at once; empty when t is past the chunk's end.
+NextPage upcoming_page(const DecodeArgs& a, const PageId* table, uint32_t head, uint64_t t,
+                       uint64_t end, uint64_t row_bytes) {
+  if (t >= end) return {};
+  const Geometry& g = a.kv.geometry;
+  const PageId page = table[t / g.tokens_per_page];
+  if (dtype_is_quantized(g.dtype))
+    __builtin_prefetch(detail::head_scales(a.kv, a.layer, page, head));
+  const HeadTile tiles = detail::head_tile_addresses(a.kv, a.layer, page, head);
+  return NextPage{tiles.k, tiles.v, std::min<uint64_t>(g.tokens_per_page, end - t) * row_bytes, 0,
+                  0};
+}
+
 // Computes item `it` into acc[group][D] and st[group] (unnormalised online-softmax states).
 // Keys go in blocks of up to kBlock tokens of one page: the block's K rows are converted once and
 // dotted with every query row of the group, each state takes the block's scores at once
 // (softmax_block_scores: one rescale per block), then the block's V rows are converted once and
 // accumulated for the whole group.
-void run_chunk(const DecodeArgs& a, const Item& it, uint32_t chunk, Workspace& ws, float* acc,
-               SoftmaxStats* st) {
+void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_t chunk,
+               Workspace& ws, float* acc, SoftmaxStats* st) {
   const Geometry& g = a.kv.geometry;
   const uint32_t d = g.head_dim;
   const uint32_t t_page = g.tokens_per_page;
@@ -127,7 +213,6 @@ void run_chunk(const DecodeArgs& a, const Item& it, uint32_t chunk, Workspace& w
   float* kb = ws.k.data();
   float* vb = ws.v.data();
   float* part = ws.part.data();
-  const size_t part_row = size_t{group} * detail::kDotLanes;  // a K row's partial sums
   float* p = ws.p.data();
 
   for (uint32_t h = 0; h < group; ++h)
@@ -140,30 +225,33 @@ void run_chunk(const DecodeArgs& a, const Item& it, uint32_t chunk, Workspace& w
   for (uint64_t t0 = begin; t0 < end; t0 += t_page) {
     const HeadTile tile = detail::head_tile(a.kv, a.layer, table[t0 / t_page], it.head);
     const auto in_page = static_cast<uint32_t>(std::min<uint64_t>(t_page, end - t0));
-    if (t0 + t_page < end) {
-      // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next
-      // one coming: ask for its K and V tiles while this page is being computed.
-      const HeadTile next = detail::head_tile(a.kv, a.layer, table[t0 / t_page + 1], it.head);
-      const uint64_t bytes = std::min<uint64_t>(t_page, end - t0 - t_page) * row_bytes;
-      for (uint64_t off = 0; off < bytes; off += kCacheLine) {
-        __builtin_prefetch(next.k + off);
-        __builtin_prefetch(next.v + off);
+    // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next ones
+    // coming: ask for the K and V tiles (and scales) of the page kPrefetchPages ahead while this
+    // one is being computed, spread over the page's phases rather than in one burst, which would
+    // stall the core once the line-fill buffers are full. The chunk's first page asks for the
+    // pages in between at once.
+    if (t0 == begin) {
+      for (uint64_t ahead = 1; ahead < kPrefetchPages; ++ahead) {
+        NextPage page = upcoming_page(a, table, it.head, t0 + ahead * t_page, end, row_bytes);
+        page.per_call = UINT64_MAX;
+        page.prefetch();
       }
     }
+    NextPage next = upcoming_page(a, table, it.head, t0 + kPrefetchPages * t_page, end, row_bytes);
+    const uint64_t phases = uint64_t{kPrefetchPhases} * ((in_page + kBlock - 1) / kBlock);
+    next.per_call = (2 * next.bytes / kCacheLine + phases - 1) / phases;
     for (uint32_t j0 = 0; j0 < in_page; j0 += kBlock) {
       const uint32_t n = std::min(kBlock, in_page - j0);
-      detail::load_row(g.dtype, tile.k + j0 * row_bytes, n * d, tile.k_scale, kb);
-      for (uint32_t j = 0; j < n; ++j)
-        detail::dot_partials(q, group, d, kb + size_t{j} * d, part + size_t{j} * part_row);
-      for (uint32_t h = 0; h < group; ++h) {
-        float* ph = p + size_t{h} * kBlock;
-        for (uint32_t j = 0; j < n; ++j)
-          ph[j] = detail::sum_lanes(part + size_t{j} * part_row + size_t{h} * detail::kDotLanes) *
-                  a.scale;
-        ws.corr[h] = softmax_block_scores(st[h], ph, static_cast<int>(n));
-      }
-      detail::load_row(g.dtype, tile.v + j0 * row_bytes, n * d, tile.v_scale, vb);
-      accumulate_pv(acc, ws.corr.data(), p, vb, group, n, d);
+      next.prefetch();
+      ops.load_row(g.dtype, tile.k + j0 * row_bytes, n * d, tile.k_scale, kb);
+      next.prefetch();
+      ops.score_block(q, group, d, kb, n, a.scale, p, kBlock, part);
+      for (uint32_t h = 0; h < group; ++h)
+        ws.corr[h] = ops.softmax_block_scores(st[h], p + size_t{h} * kBlock, n);
+      next.prefetch();
+      ops.load_row(g.dtype, tile.v + j0 * row_bytes, n * d, tile.v_scale, vb);
+      next.prefetch();
+      ops.accumulate_pv(acc, ws.corr.data(), p, kBlock, vb, group, n, d);
     }
   }
 }
@@ -173,12 +261,58 @@ inline void normalise(float* row, uint32_t d, float l) {
     row[i] /= l;
 }
 
+// The inner loops for `isa` on this pool, or an error when it was forced and cannot run.
+std::string pick_ops(Isa isa, uint32_t head_dim, const BlockOps*& ops) {
+  const bool dim_ok = head_dim % detail::avx2::kAvx2HeadDimMultiple == 0;
+  switch (isa) {
+    case Isa::automatic:
+      ops = &kBaselineOps;
+#if KVPOOL_CPU_HAVE_AVX2
+      if (dim_ok && detail::avx2::supported()) ops = &kAvx2Ops;
+#endif
+      return {};
+    case Isa::baseline:
+      ops = &kBaselineOps;
+      return {};
+    case Isa::avx2:
+      if (!isa_supported(Isa::avx2)) return "isa avx2 is not supported by this CPU or build";
+      if (!dim_ok) {
+        return "isa avx2 needs a head_dim that is a multiple of " +
+               std::to_string(detail::avx2::kAvx2HeadDimMultiple) + ", not " +
+               std::to_string(head_dim);
+      }
+#if KVPOOL_CPU_HAVE_AVX2
+      ops = &kAvx2Ops;
+#endif
+      return {};
+  }
+  return "unknown isa";
+}
+
 }  // namespace
 
-std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads) {
+std::string_view isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::automatic:
+      return "automatic";
+    case Isa::baseline:
+      return "baseline";
+    case Isa::avx2:
+      return "avx2";
+  }
+  return "?";
+}
+
+bool isa_supported(Isa isa) {
+  return isa != Isa::avx2 || detail::avx2::supported();
+}
+
+std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads, Isa isa) {
   if (std::string e = detail::check_pool(args.kv, args.layer, args.num_q_heads); !e.empty()) {
     return e;
   }
+  const BlockOps* ops = nullptr;
+  if (std::string e = pick_ops(isa, args.kv.geometry.head_dim, ops); !e.empty()) return e;
   if (args.num_seqs == 0) return {};
   if (args.q == nullptr) return "q is null";
   if (args.out == nullptr) return "out is null";
@@ -255,12 +389,12 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads)
     float* out = args.out + (size_t{it.seq} * args.num_q_heads + size_t{it.head} * group) * d;
     SoftmaxStats* st = stats.data() + i * group;
     if (it.scratch == kDirect) {
-      run_chunk(args, it, chunk, ws, out, st);
+      run_chunk(args, *ops, it, chunk, ws, out, st);
       for (uint32_t h = 0; h < group; ++h)
         normalise(out + size_t{h} * d, d, st[h].l);
       return;
     }
-    run_chunk(args, it, chunk, ws, scratch_acc.data() + it.scratch * d, st);
+    run_chunk(args, *ops, it, chunk, ws, scratch_acc.data() + it.scratch * d, st);
     std::atomic<uint32_t>& left = pending[size_t{it.seq} * g.kv_heads + it.head];
     if (left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     // Last chunk of this (sequence, KV head) to finish: merge all of them in chunk order.

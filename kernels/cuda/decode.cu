@@ -1,13 +1,30 @@
-// Paged-attention decode on the GPU (see kernels_cuda.h for the design).
+// Paged-attention decode on the GPU (design summary in kernels_cuda.h).
 //
-// Block (chunk, kv_head, seq) covers tokens [chunk·split, min(ctx, (chunk+1)·split)) of one
-// sequence for every query head of one KV head's group. Warp w takes tokens begin+w, begin+w+4,
-// …; each lane holds D/32 contiguous elements of the K/V rows (one vector load per row) and of
-// the query rows, so a score is a lane-local dot product plus a 5-step shuffle reduction. Each
-// warp keeps one online-softmax state (m, l, acc) per query head; at the end the warps' states
-// merge in shared memory. One chunk: the result goes straight to out. Several: each chunk writes
-// (m, l) and acc to the workspace and merge_chunks combines them in chunk order.
-// Invariant: a state with l = 0 is empty and weighs nothing in a merge (its m may be −inf).
+// One CTA (4 warps) per (split chunk, KV head, sequence) serves that KV head's whole query group
+// over tokens [chunk · split, min(ctx, (chunk + 1) · split)). The chunk streams through shared
+// memory in tiles with a 3-stage cp.async pipeline (kv_tile.cuh: stream_tiles), so the loads of
+// the next two tiles are in flight while the CTA computes on the current one.
+//
+// Compute on a tile. Each warp is kRowsPerWarp lane groups of kLanesPerRow = D / 8 lanes; a lane
+// holds 8 elements of every query row of the group (pre-scaled by args.scale; heads past the
+// group in the kG-bucket are zero and never written). Rows of the tile are dealt to
+// (sub-block, warp, lane group) in this order, kSub = 4 rows per lane group per sub-block:
+//   row r = ((sub_block · kSub + b) · kWarps + warp) · kRowsPerWarp + lane_group,  b < kSub,
+// so at every step a warp reads kRowsPerWarp consecutive rows. Per sub-block a lane group
+//   1. converts its kSub K rows (8 elements per lane) and dots them with each head's query slice,
+//      group_sum giving every lane of the group the kSub × kG scores; rows ≥ the tile's valid
+//      count get −inf (their shared-memory rows are zero-filled, never read from global);
+//   2. takes each head's kSub scores into its online-softmax state with softmax_block_scores
+//      (online_softmax.h: one rescale per sub-block) and rescales its accumulator slice;
+//   3. converts the same kSub V rows and accumulates p · v for every head.
+// Every lane group thus keeps kG states (replicated over its lanes) and a D/8-slice of kG
+// accumulators. At the end the lane groups of a warp merge with softmax_merge over butterfly
+// shuffles, the warps through shared memory (reusing the pipeline buffers), in warp order.
+// One chunk: acc / l goes to out. Several: (m, l) and acc go to the workspace and merge_chunks
+// combines them in chunk order with softmax_merge, as the CPU decode does.
+//
+// Invariants: a state with l = 0 is empty and weighs nothing in softmax_merge; only positions
+// below the chunk end are read; every CTA writes its workspace entry, empty or not.
 
 #include <cuda_runtime.h>
 
@@ -15,161 +32,163 @@
 
 #include "kernels/cuda/dtype_load.cuh"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/kv_tile.cuh"
+#include "kernels/online_softmax.h"
 #include "kernels/split_plan.h"
 
 namespace kvpool::kernels::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kSub = 4;  // rows per lane group per softmax block
 
-template <typename T, int N>
-struct alignas(sizeof(T) * N) Vec {
-  T v[N];
+template <KvDtype DT, int D, int kG>
+struct DecodeShape : TileShape<DT, D> {
+  using S = TileShape<DT, D>;
+  static constexpr int kSubBlocks = S::kTile / (kWarps * S::kRowsPerWarp * kSub);  // 1 or 2
+  static_assert(kSubBlocks >= 1 && S::kTile == kSubBlocks * kWarps * S::kRowsPerWarp * kSub);
+  // The warps' states for the final merge: acc [kWarps][kG][D] floats, then [kWarps][kG] stats.
+  static constexpr int kMergeBytes =
+      kWarps * kG * D * 4 + kWarps * kG * static_cast<int>(sizeof(SoftmaxStats));
+  static constexpr int kSmemBytes =
+      S::kPipelineBytes > kMergeBytes ? S::kPipelineBytes : kMergeBytes;
 };
 
-template <KvDtype DT, int D>
-__device__ __forceinline__ void load_row(const typename Elem<DT>::T* p, float scale, float* out) {
-  using T = typename Elem<DT>::T;
-  constexpr int kN = D / 32;
-  const Vec<T, kN> raw = *reinterpret_cast<const Vec<T, kN>*>(p);
-#pragma unroll
-  for (int i = 0; i < kN; ++i)
-    out[i] = Elem<DT>::load(raw.v[i]) * scale;
-}
-
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1)
-    x += __shfl_xor_sync(0xffffffffu, x, o);
-  return x;
-}
-
-template <KvDtype DT, int D>
-__global__ void __launch_bounds__(kThreads)
+template <KvDtype DT, int D, int kG>
+__global__ void __launch_bounds__(kThreads, 2)
     decode_kernel(DecodeArgs a, uint32_t split, uint32_t num_chunks, float* ws_acc,
                   float2* ws_stats) {
-  using T = typename Elem<DT>::T;
-  constexpr int kN = D / 32;
+  using S = DecodeShape<DT, D, kG>;
+  extern __shared__ uint4 smem_u4[];
+  auto* smem = reinterpret_cast<unsigned char*>(smem_u4);
+
   const uint32_t chunk = blockIdx.x;
   const uint32_t kvh = blockIdx.y;
   const uint32_t seq = blockIdx.z;
-  const Geometry g = a.kv.geometry;
-  const int group = static_cast<int>(a.num_q_heads / g.kv_heads);
+  const int group = static_cast<int>(a.num_q_heads / a.kv.geometry.kv_heads);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane_group = lane / S::kLanesPerRow;
+  const int col = lane % S::kLanesPerRow;  // this lane's 8 elements: [col · 8, col · 8 + 8)
   const uint32_t ctx = a.context_lens[seq];
   const uint32_t begin = chunk * split;
   const uint32_t end = min(ctx, begin + split);
 
-  float q[kMaxGroup][kN];
-  float m[kMaxGroup];
-  float l[kMaxGroup];
-  float acc[kMaxGroup][kN];
+  float q[kG][8];
+  float acc[kG][8];
+  SoftmaxStats st[kG];
+  const uint64_t row0 = uint64_t(seq) * a.num_q_heads + uint64_t(kvh) * group;
 #pragma unroll
-  for (int gi = 0; gi < kMaxGroup; ++gi) {
-    m[gi] = -INFINITY;
-    l[gi] = 0.0f;
+  for (int h = 0; h < kG; ++h) {
 #pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      acc[gi][i] = 0.0f;
-      q[gi][i] = gi < group
-                     ? a.q[(uint64_t(seq) * a.num_q_heads + kvh * group + gi) * D + lane * kN + i] *
-                           a.scale
-                     : 0.0f;
+    for (int e = 0; e < 8; ++e) {
+      q[h][e] = h < group ? a.q[(row0 + h) * D + col * 8 + e] * a.scale : 0.0f;
+      acc[h][e] = 0.0f;
     }
   }
 
   const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
-  for (uint32_t t = begin + warp; t < end; t += kWarps) {
-    const TokenRows<DT> rows = token_rows<DT>(a.kv, table, a.layer, kvh, t);
-    float k[kN];
-    float v[kN];
-    load_row<DT, D>(rows.k + lane * kN, rows.k_scale, k);
-    load_row<DT, D>(rows.v + lane * kN, rows.v_scale, v);
+  stream_tiles<DT, D>(
+      smem, a.kv, table, a.layer, kvh, begin, end,
+      [&](const unsigned char* tile, uint32_t tile_start) {
+        const int valid = static_cast<int>(min(uint32_t(S::kTile), end - tile_start));
+#pragma unroll 1
+        for (int sb = 0; sb < S::kSubBlocks; ++sb) {
+          float s[kG][kSub];
 #pragma unroll
-    for (int gi = 0; gi < kMaxGroup; ++gi) {
-      if (gi >= group) break;
-      float s = 0.0f;
+          for (int b = 0; b < kSub; ++b) {
+            const int r = ((sb * kSub + b) * kWarps + warp) * S::kRowsPerWarp + lane_group;
+            float k[8];
+            tile_row8<DT, D>(tile, 0, r, col, k);
 #pragma unroll
-      for (int i = 0; i < kN; ++i)
-        s += q[gi][i] * k[i];
-      s = warp_sum(s);
-      const float m_new = fmaxf(m[gi], s);
-      const float corr = __expf(m[gi] - m_new);
-      const float pr = __expf(s - m_new);
-      l[gi] = l[gi] * corr + pr;
+            for (int h = 0; h < kG; ++h) {
+              const float score = group_sum<S::kLanesPerRow>(dot8(q[h], k));
+              s[h][b] = r < valid ? score : -INFINITY;
+            }
+          }
 #pragma unroll
-      for (int i = 0; i < kN; ++i)
-        acc[gi][i] = acc[gi][i] * corr + pr * v[i];
-      m[gi] = m_new;
+          for (int h = 0; h < kG; ++h) {
+            const float corr = softmax_block_scores(st[h], s[h], kSub);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              acc[h][e] *= corr;
+          }
+#pragma unroll
+          for (int b = 0; b < kSub; ++b) {
+            const int r = ((sb * kSub + b) * kWarps + warp) * S::kRowsPerWarp + lane_group;
+            float v[8];
+            tile_row8<DT, D>(tile, 1, r, col, v);
+#pragma unroll
+            for (int h = 0; h < kG; ++h) {
+#pragma unroll
+              for (int e = 0; e < 8; ++e)
+                acc[h][e] = fmaf(s[h][b], v[e], acc[h][e]);
+            }
+          }
+        }
+      });
+
+  // Lane groups of the warp: lanes o apart (o a multiple of kLanesPerRow) hold the same columns.
+#pragma unroll
+  for (int o = S::kLanesPerRow; o < 32; o <<= 1) {
+#pragma unroll
+    for (int h = 0; h < kG; ++h) {
+      SoftmaxStats other;
+      other.m = __shfl_xor_sync(0xffffffffu, st[h].m, o);
+      other.l = __shfl_xor_sync(0xffffffffu, st[h].l, o);
+      float other_acc[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        other_acc[e] = __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+      softmax_merge(st[h], acc[h], other, other_acc, 8);
     }
   }
 
-  // Merge the warps' states.
-  __shared__ float s_m[kWarps][kMaxGroup];
-  __shared__ float s_l[kWarps][kMaxGroup];
-  __shared__ float s_acc[kWarps][kMaxGroup][D];
+  // Warps, through shared memory (stream_tiles ended with every copy landed and a barrier).
+  auto* s_acc = reinterpret_cast<float*>(smem);
+  auto* s_st = reinterpret_cast<SoftmaxStats*>(s_acc + kWarps * kG * D);
+  if (lane < S::kLanesPerRow) {
 #pragma unroll
-  for (int gi = 0; gi < kMaxGroup; ++gi) {
-    if (gi >= group) break;
-    if (lane == 0) {
-      s_m[warp][gi] = m[gi];
-      s_l[warp][gi] = l[gi];
+    for (int h = 0; h < kG; ++h) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        s_acc[(warp * kG + h) * D + col * 8 + e] = acc[h][e];
+      if (lane == 0) s_st[warp * kG + h] = st[h];
     }
-#pragma unroll
-    for (int i = 0; i < kN; ++i)
-      s_acc[warp][gi][lane * kN + i] = acc[gi][i];
   }
   __syncthreads();
   for (int idx = static_cast<int>(threadIdx.x); idx < group * D; idx += kThreads) {
-    const int gi = idx / D;
+    const int h = idx / D;
     const int d = idx % D;
-    float mm = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) {
-      if (s_l[w][gi] > 0.0f) mm = fmaxf(mm, s_m[w][gi]);
-    }
-    float ll = 0.0f;
-    float aa = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (s_l[w][gi] > 0.0f) {
-        const float c = __expf(s_m[w][gi] - mm);
-        ll += s_l[w][gi] * c;
-        aa += s_acc[w][gi][d] * c;
-      }
-    }
-    const uint64_t row = uint64_t(seq) * a.num_q_heads + kvh * group + gi;
+    SoftmaxStats total;
+    float total_acc = 0.0f;
+    for (int w = 0; w < kWarps; ++w)
+      softmax_merge(total, &total_acc, s_st[w * kG + h], &s_acc[(w * kG + h) * D + d], 1);
+    const uint64_t row = row0 + h;
     if (num_chunks == 1) {
-      a.out[row * D + d] = aa / ll;
+      a.out[row * D + d] = total_acc / total.l;
     } else {
-      ws_acc[(row * num_chunks + chunk) * D + d] = aa;
-      if (d == 0) ws_stats[row * num_chunks + chunk] = make_float2(mm, ll);
+      ws_acc[(row * num_chunks + chunk) * D + d] = total_acc;
+      if (d == 0) ws_stats[row * num_chunks + chunk] = make_float2(total.m, total.l);
     }
   }
 }
 
-// Combines the chunk states of one (sequence, query head) row; block = head_dim threads.
+// Combines the chunk states of one (sequence, query head) row in chunk order; head_dim threads.
 __global__ void merge_chunks(uint32_t num_chunks, uint32_t head_dim, const float* ws_acc,
                              const float2* ws_stats, float* out) {
   const uint64_t row = blockIdx.x;
   const uint32_t d = threadIdx.x;
-  float mm = -INFINITY;
+  SoftmaxStats total;
+  float total_acc = 0.0f;
   for (uint32_t c = 0; c < num_chunks; ++c) {
-    const float2 st = ws_stats[row * num_chunks + c];
-    if (st.y > 0.0f) mm = fmaxf(mm, st.x);
+    const float2 m_l = ws_stats[row * num_chunks + c];
+    SoftmaxStats part;
+    part.m = m_l.x;
+    part.l = m_l.y;
+    softmax_merge(total, &total_acc, part, &ws_acc[(row * num_chunks + c) * head_dim + d], 1);
   }
-  float ll = 0.0f;
-  float aa = 0.0f;
-  for (uint32_t c = 0; c < num_chunks; ++c) {
-    const float2 st = ws_stats[row * num_chunks + c];
-    if (st.y > 0.0f) {
-      const float w = __expf(st.x - mm);
-      ll += st.y * w;
-      aa += ws_acc[(row * num_chunks + c) * head_dim + d] * w;
-    }
-  }
-  out[row * head_dim + d] = aa / ll;
+  out[row * head_dim + d] = total_acc / total.l;
 }
 
 std::string check_args(const DecodeArgs& a) {
@@ -191,7 +210,19 @@ std::string check_args(const DecodeArgs& a) {
       a.context_lens == nullptr || a.kv.base == nullptr) {
     return "decode: a device pointer is null";
   }
-  return {};
+  return check_tile_alignment(a.kv, "decode");
+}
+
+// Calls fn(kG tag) with the smallest instantiated query-group bucket (1, 4, 8) holding `group`.
+template <typename Fn>
+void dispatch_group(uint32_t group, Fn&& fn) {
+  if (group <= 1) {
+    fn(std::integral_constant<int, 1>{});
+  } else if (group <= 4) {
+    fn(std::integral_constant<int, 4>{});
+  } else {
+    fn(std::integral_constant<int, 8>{});
+  }
 }
 
 }  // namespace
@@ -231,17 +262,28 @@ std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void
                        : nullptr;
   auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(chunks, a.kv.geometry.kv_heads, a.num_seqs);
+  cudaError_t err = cudaSuccess;
   dispatch_dtype(a.kv.geometry.dtype, [&](auto dt) {
     dispatch_head_dim(a.kv.geometry.head_dim, [&](auto d) {
-      decode_kernel<decltype(dt)::value, decltype(d)::value>
-          <<<grid, kThreads, 0, s>>>(a, split, chunks, ws_acc, ws_stats);
+      dispatch_group(a.num_q_heads / a.kv.geometry.kv_heads, [&](auto g) {
+        constexpr KvDtype kDt = decltype(dt)::value;
+        constexpr int kD = decltype(d)::value;
+        constexpr int kG = decltype(g)::value;
+        constexpr int kSmem = DecodeShape<kDt, kD, kG>::kSmemBytes;
+        const auto kernel = decode_kernel<kDt, kD, kG>;
+        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        if (err == cudaSuccess) {
+          kernel<<<grid, kThreads, kSmem, s>>>(a, split, chunks, ws_acc, ws_stats);
+        }
+      });
     });
   });
+  if (err != cudaSuccess) return std::string("decode: ") + cudaGetErrorString(err);
   if (chunks > 1) {
     merge_chunks<<<static_cast<unsigned>(rows), a.kv.geometry.head_dim, 0, s>>>(
         chunks, a.kv.geometry.head_dim, ws_acc, ws_stats, a.out);
   }
-  const cudaError_t err = cudaGetLastError();
+  err = cudaGetLastError();
   if (err != cudaSuccess) return std::string("decode: launch failed: ") + cudaGetErrorString(err);
   return {};
 }

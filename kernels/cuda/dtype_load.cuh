@@ -1,7 +1,19 @@
-// Loading KV rows of any pool dtype as fp32 on the device.
+// Loading KV elements of any pool dtype as fp32 on the device, and the compile-time dispatch over
+// dtype and head dim.
+//
+//   Elem<DT>::load   one element, through the bit-exact conversions of kernels/kv_dtype.h (append)
+//   load8<DT>        8 consecutive elements of a row (16 or 8 bytes, aligned to their size) with
+//                    the hardware conversions: cvt.f32.bf16 is a shift, cvt.f32.f16 and sm_89+'s
+//                    cvt.rn.f16x2.e4m3x2 (then f16 → f32) are exact for every finite value, so
+//                    finite results equal kv_dtype.h's bit for bit; a NaN stays a NaN, though not
+//                    necessarily with kv_dtype.h's payload. 8-bit values are multiplied by scale.
 #pragma once
 
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
 #include <cstdint>
+#include <type_traits>
 
 #include "common/geometry.h"
 #include "kernels/kv_dtype.h"
@@ -37,33 +49,44 @@ struct Elem<KvDtype::int8> {
   static constexpr bool kQuantized = true;
 };
 
-// The K and V rows of token `t` of a sequence for one (layer, KV head), and their scales (1 for
-// 16-bit pools): what decode and extend read per token.
 template <KvDtype DT>
-struct TokenRows {
-  const typename Elem<DT>::T* k;
-  const typename Elem<DT>::T* v;
-  float k_scale;
-  float v_scale;
-};
-
-template <KvDtype DT>
-__device__ __forceinline__ TokenRows<DT> token_rows(const PagedKv& kv, const PageId* table,
-                                                    uint32_t layer, uint32_t kvh, uint32_t t) {
-  using T = typename Elem<DT>::T;
-  const Geometry& g = kv.geometry;
-  const PageId page = table[t / g.tokens_per_page];
-  const uint32_t off = t % g.tokens_per_page;
-  const auto* p = reinterpret_cast<const T*>(static_cast<const char*>(kv.base) +
-                                             uint64_t(page) * kv.page_stride);
-  TokenRows<DT> r{p + page_k_offset(g, layer, kvh, off, 0),
-                  p + page_v_offset(g, layer, kvh, off, 0), 1.0f, 1.0f};
-  if constexpr (Elem<DT>::kQuantized) {
-    const float* sc = kv.scales + ((uint64_t(page) * g.layers + layer) * g.kv_heads + kvh) * 2;
-    r.k_scale = sc[0];
-    r.v_scale = sc[1];
+__device__ __forceinline__ void load8(const unsigned char* p, float scale, float (&out)[8]) {
+  if constexpr (DT == KvDtype::bf16 || DT == KvDtype::fp16) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(p);
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if constexpr (DT == KvDtype::bf16) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+      } else {
+        __half2_raw h;
+        h.x = static_cast<unsigned short>(w[i] & 0xFFFFu);
+        h.y = static_cast<unsigned short>(w[i] >> 16);
+        const float2 f = __half22float2(__half2(h));
+        out[2 * i] = f.x;
+        out[2 * i + 1] = f.y;
+      }
+    }
+  } else {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const uint32_t w[2] = {raw.x, raw.y};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const auto pair = static_cast<unsigned short>(w[i] >> (16 * j));  // elements 4i+2j, +1
+        if constexpr (DT == KvDtype::fp8_e4m3) {
+          const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+          out[4 * i + 2 * j] = f.x * scale;
+          out[4 * i + 2 * j + 1] = f.y * scale;
+        } else {
+          out[4 * i + 2 * j] = static_cast<float>(static_cast<int8_t>(pair & 0xFFu)) * scale;
+          out[4 * i + 2 * j + 1] = static_cast<float>(static_cast<int8_t>(pair >> 8)) * scale;
+        }
+      }
+    }
   }
-  return r;
 }
 
 // Calls fn(KvDtype tag) with the runtime dtype as a template argument.

@@ -1,7 +1,26 @@
 // Paged-attention extend on the GPU: the new tokens of each sequence attend causally to the
-// cached prefix and to themselves (kernels/paged_kv.h, ExtendArgs). One warp per (new token,
-// query head): the warp walks positions 0..pos, lanes split head_dim, one online-softmax state.
-// Simple and exact; a tiled kernel that shares K/V loads across the new tokens is the next step.
+// cached prefix and to themselves (kernels/paged_kv.h, ExtendArgs; design summary in
+// kernels_cuda.h).
+//
+// Tiling. The new tokens of all sequences are numbered 0 .. total_new − 1 (q_offsets order). CTA
+// (x, kvh) takes the query tile of rows [x · rows, (x + 1) · rows) for the whole query group of
+// KV head kvh: rows · group ≤ kQueryVectors query vectors (row, head), rows = kQueryVectors /
+// group. A query vector lives in one lane group (kLanesPerRow lanes, 8 elements of q and of the
+// accumulator per lane), kSlots of them per lane group:
+//   query vector qv = (slot · kWarps + warp) · kRowsPerWarp + lane_group,  row qv / group,
+//   head qv % group;
+// slots past rows · group or outside the current sequence segment are inactive (q = 0, every
+// score −inf, nothing written). The tile's rows belong to one or more sequences; each sequence
+// segment [seg, seg_end) is processed in turn: its keys [0, last position + 1) stream through
+// shared memory once (kv_tile.cuh: stream_tiles, 3-stage cp.async pipeline) and every lane
+// group uses every key of every K/V tile for all its slots, so each K/V row is read from global
+// memory once per CTA instead of once per (token, head).
+//
+// Per tile, in blocks of kSub keys: scores = group_sum of the lane dots, masked to −inf unless
+// the slot is active and key ≤ the slot's position (causal; positions past the sequence's keys
+// are zero-filled in shared memory and also past every position); softmax_block_scores
+// (online_softmax.h) per slot; then acc · corr + Σ p · v with the same keys' V rows. At the end of
+// a segment each active slot writes acc / l.
 
 #include <cuda_runtime.h>
 
@@ -9,73 +28,126 @@
 
 #include "kernels/cuda/dtype_load.cuh"
 #include "kernels/cuda/kernels_cuda.h"
+#include "kernels/cuda/kv_tile.cuh"
+#include "kernels/online_softmax.h"
 
 namespace kvpool::kernels::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
+constexpr int kSub = 4;    // keys per softmax block
+constexpr int kSlots = 4;  // query vectors per lane group
 
 template <KvDtype DT, int D>
-__global__ void extend_kernel(ExtendArgs a, uint32_t total_new) {
-  using T = typename Elem<DT>::T;
-  constexpr int kN = D / 32;
-  const uint32_t row = blockIdx.x;  // new token, across sequences
-  const uint32_t qh = blockIdx.y * kWarps + threadIdx.x / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  if (row >= total_new || qh >= a.num_q_heads) return;
-  // The sequence of this row: the last s with q_offsets[s] <= row.
-  uint32_t lo = 0;
-  uint32_t hi = a.num_seqs;
-  while (hi - lo > 1) {
-    const uint32_t mid = (lo + hi) / 2;
-    if (a.q_offsets[mid] <= row) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
-  const uint32_t seq = lo;
-  const uint32_t n_new = a.q_offsets[seq + 1] - a.q_offsets[seq];
-  const uint32_t pos = a.context_lens[seq] - n_new + (row - a.q_offsets[seq]);
-  const Geometry g = a.kv.geometry;
-  const uint32_t kvh = qh / (a.num_q_heads / g.kv_heads);
+struct ExtendShape : TileShape<DT, D> {
+  using S = TileShape<DT, D>;
+  static constexpr int kQueryVectors = kWarps * S::kRowsPerWarp * kSlots;  // 16, 32, 64
+  static_assert(S::kTile % kSub == 0 && kQueryVectors >= kMaxGroup);
+};
 
-  float q[kN];
-  float acc[kN];
+template <KvDtype DT, int D>
+__global__ void __launch_bounds__(kThreads, 2)
+    extend_kernel(ExtendArgs a, uint32_t total_new, uint32_t rows_per_cta) {
+  using S = ExtendShape<DT, D>;
+  extern __shared__ uint4 smem_u4[];
+  auto* smem = reinterpret_cast<unsigned char*>(smem_u4);
+
+  const uint32_t kvh = blockIdx.y;
+  const uint32_t group = a.num_q_heads / a.kv.geometry.kv_heads;
+  const uint32_t r0 = blockIdx.x * rows_per_cta;
+  const uint32_t r1 = min(total_new, r0 + rows_per_cta);
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int lane_group = lane / S::kLanesPerRow;
+  const int col = lane % S::kLanesPerRow;
+
+  for (uint32_t seg = r0; seg < r1;) {
+    // The sequence of row seg: the last s with q_offsets[s] ≤ seg (sequences without new tokens
+    // come before it).
+    uint32_t lo = 0;
+    uint32_t hi = a.num_seqs;
+    while (hi - lo > 1) {
+      const uint32_t mid = (lo + hi) / 2;
+      if (a.q_offsets[mid] <= seg) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    const uint32_t seq = lo;
+    const uint32_t q_begin = a.q_offsets[seq];
+    const uint32_t q_end = a.q_offsets[seq + 1];
+    const uint32_t seg_end = min(r1, q_end);
+    const uint32_t first_pos = a.context_lens[seq] - (q_end - q_begin);  // of new token 0
+
+    float q[kSlots][8];
+    float acc[kSlots][8];
+    SoftmaxStats st[kSlots];
+    bool active[kSlots];
+    uint32_t pos[kSlots];
+    uint64_t out_row[kSlots];
 #pragma unroll
-  for (int i = 0; i < kN; ++i) {
-    q[i] = a.q[(uint64_t(row) * a.num_q_heads + qh) * D + lane * kN + i] * a.scale;
-    acc[i] = 0.0f;
+    for (int slot = 0; slot < kSlots; ++slot) {
+      const auto qv = static_cast<uint32_t>((slot * kWarps + warp) * S::kRowsPerWarp + lane_group);
+      const uint32_t row = r0 + qv / group;
+      active[slot] = qv < rows_per_cta * group && row >= seg && row < seg_end;
+      pos[slot] = first_pos + (row - q_begin);
+      out_row[slot] = uint64_t(row) * a.num_q_heads + uint64_t(kvh) * group + qv % group;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        q[slot][e] = active[slot] ? a.q[out_row[slot] * D + col * 8 + e] * a.scale : 0.0f;
+        acc[slot][e] = 0.0f;
+      }
+    }
+
+    const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
+    const uint32_t keys = first_pos + (seg_end - q_begin);  // the segment's last row sees these
+    stream_tiles<DT, D>(smem, a.kv, table, a.layer, kvh, 0, keys,
+                        [&](const unsigned char* tile, uint32_t tile_start) {
+#pragma unroll 1
+                          for (int k0 = 0; k0 < S::kTile; k0 += kSub) {
+                            float s[kSlots][kSub];
+#pragma unroll
+                            for (int b = 0; b < kSub; ++b) {
+                              float k[8];
+                              tile_row8<DT, D>(tile, 0, k0 + b, col, k);
+                              const uint32_t key = tile_start + static_cast<uint32_t>(k0 + b);
+#pragma unroll
+                              for (int slot = 0; slot < kSlots; ++slot) {
+                                const float score = group_sum<S::kLanesPerRow>(dot8(q[slot], k));
+                                s[slot][b] = active[slot] && key <= pos[slot] ? score : -INFINITY;
+                              }
+                            }
+#pragma unroll
+                            for (int slot = 0; slot < kSlots; ++slot) {
+                              const float corr = softmax_block_scores(st[slot], s[slot], kSub);
+#pragma unroll
+                              for (int e = 0; e < 8; ++e)
+                                acc[slot][e] *= corr;
+                            }
+#pragma unroll
+                            for (int b = 0; b < kSub; ++b) {
+                              float v[8];
+                              tile_row8<DT, D>(tile, 1, k0 + b, col, v);
+#pragma unroll
+                              for (int slot = 0; slot < kSlots; ++slot) {
+#pragma unroll
+                                for (int e = 0; e < 8; ++e)
+                                  acc[slot][e] = fmaf(s[slot][b], v[e], acc[slot][e]);
+                              }
+                            }
+                          }
+                        });
+
+#pragma unroll
+    for (int slot = 0; slot < kSlots; ++slot) {
+      if (!active[slot]) continue;
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        a.out[out_row[slot] * D + col * 8 + e] = acc[slot][e] / st[slot].l;
+    }
+    seg = seg_end;
   }
-  float m = -INFINITY;
-  float l = 0.0f;
-  const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
-  for (uint32_t t = 0; t <= pos; ++t) {
-    const TokenRows<DT> rows = token_rows<DT>(a.kv, table, a.layer, kvh, t);
-    const T* kr = rows.k + lane * kN;
-    const T* vr = rows.v + lane * kN;
-    const float ks = rows.k_scale;
-    const float vs = rows.v_scale;
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kN; ++i)
-      s += q[i] * Elem<DT>::load(kr[i]) * ks;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float m_new = fmaxf(m, s);
-    const float corr = __expf(m - m_new);
-    const float pr = __expf(s - m_new);
-    l = l * corr + pr;
-#pragma unroll
-    for (int i = 0; i < kN; ++i)
-      acc[i] = acc[i] * corr + pr * Elem<DT>::load(vr[i]) * vs;
-    m = m_new;
-  }
-#pragma unroll
-  for (int i = 0; i < kN; ++i)
-    a.out[(uint64_t(row) * a.num_q_heads + qh) * D + lane * kN + i] = acc[i] / l;
 }
 
 }  // namespace
@@ -87,6 +159,7 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   if (a.num_q_heads == 0 || a.num_q_heads % g.kv_heads != 0) {
     return "extend: num_q_heads must be a positive multiple of kv_heads";
   }
+  if (a.num_q_heads / g.kv_heads > kMaxGroup) return "extend: more than 8 query heads per KV head";
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     return "extend: head_dim must be 64, 128 or 256";
   }
@@ -94,15 +167,28 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
     return "extend: an 8-bit pool needs its scales";
   }
   if (a.num_seqs == 0 || total_new_tokens == 0) return {};
-  const dim3 grid(total_new_tokens, (a.num_q_heads + kWarps - 1) / kWarps);
+  if (a.q == nullptr || a.out == nullptr || a.q_offsets == nullptr || a.block_tables == nullptr ||
+      a.context_lens == nullptr || a.kv.base == nullptr) {
+    return "extend: a device pointer is null";
+  }
+  if (std::string e = check_tile_alignment(a.kv, "extend"); !e.empty()) return e;
+  const uint32_t group = a.num_q_heads / g.kv_heads;
   auto s = static_cast<cudaStream_t>(stream);
+  cudaError_t err = cudaSuccess;
   dispatch_dtype(g.dtype, [&](auto dt) {
     dispatch_head_dim(g.head_dim, [&](auto d) {
-      extend_kernel<decltype(dt)::value, decltype(d)::value>
-          <<<grid, kWarps * 32, 0, s>>>(a, total_new_tokens);
+      constexpr KvDtype kDt = decltype(dt)::value;
+      constexpr int kD = decltype(d)::value;
+      constexpr int kSmem = ExtendShape<kDt, kD>::kPipelineBytes;
+      const uint32_t rows = ExtendShape<kDt, kD>::kQueryVectors / group;
+      const dim3 grid((total_new_tokens + rows - 1) / rows, g.kv_heads);
+      const auto kernel = extend_kernel<kDt, kD>;
+      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      if (err == cudaSuccess) kernel<<<grid, kThreads, kSmem, s>>>(a, total_new_tokens, rows);
     });
   });
-  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return std::string("extend: ") + cudaGetErrorString(err);
+  err = cudaGetLastError();
   if (err != cudaSuccess) return std::string("extend: launch failed: ") + cudaGetErrorString(err);
   return {};
 }

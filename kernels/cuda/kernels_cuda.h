@@ -6,17 +6,25 @@
 // the host; page ids and lengths in device arrays are the caller's contract, as for any kernel.
 //
 // Design (sm_90a plus PTX):
-//   decode   one thread block per (split chunk, KV head, sequence), serving that head's whole
-//            query group: each warp walks a strided share of the chunk's tokens, reads each K and
-//            V row once (lanes split head_dim, converted to fp32 in registers), keeps one online
-//            softmax state per query head; the warps' states merge in shared memory. With more
-//            than one chunk the chunk states go to a workspace and a merge kernel combines them.
-//   extend   one warp per (new token, query head), causal over the cached prefix and itself.
+//   decode   one CTA (4 warps) per (split chunk, KV head, sequence), serving that head's whole
+//            query group. The chunk's K and V rows stream through shared memory in tiles of
+//            16 KiB (K + V) with a 3-stage cp.async pipeline (kv_tile.cuh): two tiles in flight
+//            while the CTA computes on a third; positions past the chunk are zero-filled, never
+//            read. Lane groups of D/8 lanes (8 elements per lane) take different rows of a tile,
+//            score them against every query head of the group, and keep per-head online-softmax
+//            states updated once per 4 rows (online_softmax.h: softmax_block_scores); lane
+//            groups and warps merge with softmax_merge. With more than one chunk the chunk
+//            states go to a workspace and a merge kernel combines them in chunk order.
+//   extend   one CTA per (tile of new tokens, KV head): 16 to 64 query vectors (token, head of
+//            the group) held by its lane groups, K/V tiles streamed once per CTA through the same
+//            pipeline and used by all of them, causal mask per query row, online softmax per row.
 //   append   16-bit pools: one block per token, converting and storing rows; 8-bit pools: one block
 //            per (KV head, K|V) walking the tokens in order, so a page's scale rules hold.
 //   copy     one block per (source, destination) pair, 16-byte vector copies.
-// Instantiated for head dims 64, 128, 256 and the four KV dtypes; the query-group size is a
-// runtime value up to kMaxGroup.
+// Instantiated for head dims 64, 128, 256 and the four KV dtypes; decode also for query-group
+// buckets 1, 4, 8 (a group of 2 or 3 runs in bucket 4 with zero query rows for the rest). The
+// group is at most kMaxGroup. decode and extend need kv.base and kv.page_stride to be multiples
+// of 16 bytes and kv.scales of 8 (their 16-byte row copies).
 #pragma once
 
 #include <cstddef>

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <numeric>
 #include <random>
 #include <string>
@@ -60,12 +61,12 @@ struct Case {
   uint32_t group;
   uint32_t tpp;
   std::vector<uint32_t> contexts;
-  uint32_t split;  // 0 = planned
+  std::vector<uint32_t> splits;  // decode split_tokens to run: 0 = planned, 1 << 20 = no split
 };
 
 int failures = 0;
 
-void expect_close(const char* what, const Case& c, const std::vector<float>& got,
+void expect_close(const char* what, const Case& c, uint32_t detail, const std::vector<float>& got,
                   const std::vector<float>& want) {
   double worst = 0;
   double scale = 1e-6;
@@ -78,15 +79,43 @@ void expect_close(const char* what, const Case& c, const std::vector<float>& got
   // fp32 accumulation on both sides in a different order: a few ulps of the output range.
   const bool ok = worst <= 2e-5 * scale + 1e-6;
   if (!ok) ++failures;
-  std::printf("%-8s %-9s D=%-3u group=%u T=%-2u seqs=%zu split=%-4u max|err|=%.2e  %s\n", what,
+  std::printf("%-7s %-9s D=%-3u group=%u T=%-2u seqs=%zu %s=%-7u max|err|=%.2e  %s\n", what,
               std::string(dtype_name(c.dtype)).c_str(), c.head_dim, c.group, c.tpp,
-              c.contexts.size(), c.split, worst, ok ? "ok" : "FAILED");
+              c.contexts.size(), what[0] == 'd' ? "split" : "new", detail, worst,
+              ok ? "ok" : "FAILED");
 }
 
+// A stored element that is not a number (int8 has none: −128), for the slots no token uses.
+uint16_t nan_bits(KvDtype d) {
+  switch (d) {
+    case KvDtype::fp16:
+      return 0x7E00u;
+    case KvDtype::bf16:
+      return 0x7FC0u;
+    case KvDtype::fp8_e4m3:
+      return 0x7Fu;
+    case KvDtype::int8:
+      return 0x80u;
+  }
+  return 0;
+}
+
+template <typename T>
+void free_all(std::initializer_list<T*> ptrs) {
+  for (T* ptr : ptrs) {
+    if (ptr) cudaFree(ptr);
+  }
+}
+
+// One pool (layer 1 of 2; layer 0, unused slots and unused pages' scales hold NaN) holding the
+// case's sequences on scattered pages; decode for every split of the case and extend with a
+// cached prefix (the last min(ctx, 5) tokens new) and without one (every token new where ctx ≤
+// 300, else the last 70), each against the CPU kernels on the same pool.
 void run_case(const Case& c, std::mt19937& rng, int sm_count) {
   const uint32_t kv_heads = 2;
+  const uint32_t layer = 1;
   const uint32_t q_heads = kv_heads * c.group;
-  const Geometry g{1, kv_heads, c.head_dim, c.tpp, c.dtype};
+  const Geometry g{2, kv_heads, c.head_dim, c.tpp, c.dtype};
   uint32_t blocks = 0;
   uint32_t max_ctx = 0;
   for (uint32_t ctx : c.contexts) {
@@ -98,8 +127,11 @@ void run_case(const Case& c, std::mt19937& rng, int sm_count) {
   p.g = g;
   p.num_pages = blocks * nseq * 2;
   p.stride = page_data_bytes(g);
-  p.mem.assign(p.num_pages * p.stride, std::byte{0x7f});  // garbage where no token was written
-  if (dtype_is_quantized(g.dtype)) p.scales.assign(p.num_pages * 2 * kv_heads, 0.0f);
+  p.mem.resize(p.num_pages * p.stride);
+  const uint16_t nan = nan_bits(g.dtype);
+  for (size_t i = 0; i < p.mem.size(); i += dtype_bytes(g.dtype))
+    std::memcpy(&p.mem[i], &nan, dtype_bytes(g.dtype));
+  if (dtype_is_quantized(g.dtype)) p.scales.assign(p.num_pages * 2 * 2 * kv_heads, std::nanf(""));
   std::vector<PageId> perm(p.num_pages);
   std::iota(perm.begin(), perm.end(), 0u);
   std::shuffle(perm.begin(), perm.end(), rng);
@@ -116,7 +148,7 @@ void run_case(const Case& c, std::mt19937& rng, int sm_count) {
       for (auto& x : v)
         x = nd(rng);
       const int64_t slot = int64_t(tables[s * blocks + t / c.tpp]) * c.tpp + t % c.tpp;
-      AppendArgs a{p.host(), 0, 1, k.data(), v.data(), &slot};
+      AppendArgs a{p.host(), layer, 1, k.data(), v.data(), &slot};
       if (const std::string e = cpu::append_kv(a, p.num_pages); !e.empty()) {
         std::fprintf(stderr, "append: %s\n", e.c_str());
         std::exit(1);
@@ -129,6 +161,7 @@ void run_case(const Case& c, std::mt19937& rng, int sm_count) {
   std::vector<float> want(q.size()), got(q.size());
   DecodeArgs a;
   a.kv = p.host();
+  a.layer = layer;
   a.num_seqs = nseq;
   a.num_q_heads = q_heads;
   a.q = q.data();
@@ -137,12 +170,11 @@ void run_case(const Case& c, std::mt19937& rng, int sm_count) {
   a.block_table_stride = blocks;
   a.context_lens = c.contexts.data();
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
-  a.split_tokens = c.split;
   if (const std::string e = cpu::decode(a, p.num_pages); !e.empty()) {
     std::fprintf(stderr, "cpu decode: %s\n", e.c_str());
     std::exit(1);
   }
-  // The same on the device.
+  // The same on the device, for every split.
   DecodeArgs d = a;
   d.kv.base = to_device(p.mem);
   d.kv.scales = p.scales.empty() ? nullptr : to_device(p.scales);
@@ -152,60 +184,65 @@ void run_case(const Case& c, std::mt19937& rng, int sm_count) {
   d.out = out;
   d.block_tables = to_device(tables);
   d.context_lens = to_device(c.contexts);
-  const size_t ws_bytes = cuda::decode_workspace_bytes(d, max_ctx, sm_count);
-  void* ws = nullptr;
-  if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-  if (const std::string e = cuda::decode(d, max_ctx, sm_count, ws, ws_bytes, nullptr); !e.empty()) {
-    std::fprintf(stderr, "cuda decode: %s\n", e.c_str());
-    std::exit(1);
+  for (uint32_t split : c.splits) {
+    d.split_tokens = split;
+    const size_t ws_bytes = cuda::decode_workspace_bytes(d, max_ctx, sm_count);
+    void* ws = nullptr;
+    if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+    CHECK_CUDA(cudaMemset(out, 0xff, got.size() * sizeof(float)));  // NaN until written
+    if (const std::string e = cuda::decode(d, max_ctx, sm_count, ws, ws_bytes, nullptr);
+        !e.empty()) {
+      std::fprintf(stderr, "cuda decode: %s\n", e.c_str());
+      std::exit(1);
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    expect_close("decode", c, split, got, want);
+    if (ws) cudaFree(ws);
   }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK_CUDA(cudaMemcpy(got.data(), out, got.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  expect_close("decode", c, got, want);
 
-  // Extend over the same pool: the last min(ctx, 5) tokens of each sequence are "new".
-  std::vector<uint32_t> offsets{0};
-  for (uint32_t s = 0; s < nseq; ++s)
-    offsets.push_back(offsets.back() + std::min(c.contexts[s], 5u));
-  std::vector<float> eq(size_t(offsets.back()) * q_heads * c.head_dim);
-  for (auto& x : eq)
-    x = nd(rng);
-  std::vector<float> ewant(eq.size()), egot(eq.size());
-  ExtendArgs e{p.host(),       0,
-               nseq,           q_heads,
-               eq.data(),      ewant.data(),
-               offsets.data(), tables.data(),
-               blocks,         c.contexts.data(),
-               a.scale};
-  if (const std::string err = cpu::extend(e, p.num_pages); !err.empty()) {
-    std::fprintf(stderr, "cpu extend: %s\n", err.c_str());
-    std::exit(1);
+  // Extend over the same pool.
+  for (const bool with_prefix : {true, false}) {
+    std::vector<uint32_t> offsets{0};
+    uint32_t longest = 0;
+    for (uint32_t s = 0; s < nseq; ++s) {
+      const uint32_t ctx = c.contexts[s];
+      const uint32_t n = with_prefix ? std::min(ctx, 5u) : (ctx <= 300 ? ctx : 70u);
+      offsets.push_back(offsets.back() + n);
+      longest = std::max(longest, n);
+    }
+    std::vector<float> eq(size_t(offsets.back()) * q_heads * c.head_dim);
+    for (auto& x : eq)
+      x = nd(rng);
+    std::vector<float> ewant(eq.size()), egot(eq.size());
+    ExtendArgs e{p.host(),       layer,         nseq,   q_heads,           eq.data(), ewant.data(),
+                 offsets.data(), tables.data(), blocks, c.contexts.data(), a.scale};
+    if (const std::string err = cpu::extend(e, p.num_pages); !err.empty()) {
+      std::fprintf(stderr, "cpu extend: %s\n", err.c_str());
+      std::exit(1);
+    }
+    ExtendArgs ed = e;
+    ed.kv = d.kv;
+    ed.q = to_device(eq);
+    float* eout = nullptr;
+    CHECK_CUDA(cudaMalloc(&eout, egot.size() * sizeof(float)));
+    CHECK_CUDA(cudaMemset(eout, 0xff, egot.size() * sizeof(float)));
+    ed.out = eout;
+    ed.q_offsets = to_device(offsets);
+    ed.block_tables = d.block_tables;
+    ed.context_lens = d.context_lens;
+    if (const std::string err = cuda::extend(ed, offsets.back(), nullptr); !err.empty()) {
+      std::fprintf(stderr, "cuda extend: %s\n", err.c_str());
+      std::exit(1);
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(egot.data(), eout, egot.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    expect_close("extend", c, longest, egot, ewant);
+    free_all<void>({const_cast<float*>(ed.q), eout, const_cast<uint32_t*>(ed.q_offsets)});
   }
-  ExtendArgs ed = e;
-  ed.kv = d.kv;
-  ed.q = to_device(eq);
-  float* eout = nullptr;
-  CHECK_CUDA(cudaMalloc(&eout, egot.size() * sizeof(float)));
-  ed.out = eout;
-  ed.q_offsets = to_device(offsets);
-  ed.block_tables = d.block_tables;
-  ed.context_lens = d.context_lens;
-  if (const std::string err = cuda::extend(ed, offsets.back(), nullptr); !err.empty()) {
-    std::fprintf(stderr, "cuda extend: %s\n", err.c_str());
-    std::exit(1);
-  }
-  CHECK_CUDA(cudaDeviceSynchronize());
-  CHECK_CUDA(cudaMemcpy(egot.data(), eout, egot.size() * sizeof(float), cudaMemcpyDeviceToHost));
-  expect_close("extend", c, egot, ewant);
 
-  for (void* ptr : {static_cast<void*>(d.kv.base), static_cast<void*>(d.kv.scales),
-                    static_cast<void*>(const_cast<float*>(d.q)), static_cast<void*>(out),
-                    static_cast<void*>(const_cast<PageId*>(d.block_tables)),
-                    static_cast<void*>(const_cast<uint32_t*>(d.context_lens)), ws,
-                    static_cast<void*>(const_cast<float*>(ed.q)), static_cast<void*>(eout),
-                    static_cast<void*>(const_cast<uint32_t*>(ed.q_offsets))}) {
-    if (ptr) cudaFree(ptr);
-  }
+  free_all<void>({d.kv.base, d.kv.scales, const_cast<float*>(d.q), out,
+                  const_cast<PageId*>(d.block_tables), const_cast<uint32_t*>(d.context_lens)});
 }
 
 // The GPU append writes the same values the CPU append does (compared dequantised).
@@ -253,9 +290,6 @@ void run_append_case(KvDtype dtype, std::mt19937& rng) {
     CHECK_CUDA(
         cudaMemcpy(got_scales.data(), d.kv.scales, got_scales.size() * 4, cudaMemcpyDeviceToHost));
   }
-  // Compare through a decode of one sequence holding all appended tokens, on the CPU, of both
-  // pools: equal dequantised contents give equal outputs.
-  Case c{dtype, 128, 1, 16, {}, 0};
   bool same = got == cpu_pool.mem;
   if (!got_scales.empty()) {
     for (size_t i = 0; i < got_scales.size(); ++i) {
@@ -271,20 +305,31 @@ void run_append_case(KvDtype dtype, std::mt19937& rng) {
   cudaFree(const_cast<float*>(d.k));
   cudaFree(const_cast<float*>(d.v));
   cudaFree(const_cast<int64_t*>(d.slots));
-  (void)c;
 }
 
 int run_tests(int sm_count) {
   std::mt19937 rng(42);
   std::vector<Case> cases;
+  constexpr uint32_t kNoSplit = 1u << 20;
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp16, KvDtype::fp8_e4m3, KvDtype::int8}) {
+    // Every dtype × head dim × group bucket × page size; contexts around page boundaries (ragged
+    // last pages) and across several tiles; the planned split and none.
     for (uint32_t d : {64u, 128u, 256u}) {
       for (uint32_t grp : {1u, 4u, 8u}) {
-        cases.push_back({dt, d, grp, 16, {1, 15, 16, 17, 300, 1000, 3}, 0});
+        for (uint32_t t : {8u, 16u, 32u}) {
+          cases.push_back(
+              {dt, d, grp, t, {1, t - 1, t, t + 1, 3 * t + 5, 300, 1000}, {0, kNoSplit}});
+        }
       }
     }
-    cases.push_back({dt, 128, 4, 8, {2049, 5, 4096}, 256});
-    cases.push_back({dt, 128, 8, 32, {3000, 1}, 32});
+    // Groups that pad their bucket (2 → 4, 3 → 4, 5 → 8).
+    cases.push_back({dt, 64, 2, 16, {1, 17, 333}, {0, kNoSplit}});
+    cases.push_back({dt, 256, 3, 8, {9, 100}, {0, kNoSplit}});
+    cases.push_back({dt, 128, 5, 32, {31, 65}, {0, kNoSplit}});
+    // Long contexts with forced splits: chunks of one page, of a few tiles, planned, none.
+    cases.push_back({dt, 128, 4, 8, {2049, 5, 4096}, {8, 256, 0, kNoSplit}});
+    cases.push_back({dt, 128, 8, 32, {3000, 1}, {32, 96, 0}});
+    cases.push_back({dt, 64, 1, 16, {5000}, {16, 0}});
   }
   for (const Case& c : cases)
     run_case(c, rng, sm_count);

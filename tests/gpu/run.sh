@@ -23,13 +23,28 @@ status=0
 
 kernel_check=$(pick build/gpu/tests/gpu/kvpool_gpu_check build/release/tests/gpu/kvpool_gpu_check)
 if [[ -z "$kernel_check" ]]; then
-  kernel_check=${TMPDIR:-/tmp}/kvpool_gpu_check
+  # One translation unit per process, so the machine's cores compile in parallel.
+  out=${TMPDIR:-/tmp}/kvpool_gpu_check.build
+  kernel_check=$out/kvpool_gpu_check
   echo "building $kernel_check with $(command -v nvcc)"
-  nvcc -std=c++20 -O3 --expt-relaxed-constexpr -I. \
-    -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90 \
-    tests/gpu/gpu_check.cu kernels/cuda/decode.cu kernels/cuda/extend.cu \
-    kernels/cuda/append_kv.cu kernels/cuda/copy_pages.cu kernels/cpu/*.cpp \
-    common/geometry.cpp common/status.cpp -o "$kernel_check" -lpthread || exit 1
+  mkdir -p "$out"
+  flags=(-std=c++20 -O3 --expt-relaxed-constexpr -I.
+    -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=compute_90)
+  srcs=(tests/gpu/gpu_check.cu kernels/cuda/decode.cu kernels/cuda/extend.cu
+    kernels/cuda/append_kv.cu kernels/cuda/copy_pages.cu kernels/cpu/*.cpp
+    common/geometry.cpp common/status.cpp)
+  objs=()
+  pids=()
+  for src in "${srcs[@]}"; do
+    obj=$out/$(echo "$src" | tr / _).o
+    nvcc "${flags[@]}" -c "$src" -o "$obj" &
+    pids+=($!)
+    objs+=("$obj")
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || exit 1
+  done
+  nvcc "${flags[@]}" "${objs[@]}" -o "$kernel_check" -lpthread || exit 1
 fi
 echo "== kernel check: $kernel_check"
 "$kernel_check" || status=1

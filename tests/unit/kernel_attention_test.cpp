@@ -14,10 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/kernels_cpu.h"
-#include "kernels/kv_dtype.h"
-#include "kernels/online_softmax.h"
 #include "tests/unit/kernel_test_util.h"
 
 namespace kvpool::kernels {
@@ -97,6 +94,13 @@ std::string dtype_tag(KvDtype d) {
 
 // Decode -----------------------------------------------------------------------------------------
 
+// The instruction sets this CPU can run: decode is checked in each of them.
+std::vector<cpu::Isa> test_isas() {
+  std::vector<cpu::Isa> isas{cpu::Isa::baseline};
+  if (cpu::isa_supported(cpu::Isa::avx2)) isas.push_back(cpu::Isa::avx2);
+  return isas;
+}
+
 struct DecodeCase {
   KvDtype dtype;
   uint32_t t_page, d, kv_heads, group;
@@ -134,30 +138,34 @@ TEST_P(DecodeAttention, MatchesFp64ReferenceWithAndWithoutSplits) {
     }
   }
 
-  for (uint32_t split : {0u, c.t_page, 2 * c.t_page, 1u << 20}) {
-    SCOPED_TRACE("split_tokens " + std::to_string(split));
-    std::vector<float> out(rows * c.d, std::nanf(""));
-    DecodeArgs a;
-    a.kv = b.pool.kv();
-    a.layer = kLayer;
-    a.num_seqs = num_seqs;
-    a.num_q_heads = hq;
-    a.q = q.data();
-    a.out = out.data();
-    a.block_tables = b.tables.data();
-    a.block_table_stride = b.stride;
-    a.context_lens = b.ctx.data();
-    a.scale = scale;
-    a.split_tokens = split;
-    ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), c.threads), "");
-    ErrorTally tally;
-    tally.max_abs_v = b.max_abs_v;
-    for (size_t r = 0; r < rows; ++r) {
-      tally.add(out.data() + r * c.d, naive.data() + r * c.d, ref.data() + r * c.d, c.d);
+  for (const cpu::Isa isa : test_isas()) {
+    if (isa == cpu::Isa::avx2 && c.d % 8 != 0) continue;  // the AVX2 loops need d % 8 == 0
+    for (uint32_t split : {0u, c.t_page, 2 * c.t_page, 1u << 20}) {
+      SCOPED_TRACE("isa " + std::string(cpu::isa_name(isa)) + ", split_tokens " +
+                   std::to_string(split));
+      std::vector<float> out(rows * c.d, std::nanf(""));
+      DecodeArgs a;
+      a.kv = b.pool.kv();
+      a.layer = kLayer;
+      a.num_seqs = num_seqs;
+      a.num_q_heads = hq;
+      a.q = q.data();
+      a.out = out.data();
+      a.block_tables = b.tables.data();
+      a.block_table_stride = b.stride;
+      a.context_lens = b.ctx.data();
+      a.scale = scale;
+      a.split_tokens = split;
+      ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), c.threads, isa), "");
+      ErrorTally tally;
+      tally.max_abs_v = b.max_abs_v;
+      for (size_t r = 0; r < rows; ++r) {
+        tally.add(out.data() + r * c.d, naive.data() + r * c.d, ref.data() + r * c.d, c.d);
+      }
+      EXPECT_TRUE(tally.ok()) << "non-finite " << tally.non_finite << ", kernel error "
+                              << tally.kernel_err << " > bound " << tally.bound()
+                              << " (naive fp32 error " << tally.naive_err << ")";
     }
-    EXPECT_TRUE(tally.ok()) << "non-finite " << tally.non_finite << ", kernel error "
-                            << tally.kernel_err << " > bound " << tally.bound()
-                            << " (naive fp32 error " << tally.naive_err << ")";
   }
 }
 
@@ -195,16 +203,22 @@ DecodeArgs decode_args(Batch& b, uint32_t hq, const std::vector<float>& q, std::
 }
 
 TEST(DecodeAttentionDeterminism, SameBitsForAnyThreadCount) {
-  const Geometry g = geometry(KvDtype::bf16, 16, 64, 2);
-  Batch b = make_batch(g, {700, 5, 333}, 7);
-  const uint32_t hq = 8;
-  const std::vector<float> q = test::random_normal(b.pool.rng(), 3 * hq * 64, 1.0f);
-  std::vector<float> first(q.size());
-  ASSERT_EQ(cpu::decode(decode_args(b, hq, q, first, 64), b.pool.num_pages(), 1), "");
-  for (unsigned threads : {2u, 3u, 8u}) {
-    std::vector<float> out(q.size());
-    ASSERT_EQ(cpu::decode(decode_args(b, hq, q, out, 64), b.pool.num_pages(), threads), "");
-    EXPECT_EQ(std::memcmp(out.data(), first.data(), out.size() * sizeof(float)), 0) << threads;
+  for (const KvDtype dtype : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    const Geometry g = geometry(dtype, 16, 64, 2);
+    Batch b = make_batch(g, {700, 5, 333}, 7);
+    const uint32_t hq = 8;
+    const std::vector<float> q = test::random_normal(b.pool.rng(), 3 * hq * 64, 1.0f);
+    for (const cpu::Isa isa : test_isas()) {
+      std::vector<float> first(q.size());
+      ASSERT_EQ(cpu::decode(decode_args(b, hq, q, first, 64), b.pool.num_pages(), 1, isa), "");
+      for (unsigned threads : {2u, 3u, 8u}) {
+        std::vector<float> out(q.size());
+        ASSERT_EQ(cpu::decode(decode_args(b, hq, q, out, 64), b.pool.num_pages(), threads, isa),
+                  "");
+        EXPECT_EQ(std::memcmp(out.data(), first.data(), out.size() * sizeof(float)), 0)
+            << cpu::isa_name(isa) << ", " << threads << " threads";
+      }
+    }
   }
 }
 
@@ -455,85 +469,6 @@ TEST_F(AttentionValidation, ExtendMoreNewTokensThanContext) {
   expect_extend_error(extend(), "q_offsets[1]");
   q_offsets_ = {1, 5, 25};
   expect_extend_error(extend(), "q_offsets[0]");
-}
-
-// Shared pieces (kernels/cpu/attention_common.h, softmax_add_block)
-// --------------------------------
-
-TEST(AttentionCommon, FastConversionsAreBitExact) {
-  for (uint32_t h = 0; h < 0x10000u; ++h) {
-    const auto x = static_cast<uint16_t>(h);
-    ASSERT_EQ(f32_bits(cpu::detail::fp16_to_f32_fast(x)), f32_bits(fp16_to_f32(x))) << h;
-  }
-  for (uint32_t v = 0; v < 0x100u; ++v) {
-    const auto x = static_cast<uint8_t>(v);
-    ASSERT_EQ(f32_bits(cpu::detail::fp8_e4m3_to_f32_fast(x)), f32_bits(fp8_e4m3_to_f32(x))) << v;
-  }
-}
-
-TEST(AttentionCommon, DotHeadsMatchesFp64) {
-  std::mt19937_64 rng(5);
-  for (uint32_t d : {1u, 7u, 8u, 72u, 128u}) {
-    for (uint32_t heads : {1u, 3u, 4u, 5u, 9u}) {
-      const std::vector<float> q = test::random_normal(rng, size_t{heads} * d, 1.0f);
-      const std::vector<float> k = test::random_normal(rng, d, 1.0f);
-      std::vector<float> part(size_t{heads} * cpu::detail::kDotLanes), s(heads);
-      cpu::detail::dot_heads(q.data(), heads, d, k.data(), 0.5f, part.data(), s.data());
-      for (uint32_t h = 0; h < heads; ++h) {
-        double ref = 0.0;
-        double mag = 0.0;
-        for (uint32_t i = 0; i < d; ++i) {
-          ref += double{q[size_t{h} * d + i]} * k[i];
-          mag += std::fabs(double{q[size_t{h} * d + i]} * k[i]);
-        }
-        EXPECT_NEAR(s[h], 0.5 * ref, 0.5 * mag * 1e-6) << "d " << d << " heads " << heads;
-      }
-    }
-  }
-}
-
-TEST(AttentionCommon, SoftmaxAddBlockMatchesPerKeySoftmax) {
-  std::mt19937_64 rng(6);
-  constexpr int kD = 12;
-  const std::vector<int> blocks{5, 1, 16, 3, 16};  // the third block brings a new, larger max
-  int keys = 0;
-  for (int n : blocks)
-    keys += n;
-  std::vector<float> scores = test::random_normal(rng, static_cast<size_t>(keys), 3.0f);
-  scores[8] = 20.0f;
-  const std::vector<float> v = test::random_normal(rng, static_cast<size_t>(keys) * kD, 1.0f);
-
-  SoftmaxStats ref;
-  std::vector<float> acc_ref(kD, 0.0f);
-  for (int j = 0; j < keys; ++j)
-    softmax_add(ref, acc_ref.data(), v.data() + j * kD, kD, scores[static_cast<size_t>(j)]);
-
-  SoftmaxStats st;
-  std::vector<float> acc(kD, 0.0f);
-  std::vector<float> s = scores;
-  int j0 = 0;
-  for (int n : blocks) {
-    softmax_add_block(st, acc.data(), v.data() + j0 * kD, kD, kD, s.data() + j0, n);
-    j0 += n;
-  }
-  EXPECT_EQ(st.m, ref.m);
-  EXPECT_NEAR(st.l, ref.l, 1e-5 * ref.l);
-  for (int i = 0; i < kD; ++i)
-    EXPECT_NEAR(acc[static_cast<size_t>(i)] / st.l, acc_ref[static_cast<size_t>(i)] / ref.l, 1e-5);
-
-  // A block of −inf scores carries no weight and leaves the state as it was.
-  const SoftmaxStats before = st;
-  const std::vector<float> acc_before = acc;
-  float ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
-  softmax_add_block(st, acc.data(), v.data(), kD, kD, ninf, 3);
-  EXPECT_EQ(st.m, before.m);
-  EXPECT_EQ(st.l, before.l);
-  EXPECT_EQ(acc, acc_before);
-  SoftmaxStats empty;
-  std::fill(ninf, ninf + 3, -INFINITY);  // the call above turned them into p_j = 0
-  EXPECT_EQ(softmax_block_scores(empty, ninf, 3), 1.0f);
-  EXPECT_EQ(empty.l, 0.0f);
-  EXPECT_EQ(empty.m, -INFINITY);
 }
 
 }  // namespace
