@@ -1,3 +1,7 @@
+// kvpoold configuration (see config.h): the schema (the known keys of each section, each
+// section's values and cross-checks), the built-in defaults, and parsing and loading a config
+// file. Reading the YAML tree (lines, paths, checked scalars) is in config_yaml.cpp, capacity
+// strings ("1GiB", "4096 pages", "40%") in config_capacity.cpp.
 #include "daemon/config.h"
 
 #include <fcntl.h>
@@ -6,17 +10,16 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
-#include <span>
 #include <utility>
 
 #include <yaml-cpp/yaml.h>
 
 #include "common/paths.h"
+#include "daemon/config_yaml.h"
 #include "daemon/core/types.h"
 #include "daemon/listen_address.h"
 
@@ -24,10 +27,15 @@ namespace kvpool::daemon {
 
 namespace {
 
-constexpr uint64_t kMaxCapacity = uint64_t{1} << 63;
+using config_yaml::kind_of;
+using config_yaml::line_of;
+using config_yaml::NodeReader;
+using config_yaml::ParseFailure;
+using config_yaml::quoted;
+using config_yaml::Value;
+
 constexpr size_t kMaxConfigBytes = size_t{4} << 20;
 constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
-constexpr uint32_t kMaxSocketMode = 0777;
 
 constexpr std::string_view kRootKeys[] = {"socket",      "backend", "device",  "max_segment_bytes",
                                           "limits",      "pools",   "tenants", "default_tenant",
@@ -53,77 +61,9 @@ wire::Error make_error(std::string message) {
   return wire::Error{Status{Errc::invalid_argument}, std::move(message)};
 }
 
-std::string join(std::span<const std::string_view> words) {
-  std::string out;
-  for (std::string_view w : words) {
-    if (!out.empty()) out += ", ";
-    out += w;
-  }
-  return out;
-}
-
-bool contains(std::span<const std::string_view> words, std::string_view w) {
-  return std::find(words.begin(), words.end(), w) != words.end();
-}
-
-std::string quoted(std::string_view s) {
-  return "\"" + std::string(s) + "\"";
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t'))
-    s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t'))
-    s.remove_suffix(1);
-  return s;
-}
-
-bool all_digits(std::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
-}
-
-// Thrown inside the parser only; parse_config turns it into an Error.
-struct ParseFailure {
-  std::string message;
-};
-
-// A node with the dotted path that names it and the 1-based line to report it at.
-struct Value {
-  YAML::Node node;
-  std::string path;
-  int line = 1;
-};
-
-// The line of `node`, or `fallback` where yaml-cpp has no useful mark (null values are marked at
-// the next token, which can be lines further down).
-int line_of(const YAML::Node& node, int fallback) {
-  if (!node.IsDefined() || node.IsNull() || node.Mark().is_null()) return fallback;
-  return node.Mark().line + 1;
-}
-
-std::string kind_of(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Map:
-      return "a mapping";
-    case YAML::NodeType::Sequence:
-      return "a list";
-    case YAML::NodeType::Scalar:
-      return "the scalar \"" + node.Scalar() + "\"";
-    case YAML::NodeType::Null:
-    case YAML::NodeType::Undefined:
-      break;
-  }
-  return "empty";
-}
-
-// A scalar the YAML text quoted (or tagged !!str): a string even when it reads like a number.
-bool is_quoted(const YAML::Node& node) {
-  return node.Tag() == "!" || node.Tag() == "tag:yaml.org,2002:str";
-}
-
-class Parser {
+class Parser : private NodeReader {
  public:
-  explicit Parser(std::string_view source) : source_(source) {}
+  using NodeReader::NodeReader;
 
   Config parse(const YAML::Node& root) {
     Config config = default_config();
@@ -154,151 +94,6 @@ class Parser {
   }
 
  private:
-  using Fields = std::map<std::string, Value, std::less<>>;
-
-  [[noreturn]] void fail(const Value& v, const std::string& what) const {
-    std::string msg = std::string(source_) + ":" + std::to_string(v.line) + ": ";
-    if (!v.path.empty()) msg += v.path + ": ";
-    throw ParseFailure{msg + what};
-  }
-
-  // The entry `key` of `parent`. A mapping or list is reported at its key's line (yaml-cpp marks
-  // a block mapping at its first key), anything else at its own line.
-  static Value child(const Value& parent, const YAML::Node& node, std::string_view key,
-                     int key_line) {
-    std::string path =
-        parent.path.empty() ? std::string(key) : parent.path + "." + std::string(key);
-    const int line = node.IsMap() || node.IsSequence() ? key_line : line_of(node, key_line);
-    return Value{node, std::move(path), line};
-  }
-
-  static const Value* find(const Fields& f, std::string_view key) {
-    auto it = f.find(key);
-    return it == f.end() ? nullptr : &it->second;
-  }
-
-  // The entries of a mapping, every key checked against `known`. A null value (a section whose
-  // entries are all commented out) is an empty mapping when `null_ok`.
-  Fields fields(const Value& v, std::span<const std::string_view> known,
-                bool null_ok = true) const {
-    Fields out;
-    if (v.node.IsNull() && null_ok) return out;
-    if (!v.node.IsMap()) fail(v, "must be a mapping, not " + kind_of(v.node));
-    for (auto it = v.node.begin(); it != v.node.end(); ++it) {
-      // The iterator yields a temporary pair: copy the nodes (they are handles).
-      const YAML::Node key = it->first;
-      const YAML::Node value = it->second;
-      const int key_line = line_of(key, v.line);
-      if (!key.IsScalar()) {
-        fail(Value{key, v.path, key_line}, "a key must be a plain string, not " + kind_of(key));
-      }
-      const std::string& name = key.Scalar();
-      const Value entry = child(v, value, name, key_line);
-      if (!contains(known, name)) {
-        fail(Value{key, entry.path, key_line}, "unknown key (known keys: " + join(known) + ")");
-      }
-      if (out.count(name) != 0) {
-        fail(Value{key, entry.path, key_line},
-             "duplicate key (first set on line " + std::to_string(out.at(name).line) + ")");
-      }
-      out.emplace(name, entry);
-    }
-    return out;
-  }
-
-  // A mapping's required entry; its absence is reported at the mapping.
-  const Value& required(const Fields& f, const Value& parent, std::string_view key) const {
-    if (const Value* v = find(f, key)) return *v;
-    fail(parent, "missing required key \"" + std::string(key) + "\"");
-  }
-
-  // The items of a list; a null value is an empty list.
-  std::vector<Value> items(const Value& v) const {
-    std::vector<Value> out;
-    if (v.node.IsNull()) return out;
-    if (!v.node.IsSequence()) fail(v, "must be a list, not " + kind_of(v.node));
-    size_t i = 0;
-    for (auto it = v.node.begin(); it != v.node.end(); ++it) {
-      const YAML::Node item = *it;
-      // yaml-cpp marks an empty item at the next token; the list's own mark is its first item.
-      int line = line_of(item, v.line);
-      if (item.IsNull()) {
-        line = i == 0 || item.Mark().is_null() ? line_of(v.node, v.line) : item.Mark().line + 1;
-      }
-      out.push_back(Value{item, v.path + "[" + std::to_string(i) + "]", line});
-      ++i;
-    }
-    return out;
-  }
-
-  void require_scalar(const Value& v, std::string_view type) const {
-    if (v.node.IsScalar()) return;
-    if (v.node.IsNull()) fail(v, "has no value (expected " + std::string(type) + ")");
-    fail(v, "must be " + std::string(type) + ", not " + kind_of(v.node));
-  }
-
-  // A scalar's text; `expected` says what belongs there when the value is missing.
-  std::string get_string(
-      const Value& v, std::string_view expected = "a string; write \"\" for an empty one") const {
-    if (v.node.IsNull()) fail(v, "has no value (expected " + std::string(expected) + ")");
-    require_scalar(v, "a string");
-    return v.node.Scalar();
-  }
-
-  std::string get_choice(const Value& v, std::span<const std::string_view> choices) const {
-    std::string s = get_string(v, "one of " + join(choices));
-    if (!contains(choices, s)) fail(v, quoted(s) + " is not one of " + join(choices));
-    return s;
-  }
-
-  // A non-negative decimal integer in [min, max], written unquoted.
-  uint64_t get_uint(const Value& v, uint64_t min, uint64_t max) const {
-    require_scalar(v, "an integer");
-    const std::string& s = v.node.Scalar();
-    if (is_quoted(v.node)) fail(v, "must be an integer, not the string " + quoted(s));
-    std::string_view digits = s;
-    if (!digits.empty() && digits.front() == '+') digits.remove_prefix(1);
-    if (!digits.empty() && digits.front() == '-' && all_digits(digits.substr(1))) {
-      fail(v, "must not be negative (got " + s + ")");
-    }
-    if (!all_digits(digits)) fail(v, "must be an integer, not " + quoted(s));
-    if (digits.size() > 1 && digits.front() == '0') {
-      fail(v, "must be a decimal integer without leading zeros (got " + s + ")");
-    }
-    uint64_t n = 0;
-    const auto [ptr, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    if (ec == std::errc::result_out_of_range || n > max) {
-      fail(v, "must be at most " + std::to_string(max) + " (got " + s + ")");
-    }
-    if (ec != std::errc() || ptr != digits.data() + digits.size()) {
-      fail(v, "must be an integer, not " + quoted(s));
-    }
-    if (n < min) fail(v, "must be at least " + std::to_string(min) + " (got " + s + ")");
-    return n;
-  }
-
-  // An octal string ("0660", "660", "0o660") or an integer ≤ 0777; an unquoted number with a
-  // leading 0 is octal as well, as in YAML 1.1.
-  uint32_t get_mode(const Value& v) const {
-    const std::string what = "must be an octal string like \"0660\" or an integer <= 0777";
-    require_scalar(v, "a mode");
-    std::string_view s = v.node.Scalar();
-    int base = is_quoted(v.node) ? 8 : 10;
-    if (s.starts_with("0o") || s.starts_with("0O")) {
-      s.remove_prefix(2);
-      base = 8;
-    } else if (s.size() > 1 && s.front() == '0') {
-      base = 8;
-    }
-    if (!all_digits(s)) fail(v, what + " (got " + quoted(v.node.Scalar()) + ")");
-    uint64_t n = 0;
-    const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n, base);
-    if (ec != std::errc() || ptr != s.data() + s.size() || n > kMaxSocketMode) {
-      fail(v, what + " (got " + quoted(v.node.Scalar()) + ")");
-    }
-    return static_cast<uint32_t>(n);
-  }
-
   void parse_socket(const Value& v, Config& config) const {
     auto f = fields(v, kSocketKeys);
     if (auto* p = find(f, "path")) {
@@ -465,14 +260,6 @@ class Parser {
 
   // Operations, metrics and events ----------------------------------------------------------
 
-  bool get_bool(const Value& v) const {
-    require_scalar(v, "true or false");
-    const std::string& s = v.node.Scalar();
-    if (!is_quoted(v.node) && s == "true") return true;
-    if (!is_quoted(v.node) && s == "false") return false;
-    fail(v, "must be true or false, not " + quoted(s));
-  }
-
   void parse_metrics(const Value& v, Config& config) const {
     auto f = fields(v, kMetricsKeys);
     if (auto* b = find(f, "allow_non_loopback")) config.metrics.allow_non_loopback = get_bool(*b);
@@ -510,8 +297,6 @@ class Parser {
                   " (list it under tenants, or use \"default\", or \"\" to refuse unknown peers)");
     }
   }
-
-  std::string_view source_;
 };
 
 }  // namespace
@@ -531,78 +316,6 @@ Config default_config() {
   pool.policy = "lru";
   config.pools.push_back(std::move(pool));
   return config;
-}
-
-std::string parse_capacity(std::string_view text, Capacity& out) {
-  const std::string_view s = trim(text);
-  const std::string shown = quoted(text);
-  const std::string expected =
-      ": expected bytes (a number, optionally with B, KiB, MiB, GiB, TiB, KB, MB, GB or TB), "
-      "\"N pages\" or \"P%\"";
-  if (s.empty()) return "capacity is empty" + expected;
-  if (s.front() == '-') return "capacity " + shown + " is negative";
-
-  if (s.back() == '%') {
-    const std::string_view num = trim(s.substr(0, s.size() - 1));
-    const size_t dot = num.find('.');
-    const bool well_formed = dot == std::string_view::npos ? all_digits(num)
-                                                           : all_digits(num.substr(0, dot)) &&
-                                                                 all_digits(num.substr(dot + 1));
-    if (!well_formed) return "capacity " + shown + " is not a percentage like \"40%\"";
-    double pct = 0;
-    const auto [ptr, ec] = std::from_chars(num.data(), num.data() + num.size(), pct);
-    if (ec != std::errc() || ptr != num.data() + num.size()) {
-      return "capacity " + shown + " is not a percentage like \"40%\"";
-    }
-    if (!(pct > 0.0 && pct <= 100.0)) return "capacity " + shown + " is not in (0%, 100%]";
-    out = Capacity{.unit = Capacity::Unit::fraction, .value = 0, .fraction = pct / 100.0};
-    return {};
-  }
-
-  size_t n_digits = 0;
-  while (n_digits < s.size() && s[n_digits] >= '0' && s[n_digits] <= '9')
-    ++n_digits;
-  if (n_digits == 0) return "capacity " + shown + " does not start with a number" + expected;
-  uint64_t n = 0;
-  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + n_digits, n);
-  if (ec == std::errc::result_out_of_range) return "capacity " + shown + " exceeds 2^63";
-  if (ec != std::errc() || ptr != s.data() + n_digits) {
-    return "capacity " + shown + " does not start with a number" + expected;
-  }
-  const std::string_view unit = trim(s.substr(n_digits));
-  if (unit.starts_with(".")) {
-    return "capacity " + shown + " is fractional; use a whole number of a smaller unit";
-  }
-
-  struct UnitDef {
-    std::string_view name;
-    uint64_t scale;
-    Capacity::Unit unit;
-  };
-  static constexpr UnitDef kUnits[] = {
-      {"", 1, Capacity::Unit::bytes},
-      {"B", 1, Capacity::Unit::bytes},
-      {"KiB", uint64_t{1} << 10, Capacity::Unit::bytes},
-      {"MiB", uint64_t{1} << 20, Capacity::Unit::bytes},
-      {"GiB", uint64_t{1} << 30, Capacity::Unit::bytes},
-      {"TiB", uint64_t{1} << 40, Capacity::Unit::bytes},
-      {"KB", 1000, Capacity::Unit::bytes},
-      {"kB", 1000, Capacity::Unit::bytes},
-      {"MB", uint64_t{1000} * 1000, Capacity::Unit::bytes},
-      {"GB", uint64_t{1000} * 1000 * 1000, Capacity::Unit::bytes},
-      {"TB", uint64_t{1000} * 1000 * 1000 * 1000, Capacity::Unit::bytes},
-      {"page", 1, Capacity::Unit::pages},
-      {"pages", 1, Capacity::Unit::pages},
-  };
-  const auto* def = std::find_if(std::begin(kUnits), std::end(kUnits),
-                                 [&](const UnitDef& d) { return d.name == unit; });
-  if (def == std::end(kUnits)) {
-    return "capacity " + shown + " has an unknown unit " + quoted(unit) + expected;
-  }
-  if (n == 0) return "capacity " + shown + " is zero";
-  if (n > kMaxCapacity / def->scale) return "capacity " + shown + " exceeds 2^63";
-  out = Capacity{.unit = def->unit, .value = n * def->scale, .fraction = 0.0};
-  return {};
 }
 
 wire::Result<Config> parse_config(std::string_view yaml, std::string_view source) {

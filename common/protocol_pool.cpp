@@ -1,0 +1,409 @@
+// The payload codecs of the pool operations (opcodes 1..12: hello, alloc, retain, release, lookup,
+// publish, stats, evict, flush, sessions, pages, copy); see protocol.h for the layouts. Framing and
+// opcode dispatch are in protocol.cpp, the shared Writer and Reader in wire_codec.h.
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "common/protocol.h"
+#include "common/protocol_pool_codec.h"
+#include "common/wire_codec.h"
+
+namespace kvpool::wire::codec {
+namespace {
+
+// Wire sizes of the fixed parts.
+constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
+constexpr size_t kPublishResultBytes = kU8 + kU32;
+constexpr size_t kPoolInfoFixedBytes =
+    4 * kU32 + kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + kU32;  // … device, uuid, n segments
+constexpr size_t kSegmentFixedBytes = kU64 + kU32;
+constexpr size_t kPageCopyBytes = 2 * kU32;
+constexpr size_t kStatsBytes = 5 * kU32 + 9 * kU64 + kU32;
+constexpr size_t kSessionFixedBytes = kU64 + 3 * kU32 + 3 * kU32;  // numbers + 3 string lengths
+
+// Page ids and hashes are copied as whole arrays: their in-memory layout is the wire layout.
+static_assert(sizeof(PageId) == kU32);
+static_assert(sizeof(PageCopy) == kPageCopyBytes && offsetof(PageCopy, dst) == kU32);
+static_assert(std::is_trivially_copyable_v<BlockHash> && sizeof(BlockHash) == kHashBytes &&
+              offsetof(BlockHash, lo) == 0 && offsetof(BlockHash, hi) == kU64);
+
+}  // namespace
+
+// Sizes and writers ---------------------------------------------------------------------------
+
+// Payload sizes (replies: without the status code).
+size_t body_size(const HelloRequest& m) {
+  return 2 * kU32 + m.worker_name.size() + m.pool_name.size();
+}
+size_t body_size(const AllocRequest&) {
+  return kU32;
+}
+size_t body_size(const RetainRequest& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const ReleaseRequest& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const LookupRequest& m) {
+  return kU32 + m.chain.size() * kHashBytes;
+}
+size_t body_size(const PublishRequest& m) {
+  return kU32 + m.items.size() * kPublishItemBytes;
+}
+size_t body_size(const StatsRequest&) {
+  return 0;
+}
+size_t body_size(const HelloReply& m) {
+  size_t n = kU64 + kPoolInfoFixedBytes + m.pool.pool_name.size() + m.pool.backend.size() +
+             m.pool.tenant.size();
+  for (const SegmentInfo& seg : m.pool.segments)
+    n += kSegmentFixedBytes + seg.handle.size();
+  return n;
+}
+size_t body_size(const AllocReply& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const RetainReply&) {
+  return 0;
+}
+size_t body_size(const ReleaseReply&) {
+  return 0;
+}
+size_t body_size(const LookupReply& m) {
+  return kU32 + m.pages.size() * kU32;
+}
+size_t body_size(const PublishReply& m) {
+  return kU32 + m.results.size() * kPublishResultBytes;
+}
+size_t body_size(const StatsReply&) {
+  return kStatsBytes;
+}
+size_t body_size(const EvictRequest&) {
+  return kU32;
+}
+size_t body_size(const FlushRequest&) {
+  return 0;
+}
+size_t body_size(const SessionsRequest&) {
+  return 0;
+}
+size_t body_size(const PagesRequest&) {
+  return 0;
+}
+size_t body_size(const CopyRequest& m) {
+  return kU32 + m.pairs.size() * kPageCopyBytes;
+}
+size_t body_size(const CopyReply&) {
+  return kU32;
+}
+size_t body_size(const PagesReply& m) {
+  return kU32 + m.states.size();
+}
+size_t body_size(const EvictReply&) {
+  return kU32;
+}
+size_t body_size(const FlushReply&) {
+  return kU32;
+}
+size_t body_size(const SessionsReply& m) {
+  size_t n = kU32;
+  for (const SessionInfo& s : m.sessions) {
+    n += kSessionFixedBytes + s.worker.size() + s.tenant.size() + s.pool.size();
+  }
+  return n;
+}
+
+void put_body(Writer& w, const HelloRequest& m) {
+  w.str(m.worker_name);
+  w.str(m.pool_name);
+}
+void put_body(Writer& w, const AllocRequest& m) {
+  w.put(m.count);
+}
+void put_body(Writer& w, const RetainRequest& m) {
+  w.array(m.pages);
+}
+void put_body(Writer& w, const ReleaseRequest& m) {
+  w.array(m.pages);
+}
+void put_body(Writer& w, const LookupRequest& m) {
+  w.array(m.chain);
+}
+void put_body(Writer& w, const PublishRequest& m) {
+  w.put(static_cast<uint32_t>(m.items.size()));
+  for (const PublishItem& it : m.items) {
+    w.put(it.page);
+    w.put(it.hash.lo);
+    w.put(it.hash.hi);
+  }
+}
+void put_body(Writer&, const StatsRequest&) {}
+void put_body(Writer& w, const HelloReply& m) {
+  const PoolInfo& p = m.pool;
+  w.put(m.session_id);
+  w.put(p.geometry.layers);
+  w.put(p.geometry.kv_heads);
+  w.put(p.geometry.head_dim);
+  w.put(p.geometry.tokens_per_page);
+  w.put(static_cast<uint8_t>(p.geometry.dtype));
+  w.put(p.num_pages);
+  w.put(p.page_stride);
+  w.put(p.segment_bytes);
+  w.str(p.pool_name);
+  w.str(p.backend);
+  w.str(p.tenant);
+  w.put(p.device);
+  w.raw(p.device_uuid.data(), p.device_uuid.size());
+  w.put(static_cast<uint32_t>(p.segments.size()));
+  for (const SegmentInfo& seg : p.segments) {
+    w.put(seg.bytes);
+    w.put(static_cast<uint32_t>(seg.handle.size()));
+    w.raw(seg.handle.data(), seg.handle.size());
+  }
+}
+void put_body(Writer& w, const AllocReply& m) {
+  w.array(m.pages);
+}
+void put_body(Writer&, const RetainReply&) {}
+void put_body(Writer&, const ReleaseReply&) {}
+void put_body(Writer& w, const LookupReply& m) {
+  w.array(m.pages);
+}
+void put_body(Writer& w, const PublishReply& m) {
+  w.put(static_cast<uint32_t>(m.results.size()));
+  for (const PublishResult& r : m.results) {
+    w.put(static_cast<uint8_t>(r.kind));
+    w.put(r.page);
+  }
+}
+void put_body(Writer& w, const StatsReply& m) {
+  w.put(m.total);
+  w.put(m.free);
+  w.put(m.in_use);
+  w.put(m.cached);
+  w.put(m.sessions);
+  w.put(m.lookups);
+  w.put(m.lookup_blocks);
+  w.put(m.hit_blocks);
+  w.put(m.allocated);
+  w.put(m.released);
+  w.put(m.published);
+  w.put(m.duplicates);
+  w.put(m.evicted);
+  w.put(m.flushed);
+  w.put(m.session_held_pages);
+}
+void put_body(Writer& w, const EvictRequest& m) {
+  w.put(m.count);
+}
+void put_body(Writer&, const FlushRequest&) {}
+void put_body(Writer&, const SessionsRequest&) {}
+void put_body(Writer&, const PagesRequest&) {}
+void put_body(Writer& w, const CopyRequest& m) {
+  w.array(m.pairs);
+}
+void put_body(Writer& w, const CopyReply& m) {
+  w.put(m.copied);
+}
+void put_body(Writer& w, const PagesReply& m) {
+  w.put(static_cast<uint32_t>(m.states.size()));
+  for (const uint8_t st : m.states)
+    w.put(st);
+}
+void put_body(Writer& w, const EvictReply& m) {
+  w.put(m.evicted);
+}
+void put_body(Writer& w, const FlushReply& m) {
+  w.put(m.flushed);
+}
+void put_body(Writer& w, const SessionsReply& m) {
+  w.put(static_cast<uint32_t>(m.sessions.size()));
+  for (const SessionInfo& s : m.sessions) {
+    w.put(s.id);
+    w.put(s.pid);
+    w.put(s.uid);
+    w.put(s.held_pages);
+    w.str(s.worker);
+    w.str(s.tenant);
+    w.str(s.pool);
+  }
+}
+
+// Readers -------------------------------------------------------------------------------------
+
+bool get_body(Reader& r, HelloRequest& m) {
+  return r.str(m.worker_name, "worker_name") && r.str(m.pool_name, "pool_name");
+}
+bool get_body(Reader& r, AllocRequest& m) {
+  if (!r.get(m.count, "count")) return false;
+  if (m.count > kMaxBatch) {
+    return r.fail(m.count,
+                  cat({r.what(), ": count ", m.count, " is above kMaxBatch (", kMaxBatch, ")"}));
+  }
+  return true;
+}
+bool get_body(Reader& r, RetainRequest& m) {
+  return r.array(m.pages, "count");
+}
+bool get_body(Reader& r, ReleaseRequest& m) {
+  return r.array(m.pages, "count");
+}
+bool get_body(Reader& r, LookupRequest& m) {
+  return r.array(m.chain, "count");
+}
+bool get_body(Reader& r, PublishRequest& m) {
+  uint32_t n = 0;
+  if (!r.count(n, kPublishItemBytes, "count")) return false;
+  const std::byte* p = r.take(size_t{n} * kPublishItemBytes, "items");
+  if (p == nullptr) return false;
+  m.items.resize(n);
+  for (PublishItem& it : m.items) {
+    std::memcpy(&it.page, p, kU32);
+    std::memcpy(&it.hash.lo, p + kU32, kU64);
+    std::memcpy(&it.hash.hi, p + kU32 + kU64, kU64);
+    p += kPublishItemBytes;
+  }
+  return true;
+}
+bool get_body(Reader&, StatsRequest&) {
+  return true;
+}
+
+bool get_body(Reader& r, HelloReply& m) {
+  PoolInfo& p = m.pool;
+  uint8_t dtype = 0;
+  if (!(r.get(m.session_id, "session_id") && r.get(p.geometry.layers, "layers") &&
+        r.get(p.geometry.kv_heads, "kv_heads") && r.get(p.geometry.head_dim, "head_dim") &&
+        r.get(p.geometry.tokens_per_page, "tokens_per_page") && r.get(dtype, "dtype"))) {
+    return false;
+  }
+  if (dtype > static_cast<uint8_t>(KvDtype::int8)) {
+    return r.fail(dtype, cat({r.what(), ": dtype ", dtype, " is not a KvDtype"}));
+  }
+  p.geometry.dtype = static_cast<KvDtype>(dtype);
+  if (!(r.get(p.num_pages, "num_pages") && r.get(p.page_stride, "page_stride") &&
+        r.get(p.segment_bytes, "segment_bytes") && r.str(p.pool_name, "pool_name") &&
+        r.str(p.backend, "backend") && r.str(p.tenant, "tenant") && r.get(p.device, "device"))) {
+    return false;
+  }
+  const std::byte* uuid = r.take(p.device_uuid.size(), "device_uuid");
+  if (uuid == nullptr) return false;
+  std::memcpy(p.device_uuid.data(), uuid, p.device_uuid.size());
+  uint32_t n = 0;
+  if (!r.get(n, "segment count")) return false;
+  if (n > kMaxSegments) {
+    return r.fail(n,
+                  cat({r.what(), ": ", n, " segments, above kMaxSegments (", kMaxSegments, ")"}));
+  }
+  p.segments.resize(n);
+  for (SegmentInfo& seg : p.segments) {
+    uint32_t len = 0;
+    if (!(r.get(seg.bytes, "segment bytes") && r.get(len, "segment handle length"))) return false;
+    if (len > kMaxHandleBytes) {
+      return r.fail(len, cat({r.what(), ": segment handle of ", len,
+                              " bytes, above kMaxHandleBytes (", kMaxHandleBytes, ")"}));
+    }
+    const std::byte* h = r.take(len, "segment handle");
+    if (h == nullptr) return false;
+    seg.handle.assign(reinterpret_cast<const uint8_t*>(h),
+                      reinterpret_cast<const uint8_t*>(h) + len);
+  }
+  return true;
+}
+bool get_body(Reader& r, AllocReply& m) {
+  return r.array(m.pages, "count");
+}
+bool get_body(Reader&, RetainReply&) {
+  return true;
+}
+bool get_body(Reader&, ReleaseReply&) {
+  return true;
+}
+bool get_body(Reader& r, LookupReply& m) {
+  return r.array(m.pages, "hits");
+}
+bool get_body(Reader& r, PublishReply& m) {
+  uint32_t n = 0;
+  if (!r.count(n, kPublishResultBytes, "count")) return false;
+  const std::byte* p = r.take(size_t{n} * kPublishResultBytes, "results");
+  if (p == nullptr) return false;
+  m.results.resize(n);
+  for (uint32_t i = 0; i < n; ++i, p += kPublishResultBytes) {
+    const auto kind = static_cast<uint8_t>(p[0]);
+    if (kind > static_cast<uint8_t>(PublishResult::Kind::duplicate)) {
+      return r.fail(kind,
+                    cat({r.what(), ": result kind ", kind, " (item ", i,
+                         ") is neither stored (0) nor duplicate (1)"}),
+                    i);
+    }
+    m.results[i].kind = static_cast<PublishResult::Kind>(kind);
+    std::memcpy(&m.results[i].page, p + kU8, kU32);
+  }
+  return true;
+}
+bool get_body(Reader& r, StatsReply& m) {
+  return r.get(m.total, "total") && r.get(m.free, "free") && r.get(m.in_use, "in_use") &&
+         r.get(m.cached, "cached") && r.get(m.sessions, "sessions") &&
+         r.get(m.lookups, "lookups") && r.get(m.lookup_blocks, "lookup_blocks") &&
+         r.get(m.hit_blocks, "hit_blocks") && r.get(m.allocated, "allocated") &&
+         r.get(m.released, "released") && r.get(m.published, "published") &&
+         r.get(m.duplicates, "duplicates") && r.get(m.evicted, "evicted") &&
+         r.get(m.flushed, "flushed") && r.get(m.session_held_pages, "session_held_pages");
+}
+bool get_body(Reader& r, EvictRequest& m) {
+  return r.get(m.count, "count");
+}
+bool get_body(Reader&, FlushRequest&) {
+  return true;
+}
+bool get_body(Reader&, SessionsRequest&) {
+  return true;
+}
+bool get_body(Reader&, PagesRequest&) {
+  return true;
+}
+bool get_body(Reader& r, CopyRequest& m) {
+  return r.array(m.pairs, "count");
+}
+bool get_body(Reader& r, CopyReply& m) {
+  return r.get(m.copied, "copied");
+}
+bool get_body(Reader& r, PagesReply& m) {
+  uint32_t n = 0;
+  if (!r.get(n, "count")) return false;
+  const std::byte* p = r.take(n, "states");  // checks the bytes are there before any resize
+  if (p == nullptr) return false;
+  m.states.resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const auto st = static_cast<uint8_t>(p[i]);
+    if (st > PagesReply::kCached) {
+      return r.fail(st, cat({r.what(), ": page state ", st, " (page ", i, ") is not 0, 1 or 2"}),
+                    i);
+    }
+    m.states[i] = st;
+  }
+  return true;
+}
+bool get_body(Reader& r, EvictReply& m) {
+  return r.get(m.evicted, "evicted");
+}
+bool get_body(Reader& r, FlushReply& m) {
+  return r.get(m.flushed, "flushed");
+}
+bool get_body(Reader& r, SessionsReply& m) {
+  uint32_t n = 0;
+  if (!r.count(n, kSessionFixedBytes, "count")) return false;
+  m.sessions.resize(n);
+  for (SessionInfo& s : m.sessions) {
+    if (!(r.get(s.id, "id") && r.get(s.pid, "pid") && r.get(s.uid, "uid") &&
+          r.get(s.held_pages, "held_pages") && r.str(s.worker, "worker") &&
+          r.str(s.tenant, "tenant") && r.str(s.pool, "pool"))) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace kvpool::wire::codec
