@@ -5,18 +5,13 @@
 #ifdef KVPOOL_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include "common/device/cuda_device.h"
 #include "kernels/cuda/kernels_cuda.h"
 #endif
 
 namespace kvpool::client {
 
 namespace {
-
-#ifdef KVPOOL_WITH_CUDA
-std::string rt_text(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
-}
-#endif
 
 constexpr const char* kNoCuda =
     "the pool is in GPU memory but this libkvpool was built without CUDA";
@@ -61,7 +56,7 @@ std::string PoolKernels::decode(kernels::DecodeArgs args, uint32_t max_context, 
       workspace_bytes_ = 0;
     }
     if (const cudaError_t e = cudaMalloc(&workspace_, need); e != cudaSuccess) {
-      return rt_text("decode workspace", e);
+      return device::cuda_error_text("decode workspace", e);
     }
     workspace_bytes_ = need;
   }

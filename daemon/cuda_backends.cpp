@@ -66,8 +66,7 @@ class IpcBackend final : public MemoryBackend {
 
   wire::Result<std::unique_ptr<PoolMemory>> create(uint64_t bytes, uint64_t,
                                                    std::string_view label) override {
-    const uint64_t g = granularity();
-    const uint64_t rounded = (bytes + g - 1) / g * g;
+    const uint64_t rounded = round_up(bytes, granularity());
     auto seg = device::ipc_allocate(rounded);
     if (!seg.ok()) {
       return wire::Error{seg.error().status, "cuda-ipc backend, pool " + std::string(label) + ": " +

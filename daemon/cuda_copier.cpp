@@ -4,16 +4,13 @@
 
 #include <cstring>
 
+#include "common/device/cuda_device.h"
 #include "daemon/page_copier.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace kvpool::daemon {
 
 namespace {
-
-std::string rt_text(const char* what, cudaError_t e) {
-  return std::string(what) + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
-}
 
 class CudaCopier final : public PageCopier {
  public:
@@ -26,15 +23,17 @@ class CudaCopier final : public PageCopier {
   std::string init(int device) {
     device_ = device;
     cudaError_t e = cudaSetDevice(device);
-    if (e != cudaSuccess) return rt_text("cudaSetDevice", e);
+    if (e != cudaSuccess) return device::cuda_error_text("cudaSetDevice", e);
     if ((e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)) != cudaSuccess)
-      return rt_text("cudaStreamCreate", e);
+      return device::cuda_error_text("cudaStreamCreate", e);
     const size_t bytes = size_t{2} * wire::kMaxBatch * sizeof(PageId);
     void* host = nullptr;
     void* dev = nullptr;
-    if ((e = cudaMallocHost(&host, bytes)) != cudaSuccess) return rt_text("cudaMallocHost", e);
+    if ((e = cudaMallocHost(&host, bytes)) != cudaSuccess)
+      return device::cuda_error_text("cudaMallocHost", e);
     host_ = static_cast<PageId*>(host);
-    if ((e = cudaMalloc(&dev, bytes)) != cudaSuccess) return rt_text("cudaMalloc", e);
+    if ((e = cudaMalloc(&dev, bytes)) != cudaSuccess)
+      return device::cuda_error_text("cudaMalloc", e);
     dev_ = static_cast<PageId*>(dev);
     return "";
   }
@@ -48,13 +47,14 @@ class CudaCopier final : public PageCopier {
     std::memcpy(host_, args.src, list);
     std::memcpy(host_ + args.num_pairs, args.dst, list);
     cudaError_t e = cudaMemcpyAsync(dev_, host_, 2 * list, cudaMemcpyHostToDevice, stream_);
-    if (e != cudaSuccess) return rt_text("cudaMemcpyAsync of the page lists", e);
+    if (e != cudaSuccess) return device::cuda_error_text("cudaMemcpyAsync of the page lists", e);
     kernels::CopyPagesArgs d = args;
     d.src = dev_;
     d.dst = dev_ + args.num_pairs;
     std::string err = kernels::cuda::copy_pages(d, stream_);
     if (!err.empty()) return err;
-    if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess) return rt_text("copy-pages", e);
+    if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess)
+      return device::cuda_error_text("copy-pages", e);
     return "";
   }
 

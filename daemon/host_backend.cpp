@@ -80,8 +80,7 @@ wire::Result<std::unique_ptr<PoolMemory>> HostBackend::create(uint64_t bytes, ui
   static std::atomic<uint32_t> counter{0};
   const std::string name =
       std::string(kPrefix) + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  const uint64_t g = granularity();
-  const uint64_t rounded = (bytes + g - 1) / g * g;
+  const uint64_t rounded = round_up(bytes, granularity());
   try {
     bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, 0600);
     // Unlink first: whatever happens next, the name never outlives this call.

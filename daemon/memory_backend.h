@@ -71,6 +71,11 @@ class MemoryBackend {
 wire::Result<std::unique_ptr<MemoryBackend>> make_backend(std::string_view name, int device,
                                                           std::string& why);
 
+// `bytes` rounded up to a multiple of `granularity` (> 0).
+constexpr uint64_t round_up(uint64_t bytes, uint64_t granularity) {
+  return (bytes + granularity - 1) / granularity * granularity;
+}
+
 // Segment sizes for `bytes` of pool: each a multiple of `granularity`, at most
 // `max_segment_bytes` (rounded down to the granularity, 0 = unlimited), covering `bytes`.
 std::vector<uint64_t> plan_segments(uint64_t bytes, uint64_t granularity,

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <unordered_map>
 
 #include "daemon/log.h"
 
@@ -484,7 +485,9 @@ wire::Result<wire::Reply> Service::copy(SessionState& s, const wire::CopyRequest
   // Everything is checked before any byte moves: a refused request copies nothing.
   std::vector<PageId> src(r.pairs.size());
   std::vector<PageId> dst(r.pairs.size());
-  std::vector<uint8_t> seen(r.pairs.empty() ? 0 : pool.num_pages());
+  // The roles each page named so far plays (1 read, 2 written): sized by the request, not the pool.
+  std::unordered_map<PageId, uint8_t> seen;
+  seen.reserve(2 * r.pairs.size());
   for (size_t i = 0; i < r.pairs.size(); ++i) {
     const auto item = static_cast<uint32_t>(i);
     const auto [from, to] = r.pairs[i];
@@ -506,10 +509,15 @@ wire::Result<wire::Reply> Service::copy(SessionState& s, const wire::CopyRequest
                              std::to_string(to) + " is published; its bytes are shared and fixed"};
     }
     // A page may be read by several pairs but written by one, and never both read and written.
-    if (from == to || seen[to] != 0 || (seen[from] & 2) != 0) {
+    const auto role = [&seen](PageId p) -> uint8_t {
+      const auto it = seen.find(p);
+      return it == seen.end() ? 0 : it->second;
+    };
+    const bool from_written = (role(from) & 2) != 0;
+    if (from == to || role(to) != 0 || from_written) {
       return wire::Error{Status(Errc::duplicate_item, item, to),
                          "copy pair " + std::to_string(i) + ": page " +
-                             std::to_string((seen[from] & 2) != 0 ? from : to) +
+                             std::to_string(from_written ? from : to) +
                              " is both a source and a destination, or a destination twice"};
     }
     seen[from] |= 1;

@@ -32,7 +32,7 @@ class VmmMemory final : public PoolMemory {
 
 std::vector<uint64_t> plan_segments(uint64_t bytes, uint64_t granularity,
                                     uint64_t max_segment_bytes) {
-  const uint64_t rounded = (bytes + granularity - 1) / granularity * granularity;
+  const uint64_t rounded = round_up(bytes, granularity);
   uint64_t cap = max_segment_bytes / granularity * granularity;
   if (cap == 0) cap = rounded;
   std::vector<uint64_t> sizes;
@@ -58,20 +58,18 @@ wire::Result<std::unique_ptr<PoolMemory>> VmmBackend::create(uint64_t bytes,
   }
   auto mem = std::make_unique<VmmMemory>();
   std::vector<device::VmmHandle> handles;
+  // Until the mapping owns them, the handles made so far are released on failure.
+  auto release_and_fail = [&](const wire::Error& e) {
+    for (device::VmmHandle done : handles)
+      o_.api->release(done);
+    return fail(e);
+  };
   for (uint64_t s : sizes) {
     auto h = o_.api->create(s);
-    if (!h.ok()) {
-      for (device::VmmHandle done : handles)
-        o_.api->release(done);
-      return fail(h.error());
-    }
+    if (!h.ok()) return release_and_fail(h.error());
     handles.push_back(h.value());
     auto fd = o_.api->export_fd(h.value());
-    if (!fd.ok()) {
-      for (device::VmmHandle done : handles)
-        o_.api->release(done);
-      return fail(fd.error());
-    }
+    if (!fd.ok()) return release_and_fail(fd.error());
     mem->fds_.push_back(fd.value());
     mem->segments_.push_back(wire::SegmentInfo{s, {}});
   }

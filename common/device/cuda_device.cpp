@@ -237,6 +237,10 @@ std::map<std::string, IpcOpen>& ipc_opens() {
 
 }  // namespace
 
+std::string cuda_error_text(const char* what, int error) {
+  return std::string(what) + ": " + rt_text(static_cast<cudaError_t>(error));
+}
+
 std::string uuid_text(const DeviceUuid& u) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string s = "GPU-";

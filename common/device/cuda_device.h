@@ -36,6 +36,9 @@ struct CudaDevice {
   int sm_count = 0;
 };
 
+// "what: cudaErrorName: description" for a CUDA runtime error code (a cudaError_t).
+std::string cuda_error_text(const char* what, int error);
+
 // "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", as nvidia-smi prints it.
 std::string uuid_text(const DeviceUuid& uuid);
 
