@@ -160,6 +160,15 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
   out.family("kvpool_events_lost_total", "counter",
              "Events subscribers fell behind on (reported to them as gaps).");
   out.sample("kvpool_events_lost_total", "", d.events_lost);
+  out.family("kvpool_buffered_bytes", "gauge",
+             "Bytes in all connections' input and output buffers (limits.max_buffered_bytes).");
+  out.sample("kvpool_buffered_bytes", "", d.buffered_bytes);
+  out.family("kvpool_sessions_refused_total", "counter",
+             "Connections refused at accept (session limits, unknown peers).");
+  out.sample("kvpool_sessions_refused_total", "", d.sessions_refused);
+  out.family("kvpool_connections_closed_by_limits_total", "counter",
+             "Connections closed by the hello deadline, the frame timeout or the buffer budget.");
+  out.sample("kvpool_connections_closed_by_limits_total", "", d.closed_by_limits);
   out.family("kvpool_reloads_total", "counter", "Configuration reloads, by result.");
   out.sample("kvpool_reloads_total", "result=\"applied\"", d.reloads - d.reload_failures);
   out.sample("kvpool_reloads_total", "result=\"refused\"", d.reload_failures);

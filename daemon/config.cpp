@@ -41,9 +41,13 @@ constexpr std::string_view kRootKeys[] = {"socket",      "backend", "device",  "
                                           "limits",      "pools",   "tenants", "default_tenant",
                                           "admin_group", "logging", "metrics", "events"};
 constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
-constexpr std::string_view kLimitKeys[] = {"max_sessions", "max_pages_per_session",
-                                           "max_pages_per_tenant"};
-constexpr std::string_view kPoolKeys[] = {"name", "policy", "capacity", "geometry"};
+constexpr std::string_view kLimitKeys[] = {"max_sessions",          "max_sessions_per_uid",
+                                           "hello_timeout_ms",      "max_buffered_bytes",
+                                           "max_pages_per_session", "max_pages_per_tenant"};
+constexpr std::string_view kPoolKeys[] = {"name", "policy", "capacity", "share_between_tenants",
+                                          "geometry"};
+constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
+constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
 constexpr std::string_view kGeometryKeys[] = {"layers", "kv_heads", "head_dim", "tokens_per_page",
                                               "dtype"};
 constexpr std::string_view kTenantKeys[] = {"name", "uids", "gids", "pools"};
@@ -115,6 +119,18 @@ class Parser : private NodeReader {
     auto f = fields(v, kLimitKeys);
     if (auto* m = find(f, "max_sessions")) {
       config.max_sessions = static_cast<uint32_t>(get_uint(*m, 1, UINT32_MAX));
+    }
+    if (auto* m = find(f, "max_sessions_per_uid")) {
+      config.max_sessions_per_uid = static_cast<uint32_t>(get_uint(*m, 0, UINT32_MAX));
+    }
+    if (auto* m = find(f, "hello_timeout_ms")) {
+      config.hello_timeout_ms = static_cast<uint32_t>(get_uint(*m, 1, kMaxHelloTimeoutMs));
+    }
+    if (auto* m = find(f, "max_buffered_bytes")) {
+      config.max_buffered_bytes = parse_byte_size(*m);
+      if (config.max_buffered_bytes < kMinBufferedBytes) {
+        fail(*m, "must be at least 16MiB (two full frames and their replies)");
+      }
     }
     if (auto* m = find(f, "max_pages_per_session")) {
       config.max_pages_per_session = get_uint(*m, 0, kMax64);
@@ -197,6 +213,7 @@ class Parser : private NodeReader {
         if (other.name == pool.name) fail(name, "duplicate pool name " + quoted(pool.name));
       }
       if (auto* p = find(f, "policy")) pool.policy = get_choice(*p, kPolicies);
+      if (auto* b = find(f, "share_between_tenants")) pool.share_between_tenants = get_bool(*b);
       pool.geometry = parse_geometry(required(f, item, "geometry"));
       pool.capacity = defaults.capacity;
       if (auto* c = find(f, "capacity")) {
@@ -231,6 +248,7 @@ class Parser : private NodeReader {
   void parse_tenants(const Value& v, Config& config) const {
     std::map<uint32_t, std::string> uid_owner;
     std::map<uint32_t, std::string> gid_owner;
+    std::map<std::string, std::string> pool_user;  // pool → the first tenant listing it
     config.tenants.clear();
     for (const Value& item : items(v)) {
       auto f = fields(item, kTenantKeys, /*null_ok=*/false);
@@ -251,11 +269,27 @@ class Parser : private NodeReader {
           if (std::find(tenant.pools.begin(), tenant.pools.end(), pool) != tenant.pools.end()) {
             fail(pool_item, "pool " + quoted(pool) + " is listed twice");
           }
+          check_sharing(pool_item, config, pool, tenant.name, pool_user);
           tenant.pools.push_back(std::move(pool));
         }
       }
       config.tenants.push_back(std::move(tenant));
     }
+  }
+
+  // Every worker of a pool maps all of its memory, so a pool listed by two tenants lets each
+  // read and overwrite the other's pages: allowed only where the pool says so.
+  void check_sharing(const Value& v, const Config& config, const std::string& pool,
+                     const std::string& tenant, std::map<std::string, std::string>& user) const {
+    const auto [it, first] = user.emplace(pool, tenant);
+    if (first) return;
+    const auto pc = std::find_if(config.pools.begin(), config.pools.end(),
+                                 [&](const PoolConfig& p) { return p.name == pool; });
+    if (pc->share_between_tenants) return;
+    fail(v, "pool " + quoted(pool) + " is already used by tenant " + quoted(it->second) +
+                "; tenants sharing a pool can read and overwrite each other's pages, so this "
+                "needs share_between_tenants: true on pool " +
+                quoted(pool) + " (pools[" + std::to_string(pc - config.pools.begin()) + "])");
   }
 
   // Operations, metrics and events ----------------------------------------------------------

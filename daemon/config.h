@@ -10,11 +10,19 @@
 //   backend:  auto | host | cuda-vmm | cuda-ipc | fake-device   (fake-device: tests only)
 //   device:   INT                                   (CUDA device ordinal, default 0)
 //   max_segment_bytes: SIZE    (largest memory segment of a pool; default: one per pool)
-//   limits:   { max_sessions: INT, max_pages_per_session: INT, max_pages_per_tenant: INT }
+//   limits:   { max_sessions: INT, max_sessions_per_uid: INT, hello_timeout_ms: INT,
+//               max_buffered_bytes: SIZE, max_pages_per_session: INT, max_pages_per_tenant: INT }
 //   pools:    [ { name: STR, policy: lru, capacity: "1GiB" | "4096 pages" | "40%",
+//                 share_between_tenants: BOOL,
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8 } } ]
 //   tenants:  [ { name: STR, uids: [INT], gids: [INT], pools: [STR] } ]
+//
+// Pools and tenants: a tenant entry may use exactly the pools it lists (none when the list is
+// empty); the implicit default tenant (default_tenant: "default" with no entry of that name) may
+// use the pools no tenant entry lists. Every worker of a pool can read and write all of its
+// memory, so two tenant entries may list the same pool only when that pool says
+// share_between_tenants: true (trusted tenants share bytes); otherwise the config is refused.
 //   default_tenant: STR        (tenant of peers no tenant entry matches; "" = refuse them)
 //   admin_group: STR           (group whose members may evict, flush, reload; "" = root only)
 //   logging:  { level: debug | info | warn | error }
@@ -48,6 +56,8 @@ struct PoolConfig {
   Geometry geometry;
   Capacity capacity;
   std::string policy = "lru";
+  // Several tenant entries may list this pool: they then read and write each other's pages.
+  bool share_between_tenants = false;
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;
 };
 
@@ -55,7 +65,7 @@ struct TenantConfig {
   std::string name;
   std::vector<uint32_t> uids;
   std::vector<uint32_t> gids;
-  std::vector<std::string> pools;  // pools this tenant may attach to; empty = all
+  std::vector<std::string> pools;  // pools this tenant may attach to; empty = none
   friend bool operator==(const TenantConfig&, const TenantConfig&) = default;
 };
 
@@ -72,6 +82,9 @@ struct EventsConfig {
   friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
 };
 
+// Sessions root and admin_group members may open beyond limits.max_sessions.
+inline constexpr uint32_t kAdminReservedSessions = 16;
+
 struct Config {
   std::string source = "<built-in>";  // file the config came from
 
@@ -83,7 +96,14 @@ struct Config {
   int device = 0;
   uint64_t max_segment_bytes = 0;  // 0 = one segment per pool
 
+  // Connections (sessions) served at once; root and admin_group members may exceed it by
+  // kAdminReservedSessions, so a flood of connections never locks an operator out.
   uint32_t max_sessions = 1024;
+  uint32_t max_sessions_per_uid = 256;  // 0 = no limit; admins are exempt
+  // A connection that has not completed hello within this is closed.
+  uint32_t hello_timeout_ms = 5000;
+  // All connections' input and output buffers together; past it the largest holder is closed.
+  uint64_t max_buffered_bytes = uint64_t{512} << 20;
   uint64_t max_pages_per_session = 0;  // 0 = no limit
   uint64_t max_pages_per_tenant = 0;   // 0 = no limit
 

@@ -5,16 +5,32 @@
 // socket is readable, decodes every complete frame in what arrived, hands each request to the
 // Service and sends the replies with non-blocking sendmsg() (which also carries the pool's
 // segment descriptors with the hello reply, SCM_RIGHTS). Nothing in the loop ever waits on a
-// client:
-//   - a client that stops reading its replies: its output queue grows to kMaxBacklogBytes, then
-//     the server stops reading its requests until the queue drains (backpressure, bounded memory);
+// client, and no client can hold more than its share (docs/ARCHITECTURE.md, "Limits"):
+//   - hello deadline: a connection that has not attached within limits.hello_timeout_ms is
+//     closed, and before hello a frame may carry at most kMaxPreHelloPayload bytes, so idle or
+//     bloated unattached connections cannot keep session slots or memory (admins have reserved
+//     slots besides, see Service::open_session);
+//   - output backlog: before each request is handled, the connection's queued replies are
+//     checked; past kMaxBacklogBytes the server handles no more of its requests (they wait in
+//     its input buffer) and reads nothing until the peer has read its replies. So a client that
+//     pipelines requests with large replies and never reads holds at most the limit plus one
+//     reply;
+//   - fairness: one turn handles at most kMaxFramesPerTurn requests or kMaxReplyBytesPerTurn of
+//     replies for a connection, then the loop serves others before coming back;
+//   - memory: each connection's buffers shrink back after a large frame or reply, and all
+//     connections' buffers together stay under limits.max_buffered_bytes: past it the connection
+//     holding the most is closed, not everyone;
 //   - a client that sends part of a frame and stalls: after frame_timeout its connection is
 //     closed; so is one that does not take an error reply after which we close;
+//   - copies: a copy too large for the loop runs on the CopyWorker thread; its connection
+//     handles nothing more until the reply is queued, and a close meanwhile is completed (the
+//     session's references released) only once the copy is done;
 //   - out of file descriptors: accept pauses kAcceptBackoff instead of spinning;
 //   - a malformed header (bad magic, version, oversized length) cannot be resynchronised: the
 //     client gets an error reply and the connection is closed; a payload that does not decode
 //     gets an error reply and the connection goes on.
-// When a connection closes for any reason, its session's references are released at once.
+// When a connection closes for any reason, its session's references are released at once (after
+// its running copy, if any).
 //
 // Operations, metrics and events: after each read's requests are handled, every subscribed
 // connection (one that sent subscribe) gets the new events the Service has for it, at most
@@ -25,7 +41,7 @@
 // Service's "request" latency histograms, and an activity hook (the stats publisher) runs after
 // every batch of requests, before their replies are sent, and at every session open and close.
 //
-// Thread-safety: everything runs on the io_context's thread.
+// Thread-safety: everything runs on the io_context's thread, except the CopyWorker's copies.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
@@ -37,6 +53,7 @@
 #include <string>
 
 #include "daemon/config.h"
+#include "daemon/copy_worker.h"
 #include "daemon/service.h"
 
 namespace kvpool::daemon {
@@ -50,7 +67,10 @@ class ActivityListener {
 
 class Server {
  public:
-  static constexpr size_t kMaxBacklogBytes = 64u << 20;
+  static constexpr size_t kMaxBacklogBytes = size_t{16} << 20;
+  static constexpr uint32_t kMaxPreHelloPayload = 4096;  // a hello is ≤ 2 × kMaxNameBytes + 8
+  static constexpr size_t kMaxFramesPerTurn = 1024;
+  static constexpr size_t kMaxReplyBytesPerTurn = size_t{1} << 20;
   static constexpr std::chrono::milliseconds kAcceptBackoff{100};
 
   Server(boost::asio::io_context& io, Service& service, std::chrono::milliseconds frame_timeout);
@@ -63,6 +83,8 @@ class Server {
   void stop();
 
   size_t connections() const { return connections_.size(); }
+  // Bytes all connections' input and output buffers hold (what limits.max_buffered_bytes caps).
+  uint64_t buffered_bytes() const { return buffered_bytes_; }
   // Told after requests were handled (before their replies are sent) and when sessions open or
   // close; null = nobody. Not owned.
   void set_activity_listener(ActivityListener* listener) { activity_ = listener; }
@@ -75,6 +97,9 @@ class Server {
   void closed(const std::shared_ptr<Connection>& c);
   // Pushes new events to the subscribers.
   void pump_subscribers();
+  // Closes the connections holding the most buffered bytes until the total is within
+  // limits.max_buffered_bytes.
+  void enforce_buffer_budget();
 
   boost::asio::io_context& io_;
   Service& service_;
@@ -83,6 +108,8 @@ class Server {
   boost::asio::steady_timer accept_backoff_;  // pause after a failed accept (EMFILE)
   std::string path_;
   std::set<std::shared_ptr<Connection>> connections_;
+  uint64_t buffered_bytes_ = 0;  // the sum of every connection's accounted buffer bytes
+  CopyWorker copy_worker_;
   bool stopping_ = false;
   // Operations, metrics and events.
   std::set<Connection*> subscribers_;  // the connections in connections_ that are subscribed

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/byte_units.h"
 #include "daemon/log.h"
 
 namespace kvpool::daemon {
@@ -20,19 +21,6 @@ wire::Error from_status(const Status& s) {
 
 wire::Error error(Errc code, std::string message, uint64_t value = 0) {
   return wire::Error{Status(code, kNoItem, value), std::move(message)};
-}
-
-std::string bytes_text(uint64_t b) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  size_t u = 0;
-  while (v >= 1024 && u + 1 < std::size(kUnits)) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
-  return buf;
 }
 
 }  // namespace
@@ -99,6 +87,7 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
   for (const TenantConfig& t : config.tenants)
     svc->tenant_index(t.name);
   if (!config.default_tenant.empty()) svc->tenant_index(config.default_tenant);
+  svc->log_shared_pools();
   svc->init_operations();
   return svc;
 }
@@ -118,7 +107,14 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   if (next.socket_group != config_.socket_group) restart.emplace_back("socket.group");
   if (next.backend != config_.backend) restart.emplace_back("backend");
   if (next.device != config_.device) restart.emplace_back("device");
-  if (next.pools != config_.pools) restart.emplace_back("pools");
+  // Whether tenants may share a pool is a permission, checked at attach: it applies live (and
+  // the config that sets it was validated with it), the rest of a pool waits for a restart.
+  std::vector<PoolConfig> running_pools = config_.pools;
+  if (next.pools.size() == running_pools.size()) {
+    for (size_t i = 0; i < running_pools.size(); ++i)
+      running_pools[i].share_between_tenants = next.pools[i].share_between_tenants;
+  }
+  if (next.pools != running_pools) restart.emplace_back("pools");
   // Operations, metrics and events: the endpoint, the segment and the ring are set up at start.
   if (next.metrics != config_.metrics) restart.emplace_back("metrics");
   if (next.events != config_.events) restart.emplace_back("events");
@@ -129,13 +125,16 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   applied.socket_group = config_.socket_group;
   applied.backend = config_.backend;
   applied.device = config_.device;
-  applied.pools = config_.pools;
+  applied.pools = std::move(running_pools);
   applied.metrics = config_.metrics;
   applied.events = config_.events;
   config_ = std::move(applied);
+  for (size_t i = 0; i < pools_.size(); ++i)
+    pools_[i]->config = config_.pools[i];
   for (const TenantConfig& t : config_.tenants)
     tenant_index(t.name);
   if (!config_.default_tenant.empty()) tenant_index(config_.default_tenant);
+  log_shared_pools();
   return restart;
 }
 
@@ -151,21 +150,53 @@ int Service::tenant_of(const PeerCredentials& peer) {
 }
 
 bool Service::tenant_may_use(uint32_t tenant, const Pool& pool) const {
+  const auto lists = [&](const TenantConfig& t) {
+    return std::find(t.pools.begin(), t.pools.end(), pool.config.name) != t.pools.end();
+  };
   for (const TenantConfig& t : config_.tenants) {
-    if (t.name != tenant_names_[tenant]) continue;
-    return t.pools.empty() ||
-           std::find(t.pools.begin(), t.pools.end(), pool.config.name) != t.pools.end();
+    if (t.name == tenant_names_[tenant]) return lists(t);
   }
-  // A tenant without an entry is the implicit default tenant, which may use every pool; a tenant
-  // a reload removed may use none until it is configured again.
-  return tenant_names_[tenant] == config_.default_tenant;
+  // A tenant without an entry is the implicit default tenant, which may use the pools no tenant
+  // entry claims (so it never shares one by accident); a tenant a reload removed may use none
+  // until it is configured again.
+  if (tenant_names_[tenant] != config_.default_tenant) return false;
+  return std::none_of(config_.tenants.begin(), config_.tenants.end(), lists);
+}
+
+void Service::log_shared_pools() const {
+  for (const auto& pool : pools_) {
+    std::string users;
+    size_t n = 0;
+    for (const TenantConfig& t : config_.tenants) {
+      if (std::find(t.pools.begin(), t.pools.end(), pool->config.name) == t.pools.end()) continue;
+      users += (n++ == 0 ? "" : ",") + t.name;
+    }
+    if (n < 2) continue;
+    log_event(LogLevel::warn, "pool_shared",
+              {kv("pool", pool->config.name), kv("tenants", users),
+               kv("detail",
+                  "trusted tenants share bytes: each can read and overwrite the others' pages "
+                  "(share_between_tenants: true)")});
+  }
 }
 
 wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCredentials& peer) {
-  if (sessions_ >= config_.max_sessions) {
-    return error(Errc::too_many_sessions, "the daemon serves its maximum of " +
-                                              std::to_string(config_.max_sessions) +
-                                              " sessions (limits.max_sessions)");
+  const uint32_t of_uid = uid_sessions_.count(peer.uid) == 0 ? 0 : uid_sessions_[peer.uid];
+  const bool over_total = sessions_ >= config_.max_sessions;
+  const bool over_uid = config_.max_sessions_per_uid != 0 && of_uid >= config_.max_sessions_per_uid;
+  // An operator is never locked out by others' connections: admins may go past both limits, by
+  // up to kAdminReservedSessions sessions in all.
+  if ((over_total || over_uid) &&
+      (sessions_ >= config_.max_sessions + kAdminReservedSessions ||
+       !check_admin(peer, "").ok())) {
+    if (over_total) {
+      return error(Errc::too_many_sessions, "the daemon serves its maximum of " +
+                                                std::to_string(config_.max_sessions) +
+                                                " sessions (limits.max_sessions)");
+    }
+    return error(Errc::too_many_sessions,
+                 "uid " + std::to_string(peer.uid) + " already has " + std::to_string(of_uid) +
+                     " sessions, the most one uid may open (limits.max_sessions_per_uid)");
   }
   const int tenant = tenant_of(peer);
   if (tenant < 0) {
@@ -178,6 +209,7 @@ wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCred
   s->peer = peer;
   s->tenant = static_cast<uint32_t>(tenant);
   ++sessions_;
+  ++uid_sessions_[peer.uid];
   live_.insert(s.get());
   return s;
 }
@@ -205,6 +237,7 @@ void Service::close_session(SessionState& s) {
 #endif
   }
   --sessions_;
+  if (--uid_sessions_[s.peer.uid] == 0) uid_sessions_.erase(s.peer.uid);
   live_.erase(&s);
 }
 
@@ -215,7 +248,8 @@ void Service::refresh_held(SessionState& s) {
 }
 
 void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& request,
-                     std::vector<std::byte>& out, std::span<const int>* fds_to_pass) {
+                     std::vector<std::byte>& out, std::span<const int>* fds_to_pass,
+                     std::unique_ptr<CopyJob>* deferred) {
   *fds_to_pass = {};
   const uint64_t started = service_latency_.enabled() ? LatencyRecorder::now_ns() : 0;
   now_s_ = seconds_now();
@@ -238,7 +272,20 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
           if constexpr (std::is_same_v<T, wire::FlushRequest>) return flush(s);
           if constexpr (std::is_same_v<T, wire::SessionsRequest>) return sessions(s);
           if constexpr (std::is_same_v<T, wire::PagesRequest>) return pages(s);
-          if constexpr (std::is_same_v<T, wire::CopyRequest>) return copy(s, r);
+          if constexpr (std::is_same_v<T, wire::CopyRequest>) {
+            auto job = prepare_copy(s, request_id, r);
+            if (!job.ok()) return job.error();
+            job.value()->started_ns = started;
+            Pool& pool = *job.value()->pool;
+            const uint64_t bytes = job.value()->src.size() * pool.info.page_stride;
+            if (deferred != nullptr && (bytes > kInlineCopyBytes || pool.copies_in_flight > 0)) {
+              ++pool.copies_in_flight;
+              *deferred = std::move(job.value());
+              return wire::Reply(wire::CopyReply{});  // not sent: finish_copy answers
+            }
+            job.value()->run();
+            return copy_reply(*job.value());
+          }
           // Operations, metrics and events.
           if constexpr (std::is_same_v<T, wire::PrefixesRequest>) return prefixes(s, r);
           if constexpr (std::is_same_v<T, wire::ReloadRequest>) return reload(s);
@@ -249,6 +296,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
         },
         request);
   }
+  if (deferred != nullptr && *deferred) return;  // finish_copy answers and times it
   if (reply.ok()) {
     wire::encode_reply(request_id, reply.value(), out);
   } else {
@@ -273,7 +321,9 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
     }
   }
   if (pool == nullptr) return error(Errc::no_such_pool, "no pool named " + r.pool_name);
-  if (!tenant_may_use(s.tenant, *pool)) {
+  // Operators (root, admin_group) inspect every pool (kvpoolctl --pool); they are trusted with
+  // its bytes as they are with the daemon.
+  if (!tenant_may_use(s.tenant, *pool) && !check_admin(s.peer, "").ok()) {
     return error(Errc::permission_denied,
                  "tenant " + tenant_names_[s.tenant] + " may not use pool " + pool->config.name);
   }
@@ -293,24 +343,40 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
   return wire::Reply(std::move(h));
 }
 
+uint32_t Service::new_pages_allowed(const SessionState& s) const {
+  uint64_t allowed = core::PagePool::kUnlimited;
+  if (config_.max_pages_per_session != 0) {
+    allowed = std::min(allowed, config_.max_pages_per_session -
+                                    std::min(s.held_pages, config_.max_pages_per_session));
+  }
+  if (config_.max_pages_per_tenant != 0) {
+    const uint64_t held = tenant_held_[s.tenant];
+    allowed = std::min(allowed,
+                       config_.max_pages_per_tenant - std::min(held, config_.max_pages_per_tenant));
+  }
+  return static_cast<uint32_t>(allowed);
+}
+
+wire::Error Service::quota_error(const SessionState& s, uint64_t wanted) const {
+  if (config_.max_pages_per_session != 0 &&
+      s.held_pages + wanted > config_.max_pages_per_session) {
+    return error(Errc::quota_exceeded,
+                 "session holds " + std::to_string(s.held_pages) + " pages; " +
+                     std::to_string(wanted) + " more would pass limits.max_pages_per_session = " +
+                     std::to_string(config_.max_pages_per_session),
+                 wanted);
+  }
+  return error(Errc::quota_exceeded,
+               "tenant " + tenant_names_[s.tenant] + " holds " +
+                   std::to_string(tenant_held_[s.tenant]) + " pages; " + std::to_string(wanted) +
+                   " more would pass limits.max_pages_per_tenant = " +
+                   std::to_string(config_.max_pages_per_tenant),
+               wanted);
+}
+
 wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocRequest& r) {
   const uint64_t n = r.count;
-  if (config_.max_pages_per_session != 0 && s.held_pages + n > config_.max_pages_per_session) {
-    return error(Errc::quota_exceeded,
-                 "session holds " + std::to_string(s.held_pages) + " pages; " + std::to_string(n) +
-                     " more would pass limits.max_pages_per_session = " +
-                     std::to_string(config_.max_pages_per_session),
-                 n);
-  }
-  if (config_.max_pages_per_tenant != 0 &&
-      tenant_held_[s.tenant] + n > config_.max_pages_per_tenant) {
-    return error(Errc::quota_exceeded,
-                 "tenant " + tenant_names_[s.tenant] + " holds " +
-                     std::to_string(tenant_held_[s.tenant]) + " pages; " + std::to_string(n) +
-                     " more would pass limits.max_pages_per_tenant = " +
-                     std::to_string(config_.max_pages_per_tenant),
-                 n);
-  }
+  if (n > new_pages_allowed(s)) return quota_error(s, n);
   wire::AllocReply a;
   a.pages.resize(n);
   const Status st = s.pool->pages->alloc(s.owner, a.pages);
@@ -337,7 +403,7 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
   l.pages.resize(r.chain.size());
   uint32_t hits = 0;
   const Namespace ns = s.tenant + 1;
-  const Status st = s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits);
+  const Status st = s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits, new_pages_allowed(s));
   if (!st.ok()) return from_status(st);
   l.pages.resize(hits);
   s.pool->prefix_stats->hit(l.pages, now_s_);
@@ -349,7 +415,15 @@ wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishR
   wire::PublishReply p;
   p.results.resize(r.items.size());
   const Namespace ns = s.tenant + 1;
-  const Status st = s.pool->pages->publish(s.owner, ns, r.items, p.results);
+  const Status st = s.pool->pages->publish(s.owner, ns, r.items, p.results, new_pages_allowed(s));
+  if (st.code() == Errc::quota_exceeded) {
+    // A duplicate would hand the session the page that already carries the hash.
+    wire::Error e = quota_error(s, uint64_t{new_pages_allowed(s)} + 1);
+    e.status = st;
+    e.message = "publish item " + std::to_string(st.item()) + ": its hash is already on page " +
+                std::to_string(st.value()) + ", which this session would then hold: " + e.message;
+    return e;
+  }
   if (!st.ok()) return from_status(st);
   refresh_held(s);
   return wire::Reply(std::move(p));
@@ -395,12 +469,12 @@ std::vector<gid_t> groups_of(pid_t pid) {
 
 }  // namespace
 
-wire::Result<bool> Service::check_admin(const SessionState& s, std::string_view what) const {
-  if (s.peer.uid == 0) return true;
+wire::Result<bool> Service::check_admin(const PeerCredentials& peer, std::string_view what) const {
+  if (peer.uid == 0) return true;
   if (!config_.admin_group.empty()) {
     if (const struct group* g = ::getgrnam(config_.admin_group.c_str()); g != nullptr) {
-      if (s.peer.gid == g->gr_gid) return true;
-      const auto groups = groups_of(s.peer.pid);
+      if (peer.gid == g->gr_gid) return true;
+      const auto groups = groups_of(peer.pid);
       if (std::find(groups.begin(), groups.end(), g->gr_gid) != groups.end()) return true;
     }
   }
@@ -408,11 +482,11 @@ wire::Result<bool> Service::check_admin(const SessionState& s, std::string_view 
                std::string(what) + " needs root or membership of the admin group" +
                    (config_.admin_group.empty() ? " (admin_group is not set: root only)"
                                                 : " " + config_.admin_group) +
-                   "; uid " + std::to_string(s.peer.uid) + " is neither");
+                   "; uid " + std::to_string(peer.uid) + " is neither");
 }
 
 wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r) {
-  if (auto ok = check_admin(s, "evict"); !ok.ok()) return ok.error();
+  if (auto ok = check_admin(s.peer, "evict"); !ok.ok()) return ok.error();
   const uint32_t n = s.pool->pages->evict(r.count);
   operator_change_ = true;
   log_event(LogLevel::info, "admin_evict",
@@ -422,7 +496,7 @@ wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictReque
 }
 
 wire::Result<wire::Reply> Service::flush(SessionState& s) {
-  if (auto ok = check_admin(s, "flush"); !ok.ok()) return ok.error();
+  if (auto ok = check_admin(s.peer, "flush"); !ok.ok()) return ok.error();
   s.pool->index_events->begin_flush();
   const uint32_t n = s.pool->pages->flush();
   s.pool->index_events->end_flush(s.pool->pages->indexed() == 0);
@@ -435,8 +509,10 @@ wire::Result<wire::Reply> Service::flush(SessionState& s) {
 
 wire::Result<wire::Reply> Service::sessions(SessionState& s) {
   wire::SessionsReply r;
+  const bool admin = is_admin(s);
   for (const SessionState* other : live_) {
     if (!other->attached || other->pool != s.pool) continue;
+    if (!admin && other->tenant != s.tenant) continue;
     r.sessions.push_back(
         wire::SessionInfo{other->id, static_cast<uint32_t>(other->peer.pid), other->peer.uid,
                           static_cast<uint32_t>(other->held_pages), other->worker_name,
@@ -470,77 +546,6 @@ wire::Result<wire::Reply> Service::pages(SessionState& s) {
     }
   }
   return wire::Reply(std::move(r));
-}
-
-wire::Result<wire::Reply> Service::copy(SessionState& s, const wire::CopyRequest& r) {
-  const core::PagePool& pool = *s.pool->pages;
-  const uint64_t page_bytes = page_data_bytes(s.pool->info.geometry);
-  if (r.pairs.size() * page_bytes > wire::kMaxCopyBytes) {
-    return error(Errc::invalid_argument,
-                 "copy of " + std::to_string(r.pairs.size()) + " pages (" +
-                     bytes_text(r.pairs.size() * page_bytes) + ") is above the " +
-                     bytes_text(wire::kMaxCopyBytes) + " a request may move",
-                 r.pairs.size());
-  }
-  // Everything is checked before any byte moves: a refused request copies nothing.
-  std::vector<PageId> src(r.pairs.size());
-  std::vector<PageId> dst(r.pairs.size());
-  // The roles each page named so far plays (1 read, 2 written): sized by the request, not the pool.
-  std::unordered_map<PageId, uint8_t> seen;
-  seen.reserve(2 * r.pairs.size());
-  for (size_t i = 0; i < r.pairs.size(); ++i) {
-    const auto item = static_cast<uint32_t>(i);
-    const auto [from, to] = r.pairs[i];
-    for (const PageId p : {from, to}) {
-      if (!pool.valid_page(p)) {
-        return wire::Error{Status(Errc::invalid_page, item, p),
-                           "copy pair " + std::to_string(i) + ": page " + std::to_string(p) +
-                               " is not a page of pool " + s.pool->config.name};
-      }
-      if (pool.held(s.owner, p) == 0) {
-        return wire::Error{Status(Errc::not_held, item, p), "copy pair " + std::to_string(i) +
-                                                                ": page " + std::to_string(p) +
-                                                                " is not held by this session"};
-      }
-    }
-    if (pool.published(to)) {
-      return wire::Error{Status(Errc::already_published, item, to),
-                         "copy pair " + std::to_string(i) + ": destination page " +
-                             std::to_string(to) + " is published; its bytes are shared and fixed"};
-    }
-    // A page may be read by several pairs but written by one, and never both read and written.
-    const auto role = [&seen](PageId p) -> uint8_t {
-      const auto it = seen.find(p);
-      return it == seen.end() ? 0 : it->second;
-    };
-    const bool from_written = (role(from) & 2) != 0;
-    if (from == to || role(to) != 0 || from_written) {
-      return wire::Error{Status(Errc::duplicate_item, item, to),
-                         "copy pair " + std::to_string(i) + ": page " +
-                             std::to_string(from_written ? from : to) +
-                             " is both a source and a destination, or a destination twice"};
-    }
-    seen[from] |= 1;
-    seen[to] |= 2;
-    src[i] = from;
-    dst[i] = to;
-  }
-  kernels::CopyPagesArgs args;
-  args.kv.base = s.pool->memory->base();
-  args.kv.page_stride = s.pool->info.page_stride;
-  args.kv.geometry = s.pool->info.geometry;
-  args.kv.scales = page_scale_bytes(args.kv.geometry) == 0
-                       ? nullptr
-                       : reinterpret_cast<float*>(s.pool->memory->base() +
-                                                  uint64_t{pool.num_pages()} * args.kv.page_stride);
-  args.num_pairs = static_cast<uint32_t>(r.pairs.size());
-  args.src = src.data();
-  args.dst = dst.data();
-  if (std::string err = s.pool->memory->copy_pages(args, pool.num_pages()); !err.empty()) {
-    log_event(LogLevel::error, "copy_failed", {kv("pool", s.pool->config.name), kv("error", err)});
-    return error(Errc::internal, "page copy failed: " + err);
-  }
-  return wire::Reply(wire::CopyReply{args.num_pairs});
 }
 
 }  // namespace kvpool::daemon

@@ -13,17 +13,31 @@
 // seen and never changes while the daemon runs, across reloads too: a session keeps the namespace
 // it attached with, and a tenant that leaves the config and comes back finds its cache again.
 //
-// Quotas: alloc is refused with quota_exceeded when the session's or its tenant's distinct held
-// pages plus the request would pass max_pages_per_session / max_pages_per_tenant. Pages reached
-// through lookup or a duplicate publish are shared, not new memory, so they count towards the
-// total but are never refused.
+// Sessions: open_session refuses a peer (too_many_sessions) when limits.max_sessions sessions or
+// limits.max_sessions_per_uid sessions of its uid are open, unless the peer is an admin (root or
+// admin_group), who may open kAdminReservedSessions more, so no flood locks an operator out.
+//
+// Quotas: every call that can hand a session a page it does not hold counts against
+// max_pages_per_session and max_pages_per_tenant (distinct pages held): alloc is refused with
+// quota_exceeded when the request would pass them; a lookup's prefix ends (as at a miss) where a
+// further hit would; a publish whose duplicates would pass them is refused. retain and copy only
+// touch pages the session already holds.
+//
+// Tenants and pools: a tenant may attach to the pools its entry lists; the implicit default
+// tenant to the pools no entry lists (config.h); an admin to every pool. The config refuses two tenants on one pool
+// unless the pool says share_between_tenants; such pools are named in the log at start.
 //
 // Copies: copy is for pages the session holds, into destinations that are not published (a
 // published page's bytes are shared and fixed; DESIGN §3), no page twice, at most
-// wire::kMaxCopyBytes per request; the daemon copies with its pool memory's PageCopier.
+// wire::kMaxCopyBytes per request; the daemon copies with its pool memory's PageCopier. A copy of
+// more than kInlineCopyBytes (or any copy while another of its pool is running) is not run by
+// handle(): it returns a CopyJob for the caller to run off the event loop, and finish_copy()
+// answers it. Until then the session's pages must stay held (the Server reads nothing more from
+// that connection and defers its close).
 //
 // Admin: evict, flush and reload change what every tenant gets, so they need root or membership
-// (primary or supplementary) of the config's admin_group; sessions is read-only.
+// (primary or supplementary) of the config's admin_group. sessions shows an admin every session
+// of the pool and anyone else the sessions of its own tenant.
 //
 // Operations, metrics and events (service_ops.cpp): prefixes lists the most-hit indexed blocks
 // and subscribe follows the index's events, both scoped like lookups (an admin sees every
@@ -43,6 +57,7 @@
 #include <set>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -69,6 +84,7 @@ struct Pool {
   wire::PoolInfo info;
   std::unique_ptr<PoolMemory> memory;
   std::unique_ptr<core::PagePool> pages;
+  uint32_t copies_in_flight = 0;  // CopyJobs handed out and not finished
   // Operations, metrics and events.
   uint16_t index = 0;  // position in Service::pools()
   std::unique_ptr<PrefixStats> prefix_stats;
@@ -76,6 +92,13 @@ struct Pool {
 };
 
 // Per-connection state the Service keeps; the Server holds one per connection.
+// What the Server tells the Service about its connections, for the stats snapshot.
+struct ConnectionStats {
+  uint64_t buffered_bytes = 0;    // all connections' buffers now
+  uint64_t sessions_refused = 0;  // connections refused at accept
+  uint64_t closed_by_limits = 0;  // hello deadline, frame timeout, buffer budget
+};
+
 struct SessionState {
   uint64_t id = 0;
   PeerCredentials peer;
@@ -89,8 +112,26 @@ struct SessionState {
   std::optional<Subscription> subscription;
 };
 
+// A validated copy waiting to run off the event loop. run() may be called on any thread (one at
+// a time per pool: a pool's copies are all deferred while one is in flight); everything else
+// belongs to the event loop.
+struct CopyJob {
+  Pool* pool = nullptr;
+  uint32_t request_id = 0;
+  uint64_t started_ns = 0;  // for the service latency histogram (0 = not timed)
+  std::vector<PageId> src;
+  std::vector<PageId> dst;
+  kernels::CopyPagesArgs args;  // points into src and dst
+  std::string error;            // set by run(): "" or the copier's error text
+
+  void run() { error = pool->memory->copy_pages(args, pool->pages->num_pages()); }
+};
+
 class Service {
  public:
+  // Copies up to this many bytes run inside handle(), on the event loop (~0.1 ms of memcpy).
+  static constexpr uint64_t kInlineCopyBytes = uint64_t{1} << 20;
+
   // Builds the pools of `config` on `backend`. Errors name the pool and the cause.
   static wire::Result<std::unique_ptr<Service>> create(const Config& config,
                                                        std::unique_ptr<MemoryBackend> backend);
@@ -104,8 +145,14 @@ class Service {
   // Handles one request, appending the whole reply frame to `out`. When the reply must carry
   // file descriptors (hello on a descriptor backend), *fds_to_pass is set to them (owned by the
   // pool, which outlives every session); otherwise it is left empty.
+  // When `deferred` is given, a copy too large for the event loop is not run: *deferred gets the
+  // job and nothing is appended; the caller runs it and calls finish_copy. Without `deferred`
+  // every copy runs here.
   void handle(SessionState& session, uint32_t request_id, const wire::Request& request,
-              std::vector<std::byte>& out, std::span<const int>* fds_to_pass);
+              std::vector<std::byte>& out, std::span<const int>* fds_to_pass,
+              std::unique_ptr<CopyJob>* deferred = nullptr);
+  // Appends the reply of a deferred copy that has run.
+  void finish_copy(CopyJob& job, std::vector<std::byte>& out);
 
   const std::vector<std::unique_ptr<Pool>>& pools() const { return pools_; }
   const std::vector<std::string>& tenants() const { return tenant_names_; }
@@ -124,6 +171,12 @@ class Service {
 
   // Index into tenant_names_ for a peer, or -1 to refuse it.
   int tenant_of(const PeerCredentials& peer);
+  // Pages the session may still take that it does not hold (quotas), or PagePool::kUnlimited.
+  uint32_t new_pages_allowed(const SessionState& s) const;
+  // The quota_exceeded error for `wanted` more pages, naming the limit that refuses them.
+  wire::Error quota_error(const SessionState& s, uint64_t wanted) const;
+  // Logs the pools that tenants share (at start and after a reload).
+  void log_shared_pools() const;
   // The stable index of a tenant name, registering it on first sight.
   uint32_t tenant_index(const std::string& name);
   bool tenant_may_use(uint32_t tenant, const Pool& pool) const;
@@ -141,9 +194,13 @@ class Service {
   wire::Result<wire::Reply> flush(SessionState& s);
   wire::Result<wire::Reply> sessions(SessionState& s);
   wire::Result<wire::Reply> pages(SessionState& s);
-  wire::Result<wire::Reply> copy(SessionState& s, const wire::CopyRequest& r);
+  // Validates a copy; the job to run, or the error to answer with (service_copy.cpp).
+  wire::Result<std::unique_ptr<CopyJob>> prepare_copy(SessionState& s, uint32_t request_id,
+                                                      const wire::CopyRequest& r);
+  // The reply to a copy that has run.
+  wire::Result<wire::Reply> copy_reply(const CopyJob& job) const;
   // Root, or a member of admin_group; else the permission_denied error to answer with.
-  wire::Result<bool> check_admin(const SessionState& s, std::string_view what) const;
+  wire::Result<bool> check_admin(const PeerCredentials& peer, std::string_view what) const;
 
   Config config_;
   std::unique_ptr<MemoryBackend> backend_;
@@ -151,6 +208,7 @@ class Service {
   std::vector<std::string> tenant_names_;  // every tenant seen; index = namespace − 1, stable
   std::vector<uint64_t> tenant_held_;      // distinct pages held by the tenant's sessions
   uint32_t sessions_ = 0;
+  std::unordered_map<uid_t, uint32_t> uid_sessions_;  // open sessions per peer uid
   std::set<SessionState*> live_;  // every open session (owned by its connection)
   uint64_t next_session_id_ = 1;
 
@@ -166,6 +224,7 @@ class Service {
   bool take_operator_change() { return std::exchange(operator_change_, false); }
   const EventLog& events() const { return *events_; }
   LatencyRecorder& request_latency() { return request_latency_; }
+  ConnectionStats& connection_stats() { return connection_stats_; }
   // The daemon-wide stats snapshot: counters and pages by state per pool, sessions, events,
   // latency histograms.
   void fill_snapshot(stats::Snapshot& out) const;
@@ -178,7 +237,7 @@ class Service {
   void init_operations();
   // Seconds since start + 1, as PrefixStats counts time.
   uint32_t seconds_now() const;
-  bool is_admin(const SessionState& s) const { return check_admin(s, "").ok(); }
+  bool is_admin(const SessionState& s) const { return check_admin(s.peer, "").ok(); }
   wire::Result<wire::Reply> prefixes(SessionState& s, const wire::PrefixesRequest& r);
   wire::Result<wire::Reply> reload(SessionState& s);
   wire::Result<wire::Reply> subscribe(SessionState& s, uint32_t request_id,
@@ -195,6 +254,7 @@ class Service {
   uint32_t subscribers_ = 0;
   uint64_t reloads_ = 0;
   uint64_t reload_failures_ = 0;
+  ConnectionStats connection_stats_;
   bool operator_change_ = false;
 };
 

@@ -81,7 +81,7 @@ wire::Result<wire::Reply> Service::prefixes(SessionState& s, const wire::Prefixe
 }
 
 wire::Result<wire::Reply> Service::reload(SessionState& s) {
-  if (auto ok = check_admin(s, "reload"); !ok.ok()) return ok.error();
+  if (auto ok = check_admin(s.peer, "reload"); !ok.ok()) return ok.error();
   if (!reload_handler_) return error(Errc::internal, "this daemon has no reload handler");
   log_event(LogLevel::info, "admin_reload", {kv("session", s.id), kv("uid", s.peer.uid)});
   return wire::Reply(reload_handler_());
@@ -155,6 +155,9 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
   d.events_lost = events_->lost();
   d.reloads = reloads_;
   d.reload_failures = reload_failures_;
+  d.buffered_bytes = connection_stats_.buffered_bytes;
+  d.sessions_refused = connection_stats_.sessions_refused;
+  d.closed_by_limits = connection_stats_.closed_by_limits;
   std::copy(std::begin(service_latency_.ops()), std::end(service_latency_.ops()), out.service);
   std::copy(std::begin(request_latency_.ops()), std::end(request_latency_.ops()), out.request);
   out.pools.assign(pools_.size(), stats::PoolStats{});

@@ -1,8 +1,11 @@
 #include "daemon/core/page_pool.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <stdexcept>
+#include <string_view>
 
 #include "daemon/core/check.h"
 #include "daemon/core/lru_policy.h"
@@ -69,16 +72,16 @@ OwnerId PagePool::open_owner() {
 Status PagePool::close_owner(OwnerId owner) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
-  for (const Ledger::Entry& e : l->entries_newest_first()) {
-    for (uint32_t i = 0; i < e.count; ++i)
-      unref_page(e.page);
-  }
+  // One step per distinct page, not per reference: a ledger may hold 2^31 references to a page.
+  for (const Ledger::Entry& e : l->entries_newest_first())
+    unref_page(e.page, e.count);
   counters_.released += l->references();
   const auto slot = static_cast<uint32_t>(owner);
   owners_[slot].ledger.reset();
   // A slot whose generation would wrap is retired instead of reused.
   if (++owners_[slot].generation != 0) free_owner_slots_.push_back(slot);
   --open_owners_;
+  checked("close_owner");
   return {};
 }
 
@@ -101,9 +104,9 @@ void PagePool::ref_page(PageId page) {
   pages_[page].word = w + 1;
 }
 
-void PagePool::unref_page(PageId page) {
-  KVPOOL_DCHECK((pages_[page].word & kRefMask) != 0);
-  const uint32_t w = --pages_[page].word;
+void PagePool::unref_page(PageId page, uint32_t n) {
+  KVPOOL_DCHECK((pages_[page].word & kRefMask) >= n);
+  const uint32_t w = pages_[page].word -= n;
   if ((w & kRefMask) != 0) return;
   --in_use_;
   if (w & kHashed) {
@@ -149,6 +152,7 @@ Status PagePool::alloc(OwnerId owner, std::span<PageId> out) {
   }
   in_use_ += static_cast<uint32_t>(n);
   counters_.allocated += n;
+  checked("alloc");
   return {};
 }
 
@@ -169,6 +173,7 @@ Status PagePool::retain(OwnerId owner, std::span<const PageId> pages) {
     l->add(page);
     ++pages_[page].word;
   }
+  checked("retain");
   return {};
 }
 
@@ -200,11 +205,12 @@ Status PagePool::release(OwnerId owner, std::span<const PageId> pages) {
   for (const PageId page : pages)
     unref_page(page);
   counters_.released += pages.size();
+  checked("release");
   return {};
 }
 
 Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
-                        std::span<PageId> out, uint32_t& hits) {
+                        std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed) {
   hits = 0;
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
@@ -213,6 +219,11 @@ Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> 
   for (const BlockHash& h : chain) {
     const PageId page = find_cached(ns, h);
     if (page == kNoPage || (pages_[page].word & kRefMask) == kRefMask) break;
+    if (l->find(page) == nullptr) {
+      // A page new to the owner counts against its quota; past it the prefix ends here.
+      if (new_pages_allowed == 0) break;
+      --new_pages_allowed;
+    }
     ref_page(page);
     l->add(page);
     out[k++] = page;
@@ -221,15 +232,17 @@ Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> 
   ++counters_.lookups;
   counters_.lookup_blocks += chain.size();
   counters_.hit_blocks += k;
+  checked("lookup");
   return {};
 }
 
 Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishItem> items,
-                         std::span<PublishResult> out) {
+                         std::span<PublishResult> out, uint32_t new_pages_allowed) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   if (out.size() < items.size()) return {Errc::invalid_argument, kNoItem, out.size()};
   ++epoch_;
+  uint32_t new_pages = 0;
   for (size_t i = 0; i < items.size(); ++i) {
     const PageId page = items[i].page;
     const auto item = static_cast<uint32_t>(i);
@@ -244,8 +257,17 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     }
     // Conservative: every item of the batch might duplicate this same page.
     const PageId existing = find_cached(ns, items[i].hash);
-    if (existing != kNoPage && (pages_[existing].word & kRefMask) > kRefMask - items.size()) {
+    if (existing == kNoPage) continue;
+    if ((pages_[existing].word & kRefMask) > kRefMask - items.size()) {
       return {Errc::refcount_overflow, item, existing};
+    }
+    // A duplicate hands the owner the existing page; one it does not hold counts against its
+    // quota, once however many items name it. Marking it with this epoch cannot collide with
+    // the item marks: a page the owner does not hold is refused as an item (not_held) first.
+    if (l->find(existing) == nullptr && mark_[existing] != epoch_) {
+      if (new_pages == new_pages_allowed) return {Errc::quota_exceeded, item, existing};
+      mark_[existing] = epoch_;
+      ++new_pages;
     }
   }
   for (size_t i = 0; i < items.size(); ++i) {
@@ -271,6 +293,7 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     out[i] = {PublishResult::Kind::stored, page};
     ++counters_.published;
   }
+  checked("publish");
   return {};
 }
 
@@ -289,6 +312,7 @@ uint32_t PagePool::drop_victims(uint32_t n, IndexObserver::Removal why) {
 uint32_t PagePool::evict(uint32_t n) {
   const uint32_t dropped = drop_victims(n, IndexObserver::Removal::evicted);
   counters_.evicted += dropped;
+  checked("evict");
   return dropped;
 }
 
@@ -296,7 +320,23 @@ uint32_t PagePool::flush() {
   const uint32_t dropped = drop_victims(cached_, IndexObserver::Removal::flushed);
   KVPOOL_CHECK(cached_ == 0);
   counters_.flushed += dropped;
+  checked("flush");
   return dropped;
+}
+
+void PagePool::checked([[maybe_unused]] const char* op) const {
+#ifdef KVPOOL_EXPENSIVE_CHECKS
+  static const bool enabled = [] {
+    const char* e = std::getenv("KVPOOL_EXPENSIVE_CHECKS");
+    return e == nullptr || std::string_view(e) != "0";
+  }();
+  if (!enabled) return;
+  const std::string broken = check_invariants();
+  if (!broken.empty()) {
+    std::fprintf(stderr, "kvpool: pool invariant broken after %s: %s\n", op, broken.c_str());
+    std::abort();
+  }
+#endif
 }
 
 PoolStats PagePool::stats() const {

@@ -20,7 +20,18 @@
 // is O(1): a free-stack pop/push, a ledger probe, an index probe, a policy link/unlink.
 //
 // Order matters in release(): pages become CACHED in the order given, so a worker that releases a
-// sequence tail first lets the policy evict tails before heads.
+// sequence tail first lets the policy evict tails before heads. close_owner() releases a whole
+// ledger in O(distinct pages), whatever the reference counts: each page's count drops at once.
+//
+// Quotas: lookup() and publish() take references to pages the owner may not hold yet (a hit, a
+// duplicate). The caller bounds how many new distinct pages a call may add to the owner with
+// `new_pages_allowed`: a lookup hit past it ends the prefix as a miss would; a publish whose
+// duplicates would pass it fails with quota_exceeded and changes nothing. alloc() is bounded by
+// its size, retain() only adds references to pages already held.
+//
+// Expensive checks: in builds with KVPOOL_EXPENSIVE_CHECKS (the sanitizer tree), every mutating
+// call ends with check_invariants() and aborts on a violation, unless the environment sets
+// KVPOOL_EXPENSIVE_CHECKS=0 (benchmarks run from such a tree).
 //
 // Index observer: when one is set, it is told of every (namespace, hash) that enters the index
 // (publish) and every one that leaves it (eviction by alloc or evict(), flush()), in order, while
@@ -78,6 +89,8 @@ struct PoolOptions {
 
 class PagePool {
  public:
+  static constexpr uint32_t kUnlimited = UINT32_MAX;
+
   explicit PagePool(PoolOptions options);
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
@@ -103,12 +116,15 @@ class PagePool {
   // Finds the longest prefix of `chain` cached under `ns`, retains each of its pages for `owner`
   // and writes them to out[0..hits). out must have room for the whole chain.
   // A page whose reference count is saturated ends the prefix as a miss would.
+  // At most `new_pages_allowed` of the hits may be pages the owner did not hold before.
   Status lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
-                std::span<PageId> out, uint32_t& hits);
+                std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed = kUnlimited);
   // Publishes each (page, hash) under `ns`. The owner must hold the page, and a page may appear
   // once per call. Publishing the hash a page already carries is a no-op answered `stored`.
+  // quota_exceeded when the duplicates would hand the owner more than `new_pages_allowed`
+  // pages it does not hold.
   Status publish(OwnerId owner, Namespace ns, std::span<const PublishItem> items,
-                 std::span<PublishResult> out);
+                 std::span<PublishResult> out, uint32_t new_pages_allowed = kUnlimited);
 
   // Operator actions --------------------------------------------------------------------------
   // Drops up to n CACHED pages in the policy's order; returns how many.
@@ -162,9 +178,11 @@ class PagePool {
   void uncache(PageId page, IndexObserver::Removal why);
   // Drops up to n victims onto the free stack.
   uint32_t drop_victims(uint32_t n, IndexObserver::Removal why);
-  // One reference more / less, with the state transitions that follow.
+  // One reference more / `n` fewer, with the state transitions that follow.
   void ref_page(PageId page);
-  void unref_page(PageId page);
+  void unref_page(PageId page, uint32_t n = 1);
+  // KVPOOL_EXPENSIVE_CHECKS builds: check_invariants() after a mutation, abort naming `op`.
+  void checked(const char* op) const;
 
   std::vector<PageMeta> pages_;
   std::vector<PageId> free_;  // stack of FREE pages

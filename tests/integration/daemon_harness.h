@@ -3,7 +3,9 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <functional>
 #include <string>
 
@@ -52,6 +54,23 @@ class Daemon {
   std::string config_;
   std::string extra_;
   pid_t pid_ = -1;
+};
+
+// A pipe for "ready" / "go on" handshakes between the test and its workers.
+struct Pipe {
+  int fd[2] = {-1, -1};
+  Pipe() {
+    if (::pipe(fd) != 0) std::abort();
+  }
+  ~Pipe() {
+    ::close(fd[0]);
+    ::close(fd[1]);
+  }
+  void signal() const { (void)!::write(fd[1], "x", 1); }
+  bool wait() const {
+    char ch = 0;
+    return ::read(fd[0], &ch, 1) == 1;
+  }
 };
 
 // Runs `fn` in a forked child process; returns its exit code (128 + signal if killed).

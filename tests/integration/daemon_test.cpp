@@ -17,6 +17,7 @@
 
 #include "client/connection.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/raw_frames.h"
 
 namespace kvpool::testing {
 namespace {
@@ -73,23 +74,6 @@ bool eventually(Connection& c, Pred pred) {
   }
   return false;
 }
-
-// A pipe for "ready" / "go on" handshakes between the test and its workers.
-struct Pipe {
-  int fd[2] = {-1, -1};
-  Pipe() {
-    if (::pipe(fd) != 0) std::abort();
-  }
-  ~Pipe() {
-    ::close(fd[0]);
-    ::close(fd[1]);
-  }
-  void signal() const { (void)!::write(fd[1], "x", 1); }
-  bool wait() const {
-    char ch = 0;
-    return ::read(fd[0], &ch, 1) == 1;
-  }
-};
 
 TEST(Daemon, TwoWorkersShareAPrefixAndSeeEachOthersBytes) {
   Daemon d(kSmallPool);
@@ -203,11 +187,17 @@ TEST(Daemon, KilledWorkerLeavesNoReferenceBehind) {
 
 TEST(Daemon, TenantsWithTheSameHashesNeverSharePages) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a worker under a second uid";
-  const std::string config = std::string(kSmallPool) + R"(
+  // Both tenants use the one pool, which must say they may (they share its bytes).
+  const std::string config = R"(
+pools:
+  - name: default
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}
+    capacity: 64 pages
+    share_between_tenants: true
 socket: {mode: "0666"}
 tenants:
-  - {name: alpha, uids: [0]}
-  - {name: beta, uids: [4242]}
+  - {name: alpha, uids: [0], pools: [default]}
+  - {name: beta, uids: [4242], pools: [default]}
 default_tenant: ""
 )";
   Daemon d(config);
@@ -274,57 +264,6 @@ limits: {max_pages_per_session: 4, max_pages_per_tenant: 6}
   EXPECT_NE(tenant_over.error().message.find("max_pages_per_tenant"), std::string::npos);
   // Nothing was taken by the refused calls.
   EXPECT_EQ(a->stats().value().in_use, 6u);
-}
-
-// Raw frames on a socket, for the malformed-input tests.
-struct RawReply {
-  bool closed = false;
-  wire::FrameHeader header;
-  std::optional<wire::Error> error;
-};
-
-RawReply read_raw_reply(int fd) {
-  RawReply out;
-  std::vector<std::byte> buf(wire::kHeaderBytes);
-  size_t got = 0;
-  while (got < buf.size()) {
-    const ssize_t n = ::recv(fd, buf.data() + got, buf.size() - got, 0);
-    if (n <= 0) {
-      out.closed = true;
-      return out;
-    }
-    got += static_cast<size_t>(n);
-  }
-  const auto h = wire::decode_header(buf);
-  if (!h.ok()) {
-    out.closed = true;
-    return out;
-  }
-  out.header = h.value();
-  buf.resize(h.value().length);
-  got = 0;
-  while (got < buf.size()) {
-    const ssize_t n = ::recv(fd, buf.data() + got, buf.size() - got, 0);
-    if (n <= 0) {
-      out.closed = true;
-      return out;
-    }
-    got += static_cast<size_t>(n);
-  }
-  const auto r = wire::decode_reply(h.value(), buf);
-  if (!r.ok()) out.error = r.error();
-  return out;
-}
-
-bool peer_closed(int fd) {
-  char ch;
-  return ::recv(fd, &ch, 1, 0) == 0;
-}
-
-std::vector<std::byte> frame(const wire::Request& r, uint32_t id = 77) {
-  std::vector<std::byte> out;
-  wire::encode_request(id, r, out);
-  return out;
 }
 
 void send_bytes(int fd, const std::vector<std::byte>& b) {

@@ -61,7 +61,8 @@ void open_socket_to_everyone(const Daemon& d) {
 
 TEST(OpsCtl, PrefixesCountTheHitsAWorkerMade) {
   Daemon d(std::string(kPool) +
-           "socket: {mode: \"0666\"}\ntenants:\n  - name: other\n    uids: [4242]\n");
+           "socket: {mode: \"0666\"}\ntenants:\n  - name: other\n    uids: [4242]\n"
+           "    pools: [default]\n");
   ASSERT_TRUE(d.start()) << d.log();
   auto w = attach(d);
   ASSERT_NE(w, nullptr);

@@ -502,6 +502,60 @@ TEST(ConfigErrorTest, Tenants) {
   expect_error("tenants:\n  - uids: [1]\n", 2, "tenants[0]", "missing required key \"name\"");
 }
 
+TEST(ConfigTest, ConnectionLimits) {
+  const Config d = default_config();
+  EXPECT_EQ(d.max_sessions_per_uid, 256u);
+  EXPECT_EQ(d.hello_timeout_ms, 5000u);
+  EXPECT_EQ(d.max_buffered_bytes, uint64_t{512} << 20);
+  const Config c = parse_ok(R"(limits:
+  max_sessions_per_uid: 0
+  hello_timeout_ms: 250
+  max_buffered_bytes: 1GiB
+)");
+  EXPECT_EQ(c.max_sessions_per_uid, 0u);
+  EXPECT_EQ(c.hello_timeout_ms, 250u);
+  EXPECT_EQ(c.max_buffered_bytes, uint64_t{1} << 30);
+}
+
+TEST(ConfigErrorTest, ConnectionLimits) {
+  expect_error("limits:\n  hello_timeout_ms: 0\n", 2, "limits.hello_timeout_ms", "at least 1");
+  expect_error("limits:\n  hello_timeout_ms: 3600001\n", 2, "limits.hello_timeout_ms",
+               "at most");
+  expect_error("limits:\n  max_buffered_bytes: 1MiB\n", 2, "limits.max_buffered_bytes",
+               "at least 16MiB");
+  expect_error("limits:\n  max_buffered_bytes: 40%\n", 2, "limits.max_buffered_bytes",
+               "expected bytes");
+  expect_error("limits:\n  max_sessions_per_uid: -1\n", 2, "limits.max_sessions_per_uid",
+               "negative");
+}
+
+// Two tenants on one pool can read each other's pages: only with the pool's explicit consent.
+TEST(ConfigErrorTest, TenantsSharingAPoolNeedThePoolsConsent) {
+  expect_error(with_pools(R"(tenants:
+  - name: t1
+    pools: [a]
+  - name: t2
+    pools: [a]
+)"),
+               14, "tenants[1].pools[0]",
+               "pool \"a\" is already used by tenant \"t1\"; tenants sharing a pool can read and "
+               "overwrite each other's pages, so this needs share_between_tenants: true on pool "
+               "\"a\" (pools[0])");
+  const Config c = parse_ok(std::string(kPools) + R"(      dtype: fp16
+    share_between_tenants: true
+tenants:
+  - name: t1
+    pools: [a]
+  - name: t2
+    pools: [a]
+)");
+  EXPECT_TRUE(c.pools[0].share_between_tenants);
+  EXPECT_EQ(c.tenants[1].pools, std::vector<std::string>{"a"});
+  EXPECT_FALSE(parse_ok(with_pools("")).pools[0].share_between_tenants);
+  expect_error(std::string(kPools) + "      dtype: fp16\n    share_between_tenants: maybe\n", 10,
+               "pools[0].share_between_tenants", "");
+}
+
 TEST(ConfigErrorTest, DefaultTenant) {
   expect_error("tenants:\n  - name: t\ndefault_tenant: nobody\n", 3, "default_tenant",
                "no tenant is named \"nobody\"");
