@@ -1,6 +1,6 @@
 // Untrusted text made safe to print (common/text.h): the strict UTF-8 decoder, display_text for
 // terminals and kvpoold's log, json_escape for JSON strings (checked by nlohmann::json, which
-// throws on invalid UTF-8).
+// throws on invalid UTF-8), and the log line kvpoold writes for a hostile worker name.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/text.h"
+#include "daemon/log.h"
 
 namespace kvpool {
 namespace {
@@ -165,6 +166,22 @@ TEST(TextEscapeFuzz, ArbitraryBytesAlwaysGiveSafeOutput) {
       ASSERT_EQ(parsed, s) << shown;
     }
   }
+}
+
+TEST(TextEscapeLog, DaemonLogValuesCarryNoRawControlsOrInvalidBytes) {
+  daemon::set_log_level(daemon::LogLevel::info);
+  ::testing::internal::CaptureStderr();
+  daemon::log_event(daemon::LogLevel::info, "session_attach",
+                    {daemon::kv("session", 7),
+                     daemon::kv("worker",
+                                "\x1b[2J\r\xff"
+                                "caf\xc3\xa9"),
+                     daemon::kv("quoted", "say \"hi\""), daemon::kv("path", "a\\b")});
+  const std::string line = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(line,
+            "level=info event=session_attach session=7 worker=\\x1b[2J\\r\\xffcaf\xc3\xa9 "
+            "quoted=\"say \\\"hi\\\"\" path=a\\\\b\n");
+  EXPECT_TRUE(utf8(line.substr(0, line.size() - 1), true));
 }
 
 }  // namespace
