@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdio>
 
+#include "common/text.h"
+
 namespace kvpool::daemon {
 
 namespace {
@@ -23,16 +25,19 @@ const char* level_name(LogLevel l) {
   return "info";
 }
 
+// Values may carry client data (a worker name is any bytes): display_text escapes control
+// characters and bytes that are not valid UTF-8, so a line stays one printable line.
 void append_value(std::string& out, std::string_view v) {
   const bool quote = v.empty() || v.find_first_of(" \t\"=\n") != std::string_view::npos;
+  const std::string shown = display_text(v);
   if (!quote) {
-    out += v;
+    out += shown;
     return;
   }
   out += '"';
-  for (const char c : v) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c == '\n' ? ' ' : c;
+  for (const char c : shown) {
+    if (c == '"') out += '\\';
+    out += c;
   }
   out += '"';
 }

@@ -2,8 +2,11 @@
 //
 //   level=info event=session_open session=3 pid=4242 uid=1000 tenant=default pool=default
 //
-// Values with spaces, quotes or '=' are quoted. Thread-safety: a line is written with one
-// fwrite, so lines from different threads never interleave.
+// Values with spaces, quotes or '=' are quoted. Values may carry client data (worker names are
+// any bytes), so a backslash, control characters and bytes that are not valid UTF-8 are escaped
+// as display_text does (common/text.h: \\, \n, \r, \x1b, \xff): a line is always one line of
+// printable UTF-8. Thread-safety: a line is written with one fwrite, so lines from different
+// threads never interleave.
 #pragma once
 
 #include <cstdint>

@@ -49,16 +49,6 @@ std::string duration_text(double ns) {
   return buf;
 }
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (const char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) continue;
-    out += c;
-  }
-  return out;
-}
-
 std::string hash_hex(const BlockHash& h) {
   char buf[33];
   std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.hi),
@@ -70,7 +60,7 @@ std::unique_ptr<client::Connection> connect(const Globals& g) {
   auto c =
       client::Connection::attach(g.socket, "kvpoolctl", g.pool, client::Connection::Memory::none);
   if (!c.ok()) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", c.error().message.c_str());
+    std::fprintf(stderr, "kvpoolctl: %s\n", display_text(c.error().message).c_str());
     return nullptr;
   }
   return std::move(c.value());
@@ -80,7 +70,7 @@ bool fetch_snapshot(const Globals& g, Fetched& out) {
   if (!g.no_shm && client::read_stats_segment(g.socket, out.snapshot).empty()) {
     out.from_segment = true;
     if (out.snapshot.find_pool(g.pool) != nullptr) return true;
-    std::fprintf(stderr, "kvpoolctl: kvpoold has no pool named %s\n", g.pool.c_str());
+    std::fprintf(stderr, "kvpoolctl: kvpoold has no pool named %s\n", display_text(g.pool).c_str());
     return false;
   }
   auto c = connect(g);
@@ -89,7 +79,7 @@ bool fetch_snapshot(const Globals& g, Fetched& out) {
   if (!succeeded(r)) return false;
   const std::string why = stats::decode(r.value().bytes, r.value().layout_version, out.snapshot);
   if (!why.empty()) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", why.c_str());
+    std::fprintf(stderr, "kvpoolctl: %s\n", display_text(why).c_str());
     return false;
   }
   out.from_segment = false;

@@ -1,11 +1,16 @@
-// kvpoolctl's shared pieces: global options, number and byte formatting, JSON escaping, how a
-// verb connects to the daemon and reports a failed call, and the verbs themselves (one file per
-// group: snapshot_verbs.cpp, pool_verbs.cpp, events_verb.cpp, plan_verb.cpp; kvpoolctl.cpp
-// wires them to the command line).
+// kvpoolctl's shared pieces: global options, number and byte formatting, how a verb connects to
+// the daemon and reports a failed call, and the verbs themselves (one file per group:
+// snapshot_verbs.cpp, pool_verbs.cpp, events_verb.cpp, plan_verb.cpp; kvpoolctl.cpp wires them
+// to the command line).
 //
 // Output conventions: text for people (human units on a terminal, plain numbers with --raw or
 // off a terminal); --json prints one object per report (events: one per line) carrying
 // "schema": 1. Exit codes: 0 ok, 1 failure (daemon not running, refused, ...), 2 usage.
+//
+// Text that comes from the daemon or its stats segment (worker, tenant and pool names, error
+// messages, which may quote client data) is never printed raw: display_text in text output,
+// json_escape in JSON (common/text.h), so a worker name cannot drive the terminal or make the
+// JSON invalid UTF-8.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +20,7 @@
 
 #include "client/connection.h"
 #include "common/stats_layout.h"
+#include "common/text.h"
 
 namespace kvpool::ctl {
 
@@ -32,7 +38,6 @@ std::string bytes_text(uint64_t b, bool raw);
 std::string count_text(uint64_t n, bool raw);
 // A duration in ns as "850 ns", "12.3 us", "4.56 ms", "1.20 s".
 std::string duration_text(double ns);
-std::string json_escape(const std::string& s);
 // A block hash as 32 hex digits, high word first.
 std::string hash_hex(const BlockHash& h);
 
@@ -43,7 +48,7 @@ std::unique_ptr<client::Connection> connect(const Globals& g);
 template <typename T>
 bool succeeded(const client::Result<T>& r) {
   if (r.ok()) return true;
-  std::fprintf(stderr, "kvpoolctl: %s\n", r.error().message.c_str());
+  std::fprintf(stderr, "kvpoolctl: %s\n", display_text(r.error().message).c_str());
   return false;
 }
 

@@ -26,6 +26,7 @@ const char* cause_name(uint8_t cause) {
   return cause == wire::Event::kFlushed ? "flushed" : "evicted";
 }
 
+// `pool` is already JSON-escaped.
 void print_json(const wire::Event& e, const std::string& pool) {
   const auto seq = static_cast<unsigned long long>(e.seq);
   const auto count = static_cast<unsigned long long>(e.count);
@@ -56,6 +57,7 @@ void print_json(const wire::Event& e, const std::string& pool) {
 }
 
 void print_text(const wire::Event& e) {
+  const std::string tenant = display_text(e.tenant);
   const auto seq = static_cast<unsigned long long>(e.seq);
   const auto count = static_cast<unsigned long long>(e.count);
   switch (e.kind) {
@@ -67,7 +69,7 @@ void print_text(const wire::Event& e) {
       break;
     default:
       std::printf("seq %-8llu %-8s block %s  page %u  tenant %s%s\n", seq, kind_name(e.kind),
-                  hash_hex(e.hash).c_str(), e.page, e.tenant.c_str(),
+                  hash_hex(e.hash).c_str(), e.page, tenant.c_str(),
                   e.kind == wire::Event::kRemoved
                       ? (std::string("  (") + cause_name(e.cause) + ")").c_str()
                       : "");
@@ -91,7 +93,8 @@ int events_verb(const Globals& g, uint64_t from_seq, uint64_t count) {
         static_cast<unsigned long long>(sub.oldest_seq));
   } else {
     std::printf("following pool %s: stream %016llx, next seq %llu (oldest held %llu)\n",
-                s.pool().pool_name.c_str(), static_cast<unsigned long long>(sub.stream_id),
+                display_text(s.pool().pool_name).c_str(),
+                static_cast<unsigned long long>(sub.stream_id),
                 static_cast<unsigned long long>(sub.next_seq),
                 static_cast<unsigned long long>(sub.oldest_seq));
   }

@@ -11,7 +11,7 @@ int plan_verb(const Globals& g, const PlanArgs& a) {
   const auto dtype = kvpool::parse_dtype(a.dtype);
   if (!dtype) {
     std::fprintf(stderr, "kvpoolctl plan: --dtype %s is not fp16, bf16, fp8_e4m3 or int8\n",
-                 a.dtype.c_str());
+                 display_text(a.dtype).c_str());
     return 2;
   }
   const kvpool::Geometry geo{a.layers, a.kv_heads, a.head_dim, a.tokens_per_page, *dtype};
@@ -36,7 +36,7 @@ int plan_verb(const Globals& g, const PlanArgs& a) {
     }
     if (used == 0 || !(v > 0) || v > 1e30) {
       std::fprintf(stderr, "kvpoolctl plan: --capacity %s is not a positive size like 80GiB\n",
-                   a.capacity.c_str());
+                   display_text(a.capacity).c_str());
       return 2;
     }
     std::string unit = a.capacity.substr(used);
@@ -58,7 +58,7 @@ int plan_verb(const Globals& g, const PlanArgs& a) {
     else if (!unit.empty() && unit != "B") {
       std::fprintf(stderr,
                    "kvpoolctl plan: --capacity %s: unit must be B, KiB, MiB, GiB, TiB, GB or TB\n",
-                   a.capacity.c_str());
+                   display_text(a.capacity).c_str());
       return 2;
     }
     capacity = static_cast<uint64_t>(v * mult);

@@ -32,7 +32,8 @@ int sessions_verb(const Globals& g) {
   for (const auto& s : r.value()) {
     if (s.id == self) continue;
     std::printf("%8llu %8u %8u %10s  %-12s %s\n", static_cast<unsigned long long>(s.id), s.pid,
-                s.uid, count_text(s.held_pages, g.raw).c_str(), s.tenant.c_str(), s.worker.c_str());
+                s.uid, count_text(s.held_pages, g.raw).c_str(), display_text(s.tenant).c_str(),
+                display_text(s.worker).c_str());
   }
   return 0;
 }
@@ -73,9 +74,9 @@ int pages_verb(const Globals& g, uint32_t width) {
   std::printf(
       "pool %s: %zu pages, each character %llu page(s):  . free (%llu)  # in use (%llu)  "
       "o cached (%llu)\n",
-      c->pool().pool_name.c_str(), st.size(), static_cast<unsigned long long>(per_cell),
-      static_cast<unsigned long long>(count[0]), static_cast<unsigned long long>(count[1]),
-      static_cast<unsigned long long>(count[2]));
+      display_text(c->pool().pool_name).c_str(), st.size(),
+      static_cast<unsigned long long>(per_cell), static_cast<unsigned long long>(count[0]),
+      static_cast<unsigned long long>(count[1]), static_cast<unsigned long long>(count[2]));
   std::string row;
   uint64_t row_start = 0;
   for (uint64_t first = 0; first < st.size(); first += per_cell) {
@@ -111,7 +112,7 @@ int drop_verb(const Globals& g, uint32_t count) {
                 json_escape(c->pool().pool_name).c_str(), verb, r.value());
   } else {
     std::printf("%s %u cached page(s) from pool %s\n", verb, r.value(),
-                c->pool().pool_name.c_str());
+                display_text(c->pool().pool_name).c_str());
   }
   return 0;
 }
@@ -150,9 +151,9 @@ int prefixes_verb(const Globals& g, uint32_t limit) {
     std::printf("]}\n");
     return 0;
   }
-  std::printf("pool %s: %s block(s) indexed, %llu tokens each; the %zu most hit:\n", pool.c_str(),
-              count_text(p.indexed, g.raw).c_str(), static_cast<unsigned long long>(t),
-              p.entries.size());
+  std::printf("pool %s: %s block(s) indexed, %llu tokens each; the %zu most hit:\n",
+              display_text(pool).c_str(), count_text(p.indexed, g.raw).c_str(),
+              static_cast<unsigned long long>(t), p.entries.size());
   if (p.entries.empty()) return 0;
   std::printf("%8s %11s %6s %14s  %-7s %7s %9s  %-16s %s\n", "hits", "hit tokens", "depth",
               "prefix tokens", "state", "age", "last hit", "block", "tenant");
@@ -164,7 +165,7 @@ int prefixes_verb(const Globals& g, uint32_t limit) {
                 known ? std::to_string(e.depth).c_str() : "-",
                 known ? count_text((uint64_t{e.depth} + 1) * t, g.raw).c_str() : "-",
                 e.state == wire::PagesReply::kCached ? "cached" : "in use", e.age_s, last.c_str(),
-                hash_hex(e.hash).substr(0, 16).c_str(), e.tenant.c_str());
+                hash_hex(e.hash).substr(0, 16).c_str(), display_text(e.tenant).c_str());
   }
   return 0;
 }
@@ -183,18 +184,18 @@ int reload_verb(const Globals& g) {
       std::printf("%s\"%s\"", i == 0 ? "" : ",", json_escape(o.restart[i]).c_str());
     std::printf("]}\n");
   } else if (o.outcome == wire::ReloadReply::kApplied) {
-    std::printf("reloaded %s\n", o.message.c_str());
+    std::printf("reloaded %s\n", display_text(o.message).c_str());
     if (!o.restart.empty()) {
       std::string keys;
       for (const std::string& k : o.restart)
-        keys += (keys.empty() ? "" : ", ") + k;
+        keys += (keys.empty() ? "" : ", ") + display_text(k);
       std::printf("changed but waiting for a restart (running values kept): %s\n", keys.c_str());
     }
   } else if (o.outcome == wire::ReloadReply::kRefused) {
     std::fprintf(stderr, "kvpoolctl: reload refused, the running configuration stays: %s\n",
-                 o.message.c_str());
+                 display_text(o.message).c_str());
   } else {
-    std::fprintf(stderr, "kvpoolctl: %s\n", o.message.c_str());
+    std::fprintf(stderr, "kvpoolctl: %s\n", display_text(o.message).c_str());
   }
   return o.outcome == wire::ReloadReply::kApplied ? 0 : 1;
 }

@@ -31,7 +31,8 @@ std::string latency_json(const stats::OpLatency (&service)[stats::kMaxOps],
     std::snprintf(buf, sizeof buf,
                   "%s\"%s\":{\"count\":%llu,\"mean_us\":%.3f,\"p50_us\":%.3f,\"p99_us\":%.3f,"
                   "\"max_us\":%.3f,\"request_p99_us\":%.3f}",
-                  out.size() > 1 ? "," : "", h.name, static_cast<unsigned long long>(h.count),
+                  out.size() > 1 ? "," : "", json_escape(h.name).c_str(),
+                  static_cast<unsigned long long>(h.count),
                   static_cast<double>(h.sum_ns) / static_cast<double>(h.count) / 1e3,
                   stats::quantile_ns(h, 0.5) / 1e3, stats::quantile_ns(h, 0.99) / 1e3,
                   static_cast<double>(h.max_ns) / 1e3, stats::quantile_ns(request[op], 0.99) / 1e3);
@@ -70,11 +71,12 @@ int status_verb(const Globals& g) {
     return 0;
   }
   auto pct = [&](uint32_t n) { return p.total ? 100.0 * n / p.total : 0.0; };
-  std::printf("kvpoold at %s (pid %llu, up %.0f s)\n", g.socket.c_str(),
+  std::printf("kvpoold at %s (pid %llu, up %.0f s)\n", display_text(g.socket).c_str(),
               static_cast<unsigned long long>(s.daemon.pid),
               static_cast<double>(s.daemon.uptime_ms) / 1e3);
-  std::printf("  pool      %s (%s backend)%s\n", name.c_str(), backend.c_str(),
-              f.tenant.empty() ? "" : (", tenant " + f.tenant).c_str());
+  std::printf("  pool      %s (%s backend)%s\n", display_text(name).c_str(),
+              display_text(backend).c_str(),
+              f.tenant.empty() ? "" : (", tenant " + display_text(f.tenant)).c_str());
   std::printf("  geometry  %u layers x %u KV heads x head dim %u, %u tokens/page, %s\n", p.layers,
               p.kv_heads, p.head_dim, p.tokens_per_page, dtype_text(p.dtype).c_str());
   std::printf("  memory    %s in %s pages of %s, %u segment(s), %s\n",
@@ -127,7 +129,7 @@ int stats_verb(const Globals& g, const std::string& format) {
         latency_json(s.service, s.request).c_str());
     return 0;
   }
-  std::printf("pool %s\n", name.c_str());
+  std::printf("pool %s\n", display_text(name).c_str());
   std::printf("  pages        %s total: %s free, %s in use, %s cached; %s blocks indexed\n",
               count_text(p.total, g.raw).c_str(), count_text(p.free, g.raw).c_str(),
               count_text(p.in_use, g.raw).c_str(), count_text(p.cached, g.raw).c_str(),
@@ -153,7 +155,7 @@ int stats_verb(const Globals& g, const std::string& format) {
   for (uint32_t op = 0; op < stats::kMaxOps; ++op) {
     const stats::OpLatency& h = s.service[op];
     if (h.count == 0 || h.name[0] == '\0') continue;
-    std::printf("               %-10s %10s %10s %10s %10s %12s\n", h.name,
+    std::printf("               %-10s %10s %10s %10s %10s %12s\n", display_text(h.name).c_str(),
                 count_text(h.count, g.raw).c_str(),
                 duration_text(stats::quantile_ns(h, 0.5)).c_str(),
                 duration_text(stats::quantile_ns(h, 0.99)).c_str(),

@@ -13,7 +13,9 @@
 #include <sstream>
 
 #include "client/connection.h"
+#include "common/text.h"
 #include "tests/common/prom_parser.h"
+#include "tests/integration/ctl_helpers.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::testing {
@@ -187,6 +189,42 @@ TEST(Kvpoolctl, SessionsEvictFlushAndAdminRights) {
   EXPECT_EQ(st["pages"]["cached"], 0);
   EXPECT_EQ(st["pages"]["in_use"], 2);
   EXPECT_EQ(json_of("stats --json" + sock)["flushed"], 2);
+}
+
+// A worker name is whatever bytes the client sent: kvpoolctl shows it escaped on a terminal,
+// keeps its JSON valid UTF-8, and kvpoold's log escapes it too.
+TEST(Kvpoolctl, HostileWorkerNamesAreEscaped) {
+  Daemon d(kPool);
+  ASSERT_TRUE(d.start()) << d.log();
+  const std::string name =
+      "evil\x1b[2J\r\xff"
+      "caf\xc3\xa9";
+  auto w = client::Connection::attach(d.socket(), name);
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  const std::string sock = " --socket " + d.socket();
+
+  std::string out;
+  ASSERT_EQ(run_command(kCtl + sock + " sessions", out), 0) << display_text(out);
+  for (const char raw : {'\x1b', '\r', '\xff'}) {
+    EXPECT_EQ(out.find(raw), std::string::npos)
+        << "raw byte " << int(raw) << " in: " << display_text(out);
+  }
+  EXPECT_NE(out.find("evil\\x1b[2J\\r\\xffcaf\xc3\xa9"), std::string::npos) << display_text(out);
+
+  ASSERT_EQ(run_command(kCtl + sock + " sessions --json", out), 0) << display_text(out);
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(out))
+      << display_text(out);  // strict: throws on invalid UTF-8
+  ASSERT_EQ(j["sessions"].size(), 1u) << j.dump();
+  EXPECT_EQ(j["sessions"][0]["worker"],
+            "evil\x1b[2J\r\xef\xbf\xbd"
+            "caf\xc3\xa9");
+  EXPECT_NO_THROW((void)j.dump());
+
+  EXPECT_TRUE(log_has_line(d, "worker=evil\\x1b[2J\\r\\xffcaf\xc3\xa9")) << display_text(d.log());
+  const std::string log = d.log();
+  EXPECT_EQ(log.find('\x1b'), std::string::npos);
+  EXPECT_EQ(log.find('\xff'), std::string::npos);
 }
 
 TEST(Kvpoolctl, ErrorsAndUsage) {
