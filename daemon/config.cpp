@@ -197,6 +197,10 @@ class Parser : private NodeReader {
       fail(v, std::to_string(pages) + " pages exceed the " + std::to_string(core::kMaxPages) +
                   " a pool can hold");
     }
+    if (c.unit == Capacity::Unit::pages && pages > (uint64_t{1} << 63) / per_page) {
+      fail(v, std::to_string(pages) + " pages of " + std::to_string(per_page) +
+                  " bytes exceed 2^63 bytes");
+    }
   }
 
   void parse_pools(const Value& v, Config& config) const {
@@ -218,9 +222,11 @@ class Parser : private NodeReader {
       pool.capacity = defaults.capacity;
       if (auto* c = find(f, "capacity")) {
         pool.capacity = parse_pool_capacity(*c, pool.geometry);
+        pool.capacity_at.text = location(*c);
       } else {
-        check_pages(Value{item.node, item.path + ".capacity (default 256MiB)", item.line},
-                    pool.capacity, pool.geometry);
+        const Value absent{item.node, item.path + ".capacity (default 256MiB)", item.line};
+        check_pages(absent, pool.capacity, pool.geometry);
+        pool.capacity_at.text = location(absent);
       }
       config.pools.push_back(std::move(pool));
     }

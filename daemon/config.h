@@ -51,6 +51,14 @@ struct Capacity {
   friend bool operator==(const Capacity&, const Capacity&) = default;
 };
 
+// Where a key was written, "FILE:LINE: pools[0].capacity", for what is said about it after
+// parsing (kvpoold --check-config's warnings). Not part of what a config means: any two compare
+// equal, so a pool that only moved to other lines of the file is the same pool to a reload.
+struct KeyLocation {
+  std::string text;  // empty for the built-in config
+  friend bool operator==(const KeyLocation&, const KeyLocation&) { return true; }
+};
+
 struct PoolConfig {
   std::string name;
   Geometry geometry;
@@ -58,6 +66,7 @@ struct PoolConfig {
   std::string policy = "lru";
   // Several tenant entries may list this pool: they then read and write each other's pages.
   bool share_between_tenants = false;
+  KeyLocation capacity_at{};  // the capacity key, or the pool's entry when it has none
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;
 };
 

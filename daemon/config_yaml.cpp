@@ -70,9 +70,13 @@ bool all_digits(std::string_view s) {
 }
 
 void NodeReader::fail(const Value& v, const std::string& what) const {
-  std::string msg = std::string(source_) + ":" + std::to_string(v.line) + ": ";
-  if (!v.path.empty()) msg += v.path + ": ";
-  throw ParseFailure{msg + what};
+  throw ParseFailure{location(v) + ": " + what};
+}
+
+std::string NodeReader::location(const Value& v) const {
+  std::string where = std::string(source_) + ":" + std::to_string(v.line);
+  if (!v.path.empty()) where += ": " + v.path;
+  return where;
 }
 
 const Value* NodeReader::find(const Fields& f, std::string_view key) {

@@ -49,6 +49,9 @@ class NodeReader {
 
   [[noreturn]] void fail(const Value& v, const std::string& what) const;
 
+  // "SOURCE:LINE: PATH", as fail() names a value.
+  std::string location(const Value& v) const;
+
   static const Value* find(const Fields& f, std::string_view key);
 
   // The entries of a mapping, every key checked against `known`. A null value (a section whose

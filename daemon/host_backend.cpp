@@ -2,17 +2,17 @@
 
 #include <dirent.h>
 #include <signal.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <boost/interprocess/mapped_region.hpp>
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <string>
 
+#include "common/system_memory.h"
 #include "daemon/page_copier.h"
 
 namespace kvpool::daemon {
@@ -47,27 +47,27 @@ class HostMemory final : public PoolMemory {
   std::unique_ptr<PageCopier> copier_;
 };
 
-uint64_t mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
+// "" when `bytes` of new shared memory fit both /dev/shm and memory, else why not. Checked before
+// anything is reserved: on tmpfs a fallocate that fails has first filled the filesystem, and
+// filling memory pushes every process on the machine towards the OOM killer.
+std::string why_no_room(uint64_t bytes) {
+  if (const auto shm = shm_free_bytes(); shm && bytes > *shm) {
+    return "/dev/shm has " + human_bytes(*shm) + " free (tmpfs size; see `df -h /dev/shm`)";
   }
-  return 0;
+  if (const auto avail = mem_available_bytes(); avail && bytes > *avail) {
+    return "only " + human_bytes(*avail) + " of memory is available (MemAvailable, /proc/meminfo)";
+  }
+  return {};
 }
 
 }  // namespace
 
 uint64_t HostBackend::available_bytes() const {
-  uint64_t avail = mem_available();
-  struct statvfs vfs {};
-  if (::statvfs("/dev/shm", &vfs) == 0) {
-    const uint64_t shm_free = uint64_t{vfs.f_bavail} * vfs.f_frsize;
-    if (avail == 0 || shm_free < avail) avail = shm_free;
-  }
-  return avail;
+  const auto avail = mem_available_bytes();
+  const auto shm = shm_free_bytes();
+  const uint64_t bytes = avail && shm ? std::min(*avail, *shm) : avail ? *avail : shm.value_or(0);
+  // Whole system pages, so that "100%" rounded up to them still passes create()'s check.
+  return bytes / granularity() * granularity();
 }
 
 uint64_t HostBackend::granularity() const {
@@ -81,18 +81,31 @@ wire::Result<std::unique_ptr<PoolMemory>> HostBackend::create(uint64_t bytes, ui
   const std::string name =
       std::string(kPrefix) + std::to_string(::getpid()) + "-" + std::to_string(counter++);
   const uint64_t rounded = round_up(bytes, granularity());
+  const std::string cannot = "host backend, pool " + std::string(label) + ": cannot reserve " +
+                             human_bytes(rounded) + " (" + std::to_string(rounded) +
+                             " bytes) of shared memory: ";
+  if (std::string why = why_no_room(rounded); !why.empty()) {
+    return wire::Error{Status(Errc::invalid_argument), cannot + why};
+  }
   try {
     bip::shared_memory_object shm(bip::create_only, name.c_str(), bip::read_write, 0600);
     // Unlink first: whatever happens next, the name never outlives this call.
     bip::shared_memory_object::remove(name.c_str());
     shm.truncate(static_cast<bip::offset_t>(rounded));
+    // Every page backed now, or the pool is refused: a page tmpfs cannot back on first touch
+    // would be a SIGBUS in a worker, or in kvpoold during a copy. On failure the descriptor is
+    // closed and the kernel takes back what was reserved.
+    if (const int err = reserve_file(shm.get_mapping_handle().handle, rounded); err != 0) {
+      std::string why = std::string("posix_fallocate: ") + std::strerror(err);
+      if (const auto shm_free = shm_free_bytes()) {
+        why += " (/dev/shm has " + human_bytes(*shm_free) + " free)";
+      }
+      return wire::Error{Status(Errc::internal), cannot + why};
+    }
     return std::unique_ptr<PoolMemory>(std::make_unique<HostMemory>(std::move(shm), rounded));
   } catch (const bip::interprocess_exception& e) {
     bip::shared_memory_object::remove(name.c_str());
-    return wire::Error{Status(Errc::internal), "host backend: cannot create " +
-                                                   std::to_string(rounded) +
-                                                   "-byte shared memory segment for pool " +
-                                                   std::string(label) + ": " + e.what()};
+    return wire::Error{Status(Errc::internal), cannot + e.what()};
   }
 }
 

@@ -6,6 +6,11 @@
 // the daemon stops, normally or by kill -9. The kernel frees the memory when the last
 // descriptor and mapping are gone. At start, remove_stale_segments() removes names a daemon
 // killed inside that short window left behind (their pid no longer runs).
+//
+// A segment is reserved whole when it is created (posix_fallocate), so every page is backed
+// before any process touches it: a page that tmpfs cannot back on first touch would be a SIGBUS
+// in a worker, or in kvpoold during a copy. A pool larger than /dev/shm's free space or than
+// MemAvailable is refused before anything is reserved, the error naming both sizes.
 #pragma once
 
 #include "daemon/memory_backend.h"

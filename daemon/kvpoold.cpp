@@ -1,7 +1,8 @@
 // kvpoold: the kvpool daemon. Owns the pools, serves workers on a Unix socket.
 //
 //   kvpoold [--config FILE] [--socket PATH]      run (built-in default config without --config)
-//   kvpoold --check-config FILE                  validate a config file and exit
+//   kvpoold --check-config FILE                  validate a config file and exit (0 = valid;
+//                                                a warning per pool this machine cannot back)
 //   kvpoold --version
 //
 // Signals: SIGTERM / SIGINT stop (every session is released, the socket removed); SIGHUP re-reads
@@ -25,6 +26,7 @@
 #include "common/stats_layout.h"
 
 #include "daemon/config.h"
+#include "daemon/config_check.h"
 #include "daemon/host_backend.h"
 #include "daemon/log.h"
 #include "daemon/metrics_http.h"
@@ -72,8 +74,18 @@ int run(int argc, char** argv) {
       std::cerr << "kvpoold: " << cfg.error().message << "\n";
       return 1;
     }
+    // Valid, but a pool that this machine cannot back would fail the start: said, not refused
+    // (the file may be meant for another machine).
+    std::vector<std::string> warnings;
+    if (const auto available = available_memory_for(cfg.value())) {
+      warnings = capacity_warnings(cfg.value(), *available);
+    }
+    for (const std::string& w : warnings)
+      std::cerr << "kvpoold: warning: " << w << "\n";
     std::cout << check_path << ": valid (" << cfg.value().pools.size() << " pool(s), "
-              << cfg.value().tenants.size() << " tenant(s))\n";
+              << cfg.value().tenants.size() << " tenant(s)";
+    if (!warnings.empty()) std::cout << ", " << warnings.size() << " warning(s)";
+    std::cout << ")\n";
     return 0;
   }
 

@@ -4,16 +4,22 @@
 
 #include <algorithm>
 #include <fstream>
+#include <new>
 #include <random>
 #include <sstream>
 #include <unordered_map>
 
-#include "common/byte_units.h"
+#include "common/system_memory.h"
 #include "daemon/log.h"
 
 namespace kvpool::daemon {
 
 namespace {
+
+// What the daemon keeps per page besides the pool memory, an upper bound: the core's page word
+// and key (24 bytes), free stack (4), batch mark (8), prefix index (at most 4 slots of 8) and LRU
+// links (8), and the prefix hit counters (16).
+constexpr uint64_t kBookkeepingBytesPerPage = 96;
 
 wire::Error from_status(const Status& s) {
   return wire::Error{s, s.message()};
@@ -30,8 +36,33 @@ Service::Service(const Config& config, std::unique_ptr<MemoryBackend> backend)
 
 wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
                                                        std::unique_ptr<MemoryBackend> backend) {
+  // The checks in create_unguarded keep a pool's bookkeeping within memory; should an allocation
+  // still fail, the start fails naming the pool being set up instead of ending in an uncaught
+  // std::bad_alloc.
+  const PoolConfig* current = nullptr;
+  try {
+    return create_unguarded(config, std::move(backend), current);
+  } catch (const std::bad_alloc&) {
+    std::string who;
+    if (current != nullptr) {
+      who = "pool " + current->name;
+    } else {
+      for (const PoolConfig& pc : config.pools)
+        who += (who.empty() ? "pools " : ", ") + pc.name;
+    }
+    return error(Errc::invalid_argument,
+                 who + ": not enough memory for the daemon's bookkeeping of the pages (about " +
+                     std::to_string(kBookkeepingBytesPerPage) +
+                     " bytes a page besides the pool memory; std::bad_alloc); use a smaller "
+                     "capacity or larger pages");
+  }
+}
+
+wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
+    const Config& config, std::unique_ptr<MemoryBackend> backend, const PoolConfig*& current) {
   std::unique_ptr<Service> svc(new Service(config, std::move(backend)));
   for (const PoolConfig& pc : config.pools) {
+    current = &pc;
     const Geometry& g = pc.geometry;
     const uint64_t per_page = page_data_bytes(g) + page_scale_bytes(g);
     uint64_t pages = 0;
@@ -50,11 +81,27 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
     }
     if (pages == 0) {
       return error(Errc::invalid_argument,
-                   "pool " + pc.name + ": its capacity holds no page of " + bytes_text(per_page));
+                   "pool " + pc.name + ": its capacity holds no page of " + human_bytes(per_page));
     }
     if (pages > core::kMaxPages) {
       return error(Errc::invalid_argument,
                    "pool " + pc.name + ": " + std::to_string(pages) + " pages exceed the limit");
+    }
+    if (pages > UINT64_MAX / per_page) {
+      return error(Errc::invalid_argument, "pool " + pc.name + ": " + std::to_string(pages) +
+                                               " pages of " + human_bytes(per_page) +
+                                               " exceed 2^64 bytes");
+    }
+    // Before any pool memory is reserved: the daemon's own per-page bookkeeping must fit too.
+    const uint64_t bookkeeping = pages * kBookkeepingBytesPerPage;
+    if (const auto avail = mem_available_bytes(); avail && bookkeeping > *avail) {
+      return error(Errc::invalid_argument,
+                   "pool " + pc.name + ": its " + std::to_string(pages) + " pages need about " +
+                       human_bytes(bookkeeping) + " of daemon memory for their bookkeeping (" +
+                       std::to_string(kBookkeepingBytesPerPage) + " bytes a page), more than the " +
+                       human_bytes(*avail) +
+                       " available (MemAvailable, /proc/meminfo); use a smaller capacity or "
+                       "larger pages");
     }
     auto memory = svc->backend_->create(pages * per_page, config.max_segment_bytes, pc.name);
     if (!memory.ok()) return memory.error();
@@ -79,11 +126,12 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
     pool->index = static_cast<uint16_t>(svc->pools_.size());
     log_event(LogLevel::info, "pool_ready",
               {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
-               kv("bytes", pool->info.segment_bytes), kv("size", bytes_text(pages * per_page)),
+               kv("bytes", pool->info.segment_bytes), kv("size", human_bytes(pages * per_page)),
                kv("backend", pool->info.backend), kv("segments", pool->info.segments.size()),
                kv("policy", pc.policy)});
     svc->pools_.push_back(std::move(pool));
   }
+  current = nullptr;
   for (const TenantConfig& t : config.tenants)
     svc->tenant_index(t.name);
   if (!config.default_tenant.empty()) svc->tenant_index(config.default_tenant);

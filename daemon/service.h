@@ -168,6 +168,9 @@ class Service {
 
  private:
   Service(const Config& config, std::unique_ptr<MemoryBackend> backend);
+  // create() without its guard against std::bad_alloc; `current` names the pool being set up.
+  static wire::Result<std::unique_ptr<Service>> create_unguarded(
+      const Config& config, std::unique_ptr<MemoryBackend> backend, const PoolConfig*& current);
 
   // Index into tenant_names_ for a peer, or -1 to refuse it.
   int tenant_of(const PeerCredentials& peer);

@@ -2,7 +2,7 @@
 // small, or handed to the caller as a CopyJob to run off the loop (see service.h, "Copies").
 #include <unordered_map>
 
-#include "common/byte_units.h"
+#include "common/system_memory.h"
 #include "daemon/core/check.h"
 #include "daemon/log.h"
 #include "daemon/service.h"
@@ -24,8 +24,8 @@ wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, ui
   if (r.pairs.size() * page_bytes > wire::kMaxCopyBytes) {
     return error(Errc::invalid_argument,
                  "copy of " + std::to_string(r.pairs.size()) + " pages (" +
-                     bytes_text(r.pairs.size() * page_bytes) + ") is above the " +
-                     bytes_text(wire::kMaxCopyBytes) + " a request may move",
+                     human_bytes(r.pairs.size() * page_bytes) + ") is above the " +
+                     human_bytes(wire::kMaxCopyBytes) + " a request may move",
                  r.pairs.size());
   }
   // Everything is checked before any byte moves: a refused request copies nothing.

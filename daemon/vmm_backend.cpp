@@ -56,6 +56,14 @@ wire::Result<std::unique_ptr<PoolMemory>> VmmBackend::create(uint64_t bytes,
                            std::to_string(max_segment_bytes) + " bytes exceed the limit of " +
                            std::to_string(wire::kMaxSegments) + " (raise max_segment_bytes)"};
   }
+  uint64_t total = 0;
+  for (uint64_t s : sizes)
+    total += s;
+  // Refused before the first segment exists: segments are reserved as they are created, so a
+  // pool that does not fit would otherwise take memory up to the failing one.
+  if (std::string why = o_.api->why_no_room(total); !why.empty()) {
+    return wire::Error{Status(Errc::invalid_argument), where + why};
+  }
   auto mem = std::make_unique<VmmMemory>();
   std::vector<device::VmmHandle> handles;
   // Until the mapping owns them, the handles made so far are released on failure.

@@ -2,10 +2,12 @@
 // CudaVmm and "fake-device" over MemfdVmm, the same code either way.
 //
 // create(): the pool's bytes are cut into segments (plan_segments: granularity multiples, at most
-// max_segment_bytes each), each created and exported as a descriptor; the daemon then maps them
-// back to back for its own page copies. Workers receive the descriptors with the hello reply and
-// run import_and_map(). The memory lives while any process maps it or holds a descriptor: with
-// cuda-vmm, workers keep reading their pages across a daemon crash (docs/ARCHITECTURE.md).
+// max_segment_bytes each); the api is asked whether they fit in all (VmmApi::why_no_room: memfd
+// compares with MemAvailable) before the first exists, then each is created and exported as a
+// descriptor; the daemon then maps them back to back for its own page copies. Workers receive
+// the descriptors with the hello reply and run import_and_map(). The memory lives while any process
+// maps it or holds a descriptor: with cuda-vmm, workers keep reading their pages across a daemon
+// crash (docs/ARCHITECTURE.md).
 //
 // Error policy and thread-safety as MemoryBackend.
 #pragma once

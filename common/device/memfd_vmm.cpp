@@ -9,6 +9,8 @@
 #include <cstring>
 #include <string>
 
+#include "common/system_memory.h"
+
 namespace kvpool::device {
 
 namespace {
@@ -30,13 +32,30 @@ uint64_t MemfdVmm::system_page_size() {
 
 MemfdVmm::MemfdVmm(uint64_t granularity) : granularity_(granularity) {}
 
+std::string MemfdVmm::why_no_room(uint64_t bytes) const {
+  const auto avail = mem_available_bytes();
+  if (!avail || bytes <= *avail) return {};
+  return "cannot reserve " + human_bytes(bytes) + " (" + std::to_string(bytes) +
+         " bytes) of memfd memory: only " + human_bytes(*avail) +
+         " of memory is available (MemAvailable, /proc/meminfo)";
+}
+
 wire::Result<VmmHandle> MemfdVmm::create(uint64_t bytes) {
+  if (std::string why = why_no_room(bytes); !why.empty()) {
+    return wire::Error{Status(Errc::invalid_argument), std::move(why)};
+  }
   const int fd = ::memfd_create("kvpool-segment", MFD_CLOEXEC);
   if (fd < 0) return failed("memfd_create", errno);
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     const int e = errno;
     ::close(fd);
     return failed("ftruncate of a memfd to " + std::to_string(bytes) + " bytes", e);
+  }
+  if (const int e = reserve_file(fd, bytes); e != 0) {
+    ::close(fd);
+    return failed("cannot reserve " + human_bytes(bytes) + " (" + std::to_string(bytes) +
+                      " bytes) of memfd memory: fallocate",
+                  e);
   }
   return VmmHandle(static_cast<uint64_t>(fd));
 }

@@ -1,7 +1,12 @@
-// MemfdVmm: the VmmApi over host memory. create() is memfd_create + ftruncate, export_fd() a
-// duplicate descriptor, import_fd() a duplicate of the received one, reserve() an inaccessible
-// anonymous range, map() a MAP_FIXED shared mapping into it, set_access() mprotect to
-// read-write, unmap() puts the reservation back.
+// MemfdVmm: the VmmApi over host memory. create() is memfd_create + ftruncate + fallocate,
+// export_fd() a duplicate descriptor, import_fd() a duplicate of the received one, reserve() an
+// inaccessible anonymous range, map() a MAP_FIXED shared mapping into it, set_access() mprotect
+// to read-write, unmap() puts the reservation back.
+//
+// A segment is reserved whole when it is created: a memfd page that cannot be backed on first
+// touch is a SIGBUS in whichever process touches it. memfd memory is tmpfs but not bounded by
+// /dev/shm's size, so why_no_room() compares with MemAvailable, and create() refuses a segment
+// that does not fit before allocating anything.
 //
 // It serves two backends: "fake-device" (the daemon creates segments with it, at a 2 MiB
 // granularity like a GPU's, so the CUDA-VMM path — segment rounding, several fds over
@@ -21,6 +26,7 @@ class MemfdVmm final : public VmmApi {
   explicit MemfdVmm(uint64_t granularity);
   std::string_view name() const override { return "memfd"; }
   uint64_t granularity() const override { return granularity_; }
+  std::string why_no_room(uint64_t bytes) const override;
   wire::Result<VmmHandle> create(uint64_t bytes) override;
   wire::Result<int> export_fd(VmmHandle handle) override;
   wire::Result<VmmHandle> import_fd(int fd, uint64_t bytes) override;

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -41,6 +42,10 @@ class VmmApi {
   virtual std::string_view name() const = 0;
   // Segment sizes and mapping offsets are multiples of this.
   virtual uint64_t granularity() const = 0;
+  // "" when `bytes` of new segments in all could be created now, else why not; checked without
+  // allocating anything, before a pool's first segment, so that a pool too large is refused
+  // before any of it is taken. The default knows of no limit (create() then answers).
+  virtual std::string why_no_room(uint64_t /*bytes*/) const { return {}; }
   virtual wire::Result<VmmHandle> create(uint64_t bytes) = 0;
   virtual wire::Result<int> export_fd(VmmHandle handle) = 0;
   virtual wire::Result<VmmHandle> import_fd(int fd, uint64_t bytes) = 0;

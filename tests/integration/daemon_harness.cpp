@@ -78,7 +78,9 @@ bool Daemon::start() {
   if (!extra_.empty()) cmd += " " + extra_;
   const std::string log_path = dir_.file("kvpoold.log");
   const size_t log_start = log().size();  // the log is appended to across restarts
+  exit_status_ = -1;
   pid_ = ::fork();
+  last_pid_ = pid_;
   if (pid_ == 0) {
     const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
     ::dup2(log, 2);
@@ -102,6 +104,7 @@ bool Daemon::running() {
   if (pid_ <= 0) return false;
   int status = 0;
   if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+    exit_status_ = exit_code(status);
     pid_ = -1;
     return false;
   }
@@ -114,7 +117,8 @@ int Daemon::stop() {
   int status = 0;
   ::waitpid(pid_, &status, 0);
   pid_ = -1;
-  return exit_code(status);
+  exit_status_ = exit_code(status);
+  return exit_status_;
 }
 
 void Daemon::kill9() {
@@ -123,6 +127,7 @@ void Daemon::kill9() {
   int status = 0;
   ::waitpid(pid_, &status, 0);
   pid_ = -1;
+  exit_status_ = exit_code(status);
 }
 
 std::string Daemon::log() const {

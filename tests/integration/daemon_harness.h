@@ -46,6 +46,10 @@ class Daemon {
   const std::string& socket() const { return socket_; }
   const std::string& config_path() const { return config_; }  // empty with the built-in config
   pid_t pid() const { return pid_; }
+  // The pid of the last process start() began (kept after it ended), and how it ended: its exit
+  // code, 128 + signal if killed, -1 while it runs or when nothing has reaped it yet.
+  pid_t last_pid() const { return last_pid_; }
+  int exit_status() const { return exit_status_; }
   std::string log() const;  // the daemon's stderr so far
 
  private:
@@ -54,6 +58,8 @@ class Daemon {
   std::string config_;
   std::string extra_;
   pid_t pid_ = -1;
+  pid_t last_pid_ = -1;
+  int exit_status_ = -1;
 };
 
 // A pipe for "ready" / "go on" handshakes between the test and its workers.
