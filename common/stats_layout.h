@@ -67,9 +67,9 @@ struct DaemonStats {
   uint64_t reloads = 0;
   uint64_t reload_failures = 0;
   // Connection limits (docs/ARCHITECTURE.md, "Limits"); layout version 1 kept these words zero.
-  uint64_t buffered_bytes = 0;     // all connections' input and output buffers
-  uint64_t sessions_refused = 0;   // connections refused at accept (session limits, tenants)
-  uint64_t closed_by_limits = 0;   // connections closed by a deadline, a timeout or the budget
+  uint64_t buffered_bytes = 0;    // all connections' input and output buffers
+  uint64_t sessions_refused = 0;  // connections refused at accept (session limits, tenants)
+  uint64_t closed_by_limits = 0;  // connections closed by a deadline, a timeout or the budget
   uint64_t reserved[1] = {};
 };
 static_assert(sizeof(DaemonStats) == 136);

@@ -44,9 +44,8 @@ void CopyWorker::run() {
       queue_.pop_front();
     }
     job->run();
-    boost::asio::post(io_, [done = std::move(done), job = std::move(job)]() mutable {
-      done(std::move(job));
-    });
+    boost::asio::post(
+        io_, [done = std::move(done), job = std::move(job)]() mutable { done(std::move(job)); });
   }
 }
 

@@ -52,7 +52,7 @@ class CopyWorker {
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::pair<std::unique_ptr<CopyJob>, Done>> queue_;  // guarded by mu_
-  bool stopping_ = false;                                         // guarded by mu_
+  bool stopping_ = false;                                        // guarded by mu_
   std::thread thread_;  // started by the first submit(); touched by the loop only
 };
 

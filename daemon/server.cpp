@@ -57,12 +57,13 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   void start() {
     const auto timeout = std::chrono::milliseconds(server_.service_.config().hello_timeout_ms);
     hello_timer_.expires_after(timeout);
-    hello_timer_.async_wait([self = shared_from_this(), timeout](const boost::system::error_code& ec) {
-      if (ec || self->closed_ || self->session_->attached) return;
-      ++self->server_.service_.connection_stats().closed_by_limits;
-      self->close("no hello within limits.hello_timeout_ms (" + std::to_string(timeout.count()) +
-                  " ms)");
-    });
+    hello_timer_.async_wait(
+        [self = shared_from_this(), timeout](const boost::system::error_code& ec) {
+          if (ec || self->closed_ || self->session_->attached) return;
+          ++self->server_.service_.connection_stats().closed_by_limits;
+          self->close("no hello within limits.hello_timeout_ms (" +
+                      std::to_string(timeout.count()) + " ms)");
+        });
     serve(0);
   }
 
@@ -79,6 +80,8 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     // Assigning {} would keep the capacity: these really give the memory back.
     std::vector<std::byte>().swap(in_);
     std::vector<std::byte>().swap(out_);
+    in_len_ = 0;
+    sent_ = 0;
     account();
     log_event(LogLevel::info, "session_close",
               {kv("session", session_->id), kv("reason", std::string(reason)),
@@ -87,8 +90,13 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   }
 
   // The daemon is stopping and its CopyWorker stopped: a copy in flight has run or never will,
-  // and its completion will not be waited for.
-  void abandon_copy() { copy_in_flight_ = false; }
+  // and its completion will not be waited for. A connection closed while copying is released
+  // now.
+  void abandon_copy() {
+    if (!copy_in_flight_) return;
+    copy_in_flight_ = false;
+    if (closed_) release();
+  }
 
   uint64_t accounted() const { return accounted_; }
 
@@ -311,10 +319,10 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   void start_copy(std::unique_ptr<CopyJob> job, uint64_t arrival) {
     copy_in_flight_ = true;
     copy_arrival_ = arrival;
-    server_.copy_worker_.submit(std::move(job), [self = shared_from_this()](
-                                                    std::unique_ptr<CopyJob> done) {
-      self->copy_done(std::move(done));
-    });
+    server_.copy_worker_.submit(std::move(job),
+                                [self = shared_from_this()](std::unique_ptr<CopyJob> done) {
+                                  self->copy_done(std::move(done));
+                                });
   }
 
   void copy_done(std::unique_ptr<CopyJob> job) {
@@ -635,7 +643,8 @@ void Server::stop() {
   accept_backoff_.cancel();
   // A running copy finishes first: the pools' memory must not be released under it.
   copy_worker_.stop();
-  for (const auto& c : connections_)
+  const std::vector<std::shared_ptr<Connection>> all(connections_.begin(), connections_.end());
+  for (const auto& c : all)
     c->abandon_copy();
   while (!connections_.empty())
     (*connections_.begin())->close("daemon stopping");

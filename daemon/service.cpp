@@ -235,8 +235,7 @@ wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCred
   // An operator is never locked out by others' connections: admins may go past both limits, by
   // up to kAdminReservedSessions sessions in all.
   if ((over_total || over_uid) &&
-      (sessions_ >= config_.max_sessions + kAdminReservedSessions ||
-       !check_admin(peer, "").ok())) {
+      (sessions_ >= config_.max_sessions + kAdminReservedSessions || !check_admin(peer, "").ok())) {
     if (over_total) {
       return error(Errc::too_many_sessions, "the daemon serves its maximum of " +
                                                 std::to_string(config_.max_sessions) +
@@ -406,8 +405,7 @@ uint32_t Service::new_pages_allowed(const SessionState& s) const {
 }
 
 wire::Error Service::quota_error(const SessionState& s, uint64_t wanted) const {
-  if (config_.max_pages_per_session != 0 &&
-      s.held_pages + wanted > config_.max_pages_per_session) {
+  if (config_.max_pages_per_session != 0 && s.held_pages + wanted > config_.max_pages_per_session) {
     return error(Errc::quota_exceeded,
                  "session holds " + std::to_string(s.held_pages) + " pages; " +
                      std::to_string(wanted) + " more would pass limits.max_pages_per_session = " +
@@ -451,7 +449,8 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
   l.pages.resize(r.chain.size());
   uint32_t hits = 0;
   const Namespace ns = s.tenant + 1;
-  const Status st = s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits, new_pages_allowed(s));
+  const Status st =
+      s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits, new_pages_allowed(s));
   if (!st.ok()) return from_status(st);
   l.pages.resize(hits);
   s.pool->prefix_stats->hit(l.pages, now_s_);

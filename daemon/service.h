@@ -24,8 +24,9 @@
 // touch pages the session already holds.
 //
 // Tenants and pools: a tenant may attach to the pools its entry lists; the implicit default
-// tenant to the pools no entry lists (config.h); an admin to every pool. The config refuses two tenants on one pool
-// unless the pool says share_between_tenants; such pools are named in the log at start.
+// tenant to the pools no entry lists (config.h); an admin to every pool. The config refuses two
+// tenants on one pool unless the pool says share_between_tenants; such pools are named in the log
+// at start.
 //
 // Copies: copy is for pages the session holds, into destinations that are not published (a
 // published page's bytes are shared and fixed; DESIGN §3), no page twice, at most

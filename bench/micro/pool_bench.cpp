@@ -4,6 +4,7 @@
 
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <chrono>
 #include <span>
 #include <vector>
@@ -226,6 +227,33 @@ void BM_Flush(benchmark::State& state) {
   per_item(state, "per_page", double(n));
 }
 BENCHMARK(BM_Flush)->Arg(4096)->Arg(65536)->UseManualTime();
+
+// close_owner of an owner holding 256 pages with `refs` references each (retained in batches
+// of 2^16): the release is per page, so the time per page should not depend on `refs`
+// (refs = 1 is the baseline). It was per reference: 2^31 references took ~1-2 s.
+void BM_CloseOwner(benchmark::State& state) {
+  constexpr uint32_t kHeld = 256;
+  const auto refs = static_cast<uint32_t>(state.range(0));
+  PagePool pool(PoolOptions{kHeld, nullptr, 1});
+  std::vector<PageId> pages(kHeld);
+  for (auto _ : state) {
+    const OwnerId o = pool.open_owner();
+    check(pool.alloc(o, pages), state);
+    for (const PageId p : pages) {
+      for (uint32_t done = 1; done < refs;) {
+        const uint32_t n = std::min<uint32_t>(refs - done, 1u << 16);
+        check(pool.retain(o, std::vector<PageId>(n, p)), state);
+        done += n;
+      }
+    }
+    const auto t0 = Clock::now();
+    check(pool.close_owner(o), state);
+    state.SetIterationTime(seconds_since(t0));
+  }
+  per_item(state, "per_page", double(kHeld));
+  state.counters["refs_per_page"] = double(refs);
+}
+BENCHMARK(BM_CloseOwner)->Arg(1)->Arg(4096)->Arg(1 << 16)->UseManualTime()->Iterations(20);
 
 }  // namespace
 

@@ -113,6 +113,7 @@ int stats_verb(const Globals& g, const std::string& format) {
         "\"released\":%llu,\"published\":%llu,\"duplicates\":%llu,\"evicted\":%llu,"
         "\"flushed\":%llu,\"events\":{\"next_seq\":%llu,\"oldest_seq\":%llu,\"subscribers\":%u,"
         "\"lost\":%llu},\"reloads\":{\"applied\":%llu,\"refused\":%llu},"
+        "\"connections\":{\"buffered_bytes\":%llu,\"refused\":%llu,\"closed_by_limits\":%llu},"
         "\"latency_timed\":%s,\"latency\":%s}\n",
         kSchema, source_name(f), json_escape(name).c_str(), p.total, p.free, p.in_use, p.cached,
         p.indexed, d.sessions, static_cast<unsigned long long>(p.lookups),
@@ -125,7 +126,10 @@ int stats_verb(const Globals& g, const std::string& format) {
         static_cast<unsigned long long>(d.event_oldest_seq), d.subscribers,
         static_cast<unsigned long long>(d.events_lost),
         static_cast<unsigned long long>(d.reloads - d.reload_failures),
-        static_cast<unsigned long long>(d.reload_failures), d.latency_enabled ? "true" : "false",
+        static_cast<unsigned long long>(d.reload_failures),
+        static_cast<unsigned long long>(d.buffered_bytes),
+        static_cast<unsigned long long>(d.sessions_refused),
+        static_cast<unsigned long long>(d.closed_by_limits), d.latency_enabled ? "true" : "false",
         latency_json(s.service, s.request).c_str());
     return 0;
   }
@@ -143,6 +147,10 @@ int stats_verb(const Globals& g, const std::string& format) {
   std::printf("  dropped      %s evicted, %s flushed\n", count_text(p.evicted, g.raw).c_str(),
               count_text(p.flushed, g.raw).c_str());
   std::printf("  sessions     %u worker(s)\n", d.sessions);
+  std::printf("  connections  %s buffered; %s refused at accept, %s closed by limits\n",
+              bytes_text(d.buffered_bytes, g.raw).c_str(),
+              count_text(d.sessions_refused, g.raw).c_str(),
+              count_text(d.closed_by_limits, g.raw).c_str());
   std::printf("  events       next seq %llu, %u subscriber(s), %s lost to gaps\n",
               static_cast<unsigned long long>(d.event_next_seq), d.subscribers,
               count_text(d.events_lost, g.raw).c_str());

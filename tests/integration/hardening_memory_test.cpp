@@ -115,7 +115,8 @@ limits: {max_buffered_bytes: 16MiB}
   ASSERT_TRUE(readable_within(hog->socket_fd(), 10000));
   EXPECT_TRUE(peer_closed(hog->socket_fd()));
   for (auto& w : workers) {
-    ASSERT_TRUE(send_all(w->socket_fd(), std::vector<std::byte>(work.begin() + work_part, work.end())));
+    ASSERT_TRUE(
+        send_all(w->socket_fd(), std::vector<std::byte>(work.begin() + work_part, work.end())));
     const RawReply r = read_raw_reply(w->socket_fd(), 10000);
     EXPECT_FALSE(r.closed);
     EXPECT_FALSE(r.error.has_value());

@@ -66,8 +66,9 @@ limits: {max_sessions: 6, max_sessions_per_uid: 3, hello_timeout_ms: 3000}
   const pid_t x = spawn_worker(
       [&] { return hold_idle_connections(d.socket(), 4242, 3, /*expect_refusal=*/true, x_ready); });
   ASSERT_TRUE(x_ready.wait());
-  const pid_t y = spawn_worker(
-      [&] { return hold_idle_connections(d.socket(), 4243, 3, /*expect_refusal=*/false, y_ready); });
+  const pid_t y = spawn_worker([&] {
+    return hold_idle_connections(d.socket(), 4243, 3, /*expect_refusal=*/false, y_ready);
+  });
   ASSERT_TRUE(y_ready.wait());
 
   // Every slot is taken: a worker of a third uid is refused, naming the limit...

@@ -519,8 +519,7 @@ TEST(ConfigTest, ConnectionLimits) {
 
 TEST(ConfigErrorTest, ConnectionLimits) {
   expect_error("limits:\n  hello_timeout_ms: 0\n", 2, "limits.hello_timeout_ms", "at least 1");
-  expect_error("limits:\n  hello_timeout_ms: 3600001\n", 2, "limits.hello_timeout_ms",
-               "at most");
+  expect_error("limits:\n  hello_timeout_ms: 3600001\n", 2, "limits.hello_timeout_ms", "at most");
   expect_error("limits:\n  max_buffered_bytes: 1MiB\n", 2, "limits.max_buffered_bytes",
                "at least 16MiB");
   expect_error("limits:\n  max_buffered_bytes: 40%\n", 2, "limits.max_buffered_bytes",
