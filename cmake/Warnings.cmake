@@ -1,4 +1,6 @@
-# Project-wide compiler flags: warnings (errors with KVPOOL_WERROR) and the sanitizer build.
+# Project-wide compiler flags: warnings (errors with KVPOOL_WERROR) and the sanitizer builds
+# (KVPOOL_SANITIZE: ASan + UBSan; KVPOOL_FUZZ: ASan + UBSan and libFuzzer's coverage
+# instrumentation).
 add_library(kvpool_flags INTERFACE)
 target_compile_options(kvpool_flags INTERFACE
   $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wsign-conversion
@@ -23,4 +25,16 @@ if(KVPOOL_SANITIZE)
       -fno-omit-frame-pointer>)
   target_link_options(kvpool_flags INTERFACE -fsanitize=address,undefined)
   # Debug builds keep the internal assertions (KVPOOL_DCHECK) on.
+endif()
+# The fuzz target links -fsanitize=fuzzer itself (tests/fuzz); everything it links is
+# instrumented for coverage without libFuzzer's main.
+if(KVPOOL_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(WARNING "KVPOOL_FUZZ needs clang (CXX=clang++); the fuzz target is not built")
+  else()
+    target_compile_options(kvpool_flags INTERFACE
+      $<$<COMPILE_LANGUAGE:C,CXX>:-fsanitize=fuzzer-no-link,address,undefined
+        -fno-sanitize-recover=all -fno-omit-frame-pointer>)
+    target_link_options(kvpool_flags INTERFACE -fsanitize=address,undefined)
+  endif()
 endif()
