@@ -4,6 +4,8 @@
 #   scripts/build.sh asan      build/asan: Debug + AddressSanitizer + UndefinedBehaviorSanitizer
 #   scripts/build.sh fuzz      build/fuzz: clang, -O1, ASan + UBSan + libFuzzer; only the fuzz
 #                              target (ctest -L fuzz)
+#   scripts/build.sh tsan      build/tsan: Debug + ThreadSanitizer; only the daemon, its tools and
+#                              the integration tests (ctest -L integration)
 # KVPOOL_JOBS sets the parallel jobs (default: every core).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +25,14 @@ case "$kind" in
       -DKVPOOL_CUDA=OFF)
     targets=(kvpool_frame_fuzz)
     ;;
-  *) echo "usage: scripts/build.sh [release|asan|fuzz]" >&2; exit 2 ;;
+  # What ctest -L integration runs: the daemon tests and what they start (kvpoold, kvpoolctl,
+  # kvpool-replay, the C worker), the replay tests and the fake-device pool check.
+  tsan)
+    flags=(-DCMAKE_BUILD_TYPE=Debug -DKVPOOL_TSAN=ON -DKVPOOL_WERROR=ON -DKVPOOL_CUDA=OFF)
+    targets=(kvpoold kvpoolctl kvpool-replay kvpool_c_api_worker kvpool_daemon_tests
+      kvpool_replay_tests kvpool_gpu_pool_check)
+    ;;
+  *) echo "usage: scripts/build.sh [release|asan|fuzz|tsan]" >&2; exit 2 ;;
 esac
 
 cmake -S . -B "build/$kind" -G Ninja "${flags[@]}" >/dev/null
