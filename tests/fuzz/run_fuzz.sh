@@ -10,7 +10,7 @@ fuzzer=$1
 corpus=$2
 dict=$3
 work=$4
-seconds=${KVPOOL_FUZZ_SECONDS:-$5}
+seconds=$5
 
 rm -rf "$work"
 mkdir -p "$work/corpus" "$work/artifacts"
