@@ -28,9 +28,9 @@ report() {
 }
 trap report ERR
 
-echo "== the committed corpus ($(ls "$corpus" | wc -l) inputs)"
+echo "== the committed corpus ($(find "$corpus" -type f | wc -l) inputs)"
 "$fuzzer" "${common[@]}" -runs=0 "$work/corpus"
 
 echo "== fuzzing for ${seconds}s"
 "$fuzzer" "${common[@]}" -dict="$dict" -max_total_time="$seconds" "$work/corpus"
-echo "== fuzz.frames: no crash in ${seconds}s ($(ls "$work/corpus" | wc -l) inputs in the corpus now)"
+echo "== fuzz.frames: no crash in ${seconds}s ($(find "$work/corpus" -type f | wc -l) inputs in the corpus now)"
