@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <thread>
 
@@ -161,8 +162,10 @@ void seqlock_write(std::byte* segment, std::span<const std::byte> snapshot) {
 std::string seqlock_read(const std::byte* segment, size_t segment_size,
                          std::vector<std::byte>& out) {
   if (segment_size < sizeof(SegmentHeader)) return "the stats segment is too small";
+  // The fields before `version` never change after the daemon made the segment; `version` is
+  // written concurrently and only ever read atomically below.
   SegmentHeader h;
-  std::memcpy(&h, segment, sizeof h);
+  std::memcpy(&h, segment, offsetof(SegmentHeader, version));
   if (h.magic != kSegmentMagic) return "the stats segment has the wrong magic";
   if (h.layout_version != kLayoutVersion) {
     return "the stats segment has layout " + std::to_string(h.layout_version) + ", not " +

@@ -13,6 +13,7 @@ packages=(
   libcli11-dev          # command-line parsing
   libboost-dev          # Asio (daemon event loop), Interprocess (host shared memory)
   libyaml-cpp-dev       # kvpoold configuration
+  clang libclang-rt-14-dev  # the fuzz tree: libFuzzer and clang's sanitizer runtimes
 )
 
 missing=()
