@@ -165,7 +165,7 @@ std::string seqlock_read(const std::byte* segment, size_t segment_size,
   // The fields before `version` never change after the daemon made the segment; `version` is
   // written concurrently and only ever read atomically below.
   SegmentHeader h;
-  std::memcpy(&h, segment, offsetof(SegmentHeader, version));
+  std::memcpy(static_cast<void*>(&h), segment, offsetof(SegmentHeader, version));
   if (h.magic != kSegmentMagic) return "the stats segment has the wrong magic";
   if (h.layout_version != kLayoutVersion) {
     return "the stats segment has layout " + std::to_string(h.layout_version) + ", not " +

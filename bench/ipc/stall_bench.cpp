@@ -123,9 +123,9 @@ int run(int argc, char** argv) {
 
   const Figures q = figures(quiet);
   const Figures l = figures(loaded);
-  const double gbps = copy_seconds > 0 ? static_cast<double>(copies.load()) * copy_pages *
-                                             page_bytes / copy_seconds / 1e9
-                                       : 0;
+  const double copied_bytes =
+      static_cast<double>(copies.load()) * static_cast<double>(uint64_t{copy_pages} * page_bytes);
+  const double gbps = copy_seconds > 0 ? copied_bytes / copy_seconds / 1e9 : 0;
   std::printf("alloc(1) round trips, %d per phase, %.0f us apart; copies of %u MiB back to back\n",
               samples, gap_us, copy_mib);
   std::printf("%-8s %9s %9s %9s\n", "phase", "p50 us", "p99 us", "max us");

@@ -78,7 +78,9 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   res.policy = options.policy;
   res.page_tokens = options.page_tokens;
 
-  core::PagePool pool(core::PoolOptions{res.capacity_pages, std::move(policy), 1});
+  core::PoolOptions pool_options{res.capacity_pages, std::move(policy), 1};
+  pool_options.expensive_checks = options.expensive_checks;
+  core::PagePool pool(std::move(pool_options));
   const core::OwnerId owner = pool.open_owner();
   constexpr core::Namespace kNs = 1;
 

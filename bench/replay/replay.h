@@ -26,6 +26,8 @@ struct ReplayOptions {
   uint32_t page_tokens = kTraceBlockTokens;
   // Called every few hundred requests with (requests done, total); may be empty.
   std::function<void(size_t, size_t)> progress;
+  // PoolOptions::expensive_checks for the replay's pool (KVPOOL_EXPENSIVE_CHECKS builds only).
+  bool expensive_checks = true;
 };
 
 struct ReplayResult {

@@ -31,6 +31,7 @@ PagePool::PagePool(PoolOptions options)
     : pages_(checked_pages(options.num_pages)),
       index_(options.num_pages, options.index_seed != 0 ? options.index_seed : random_seed()),
       policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()),
+      expensive_checks_(options.expensive_checks),
       mark_(options.num_pages, 0) {
   policy_->attach(options.num_pages);
   // Lowest ids on top, so a fresh pool hands out 0, 1, 2, ...
@@ -330,7 +331,7 @@ void PagePool::checked([[maybe_unused]] const char* op) const {
     const char* e = std::getenv("KVPOOL_EXPENSIVE_CHECKS");
     return e == nullptr || std::string_view(e) != "0";
   }();
-  if (!enabled) return;
+  if (!enabled || !expensive_checks_) return;
   const std::string broken = check_invariants();
   if (!broken.empty()) {
     std::fprintf(stderr, "kvpool: pool invariant broken after %s: %s\n", op, broken.c_str());

@@ -29,9 +29,10 @@
 // duplicates would pass it fails with quota_exceeded and changes nothing. alloc() is bounded by
 // its size, retain() only adds references to pages already held.
 //
-// Expensive checks: in builds with KVPOOL_EXPENSIVE_CHECKS (the sanitizer tree), every mutating
-// call ends with check_invariants() and aborts on a violation, unless the environment sets
-// KVPOOL_EXPENSIVE_CHECKS=0 (benchmarks run from such a tree).
+// Expensive checks: in builds with KVPOOL_EXPENSIVE_CHECKS (the sanitizer and fuzz trees), every
+// mutating call ends with check_invariants() and aborts on a violation, unless the pool was made
+// with PoolOptions::expensive_checks = false or the environment sets KVPOOL_EXPENSIVE_CHECKS=0
+// (benchmarks run from such a tree).
 //
 // Index observer: when one is set, it is told of every (namespace, hash) that enters the index
 // (publish) and every one that leaves it (eviction by alloc or evict(), flush()), in order, while
@@ -85,6 +86,9 @@ struct PoolOptions {
   uint32_t num_pages = 0;
   std::unique_ptr<EvictionPolicy> policy;  // LRU when null
   uint64_t index_seed = 0;                 // keys the prefix index's slot hash; 0 = random
+  // In KVPOOL_EXPENSIVE_CHECKS builds: check every invariant after every mutation (see above).
+  // A caller replaying a long trace over a large pool may turn it off; elsewhere it is ignored.
+  bool expensive_checks = true;
 };
 
 class PagePool {
@@ -194,6 +198,7 @@ class PagePool {
   std::vector<uint32_t> free_owner_slots_;
   uint32_t open_owners_ = 0;
 
+  bool expensive_checks_ = true;
   uint32_t in_use_ = 0;
   uint32_t cached_ = 0;
   PoolCounters counters_;

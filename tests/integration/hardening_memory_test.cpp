@@ -78,8 +78,10 @@ TEST(HardeningMemory, LargeFramesLeaveNoLargeBuffersBehind) {
   EXPECT_LE(s.buffered_bytes, uint64_t{34} * (64 << 10)) << s.buffered_bytes;
   const uint64_t rss_after = rss_bytes(d.pid());
   // Kept buffers would be 32 × 4 MiB; what is left is allocator slack.
-  EXPECT_LT(rss_after, rss_before + (uint64_t{64} << 20))
-      << "daemon RSS grew from " << rss_before << " to " << rss_after;
+  if (kRssMeansHeld) {
+    EXPECT_LT(rss_after, rss_before + (uint64_t{64} << 20))
+        << "daemon RSS grew from " << rss_before << " to " << rss_after;
+  }
 }
 
 TEST(HardeningMemory, TheBufferBudgetClosesTheLargestHolderOnly) {
@@ -161,8 +163,10 @@ TEST(HardeningMemory, UnreadLargeRepliesAreBoundedByTheBacklogLimit) {
   const stats::DaemonStats s = daemon_stats(*observer);
   EXPECT_LE(s.buffered_bytes, uint64_t{20} << 20) << s.buffered_bytes;
   const uint64_t rss_after = rss_bytes(d.pid());
-  EXPECT_LT(rss_after, rss_before + (uint64_t{40} << 20))
-      << "daemon RSS grew from " << rss_before << " to " << rss_after;
+  if (kRssMeansHeld) {
+    EXPECT_LT(rss_after, rss_before + (uint64_t{40} << 20))
+        << "daemon RSS grew from " << rss_before << " to " << rss_after;
+  }
   // The client then reads: it gets every reply, in order.
   size_t replies = 0;
   uint32_t expected_id = 0;

@@ -41,6 +41,15 @@ inline stats::DaemonStats daemon_stats(client::Connection& c) {
   return snap.daemon;
 }
 
+// Whether resident memory says what the daemon holds: under AddressSanitizer freed memory waits
+// in a quarantine (256 MiB by default) and ThreadSanitizer keeps its own heap, so there RSS grows
+// whatever the daemon gives back.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kRssMeansHeld = false;
+#else
+inline constexpr bool kRssMeansHeld = true;
+#endif
+
 // Resident memory of a process (VmRSS), in bytes; 0 when unreadable.
 inline uint64_t rss_bytes(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");

@@ -746,9 +746,13 @@ TEST(ConfigTest, ExampleFileParsesAndMatchesItsComments) {
   EXPECT_EQ(page_data_bytes(c.pools[0].geometry), 2u << 20);  // "(2 MiB here)"
   EXPECT_EQ(c.default_tenant, "default");
   EXPECT_EQ(c.log_level, "info");
-  // The example tenant, which matches no peer.
+  EXPECT_EQ(c.max_sessions_per_uid, 256u);
+  EXPECT_EQ(c.hello_timeout_ms, 5000u);
+  EXPECT_EQ(c.max_buffered_bytes, uint64_t{512} << 20);
+  EXPECT_FALSE(c.pools[0].share_between_tenants);
+  // The example tenant, which matches no peer and claims no pool.
   ASSERT_EQ(c.tenants.size(), 1u);
-  EXPECT_EQ(c.tenants[0], (TenantConfig{"example", {}, {}, {"default"}}));
+  EXPECT_EQ(c.tenants[0], (TenantConfig{"example", {}, {}, {}}));
   // Everything else is the built-in default, as the header comment says.
   c.tenants.clear();
   c.source = "<built-in>";
