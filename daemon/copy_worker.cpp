@@ -29,9 +29,10 @@ void CopyWorker::stop() {
 }
 
 void CopyWorker::run() {
-  // Linux nice values are per thread: this lowers only the copier. Raising one's own nice value
-  // needs no privilege; if it fails the copies simply compete on equal terms.
-  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 10);
+  // Linux nice values are per thread: this lowers only the copier (see the header for why +19).
+  // Raising one's own nice value needs no privilege; if it fails the copies simply compete on
+  // equal terms.
+  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
   for (;;) {
     std::unique_ptr<CopyJob> job;
     Done done;

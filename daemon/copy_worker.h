@@ -5,8 +5,11 @@
 // posts the completion back to the loop's io_context, where the Server answers the request. Jobs
 // run one at a time in submission order (a pool's copier is used by one thread at a time: the
 // Service defers every copy of a pool while one is in flight). The thread starts with the first
-// job and runs at a lower scheduling priority (nice +10) than the loop, so that on a loaded
-// machine the loop and the workers it serves are scheduled first.
+// job and runs at the lowest ordinary priority (nice +19): when the CPUs are busy, the loop and
+// the workers it serves are scheduled first and the copy takes what is left; it is never starved
+// outright, as SCHED_IDLE would allow on a machine whose CPU workers keep every core busy. With
+// nice +10, a copy's 1 GiB memcpy still showed in others' p99 on a 2-vCPU machine (3.4× quiet);
+// with +19 it stayed within 1.3× (bench/RESULTS.md).
 //
 // What keeps a running copy safe: the job's pages stay held by its session until the completion
 // ran (the Server reads no more requests from that connection and defers its close), so no page

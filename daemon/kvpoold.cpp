@@ -4,6 +4,7 @@
 //   kvpoold --check-config FILE                  validate a config file and exit (0 = valid;
 //                                                a warning per pool this machine cannot back)
 //   kvpoold --version
+//   kvpoold --inline-copy-bytes SIZE ...         copies above SIZE (default 1MiB) run off the loop
 //
 // Signals: SIGTERM / SIGINT stop (every session is released, the socket removed); SIGHUP re-reads
 // and validates the config file, applies what can change live (limits, tenants, logging), names
@@ -53,6 +54,7 @@ int run(int argc, char** argv) {
   std::string check_path;
   std::string socket_override;
   int frame_timeout_ms = 10000;
+  std::string inline_copy = "1MiB";
   bool version = false;
   app.add_option("--config", config_path, "Config file (YAML); the built-in default without it");
   app.add_option("--check-config", check_path, "Validate this config file and exit (0 = valid)");
@@ -61,8 +63,19 @@ int run(int argc, char** argv) {
                  "Close a connection that leaves a frame incomplete this long")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600 * 1000));
+  app.add_option("--inline-copy-bytes", inline_copy,
+                 "Daemon-side copies up to this size run on the event loop; larger ones on a "
+                 "thread of their own (\"1GiB\" keeps every copy on the loop)")
+      ->capture_default_str();
   app.add_flag("--version", version, "Print the version and exit");
   CLI11_PARSE(app, argc, argv);
+  Capacity inline_copy_bytes;
+  if (std::string err = parse_capacity(inline_copy, inline_copy_bytes);
+      !err.empty() || inline_copy_bytes.unit != Capacity::Unit::bytes) {
+    std::cerr << "kvpoold: --inline-copy-bytes: "
+              << (err.empty() ? "expected bytes, like \"1MiB\"" : err) << "\n";
+    return 2;
+  }
 
   if (version) {
     std::cout << "kvpoold " << KVPOOL_VERSION << "\n";
@@ -133,6 +146,8 @@ int run(int argc, char** argv) {
     std::cerr << "kvpoold: " << service.error().message << "\n";
     return 1;
   }
+
+  service.value()->set_inline_copy_bytes(inline_copy_bytes.value);
 
   boost::asio::io_context io(1);
   Server server(io, *service.value(), std::chrono::milliseconds(frame_timeout_ms));

@@ -325,7 +325,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
             job.value()->started_ns = started;
             Pool& pool = *job.value()->pool;
             const uint64_t bytes = job.value()->src.size() * pool.info.page_stride;
-            if (deferred != nullptr && (bytes > kInlineCopyBytes || pool.copies_in_flight > 0)) {
+            if (deferred != nullptr && (bytes > inline_copy_bytes_ || pool.copies_in_flight > 0)) {
               ++pool.copies_in_flight;
               *deferred = std::move(job.value());
               return wire::Reply(wire::CopyReply{});  // not sent: finish_copy answers

@@ -31,7 +31,7 @@
 // Copies: copy is for pages the session holds, into destinations that are not published (a
 // published page's bytes are shared and fixed; DESIGN §3), no page twice, at most
 // wire::kMaxCopyBytes per request; the daemon copies with its pool memory's PageCopier. A copy of
-// more than kInlineCopyBytes (or any copy while another of its pool is running) is not run by
+// more than inline_copy_bytes() (or any copy while another of its pool is running) is not run by
 // handle(): it returns a CopyJob for the caller to run off the event loop, and finish_copy()
 // answers it. Until then the session's pages must stay held (the Server reads nothing more from
 // that connection and defers its close).
@@ -131,7 +131,7 @@ struct CopyJob {
 class Service {
  public:
   // Copies up to this many bytes run inside handle(), on the event loop (~0.1 ms of memcpy).
-  static constexpr uint64_t kInlineCopyBytes = uint64_t{1} << 20;
+  static constexpr uint64_t kDefaultInlineCopyBytes = uint64_t{1} << 20;
 
   // Builds the pools of `config` on `backend`. Errors name the pool and the cause.
   static wire::Result<std::unique_ptr<Service>> create(const Config& config,
@@ -160,6 +160,9 @@ class Service {
   uint32_t session_count() const { return sessions_; }
   const MemoryBackend& backend() const { return *backend_; }
   const Config& config() const { return config_; }
+  // Copies up to this many bytes run on the event loop (kvpoold --inline-copy-bytes).
+  uint64_t inline_copy_bytes() const { return inline_copy_bytes_; }
+  void set_inline_copy_bytes(uint64_t bytes) { inline_copy_bytes_ = bytes; }
 
   // Reload: applies what can change while sessions run (limits, tenants, default tenant, log
   // level) and returns the dotted keys that changed but need a restart (socket.*, backend,
@@ -215,6 +218,7 @@ class Service {
   std::unordered_map<uid_t, uint32_t> uid_sessions_;  // open sessions per peer uid
   std::set<SessionState*> live_;  // every open session (owned by its connection)
   uint64_t next_session_id_ = 1;
+  uint64_t inline_copy_bytes_ = kDefaultInlineCopyBytes;
 
   // Operations, metrics and events (service_ops.cpp) -----------------------------------------
  public:

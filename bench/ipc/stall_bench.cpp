@@ -3,8 +3,9 @@
 // the daemon copying (1 GiB per copy request, back to back), in the same run; the table gives
 // p50, p99 and max of both and the loaded / quiet ratios.
 //
-// A copy larger than Service::kInlineCopyBytes runs on the daemon's CopyWorker thread, not on
-// the event loop; before that, a 1 GiB copy held the loop for the whole copy and every request
+// A copy larger than kvpoold's --inline-copy-bytes (1 MiB) runs on the daemon's CopyWorker
+// thread, not on the event loop; `kvpoold --inline-copy-bytes 1GiB` keeps every copy on the loop,
+// as before the CopyWorker, when a 1 GiB copy held the loop for the whole copy and every request
 // that arrived meanwhile waited behind it.
 //
 //   kvpoold --config big.yaml --socket /tmp/k.sock &     # a pool of >= 2 × --copy-mib + 64 MiB
@@ -61,6 +62,7 @@ int run(int argc, char** argv) {
   int samples = 20000;
   uint32_t copy_mib = 1024;
   double gap_us = 50;
+  double phase_seconds = 5;
   app.add_option("--socket", socket, "kvpoold's socket")->capture_default_str();
   app.add_option("--samples", samples, "Timed allocs per phase")
       ->capture_default_str()
@@ -70,6 +72,9 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--gap-us", gap_us, "Pause between timed allocs, in microseconds")
       ->capture_default_str();
+  app.add_option("--seconds", phase_seconds, "Longest a phase may take (fewer samples then)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.1, 3600.0));
   CLI11_PARSE(app, argc, argv);
 
   auto timed_conn = Connection::attach(socket, "stall-bench-alloc");
@@ -94,14 +99,18 @@ int run(int argc, char** argv) {
 
   const auto pause = std::chrono::duration<double, std::micro>(gap_us);
   const auto measure = [&](std::vector<double>& out) {
-    for (int i = 0; i < samples; ++i) {
+    const auto until = Clock::now() + std::chrono::duration<double>(phase_seconds);
+    for (int i = 0; i < samples && Clock::now() < until; ++i) {
       out.push_back(timed_alloc(c));
       std::this_thread::sleep_for(pause);
     }
   };
   std::vector<double> quiet, loaded;
+  // Warm up: the daemon's first copy over these pages also maps them in (page faults), and the
+  // round trips settle.
+  if (auto r = copier.copy(pairs); !r.ok()) fail("copy: " + r.error().message);
   for (int i = 0; i < 1000; ++i)
-    timed_alloc(c);  // warm up
+    timed_alloc(c);
   measure(quiet);
 
   std::atomic<bool> stop{false};
@@ -126,8 +135,10 @@ int run(int argc, char** argv) {
   const double copied_bytes =
       static_cast<double>(copies.load()) * static_cast<double>(uint64_t{copy_pages} * page_bytes);
   const double gbps = copy_seconds > 0 ? copied_bytes / copy_seconds / 1e9 : 0;
-  std::printf("alloc(1) round trips, %d per phase, %.0f us apart; copies of %u MiB back to back\n",
-              samples, gap_us, copy_mib);
+  std::printf(
+      "alloc(1) round trips, %.0f us apart (quiet %zu, copying %zu, at most %.0f s a phase); "
+      "copies of %u MiB back to back\n",
+      gap_us, quiet.size(), loaded.size(), phase_seconds, copy_mib);
   std::printf("%-8s %9s %9s %9s\n", "phase", "p50 us", "p99 us", "max us");
   std::printf("%-8s %9.2f %9.2f %9.1f\n", "quiet", q.p50, q.p99, q.max);
   std::printf("%-8s %9.2f %9.2f %9.1f\n", "copying", l.p50, l.p99, l.max);

@@ -220,8 +220,9 @@ Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> 
   for (const BlockHash& h : chain) {
     const PageId page = find_cached(ns, h);
     if (page == kNoPage || (pages_[page].word & kRefMask) == kRefMask) break;
-    if (l->find(page) == nullptr) {
-      // A page new to the owner counts against its quota; past it the prefix ends here.
+    // A page new to the owner counts against its quota; past it the prefix ends here. (Without
+    // a quota the ledger probe that tells is skipped: l->add probes anyway.)
+    if (new_pages_allowed != kUnlimited && l->find(page) == nullptr) {
       if (new_pages_allowed == 0) break;
       --new_pages_allowed;
     }
