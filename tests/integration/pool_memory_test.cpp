@@ -5,7 +5,6 @@
 // pools too large are refused before anything is allocated.
 
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -18,6 +17,7 @@
 #include <string>
 #include <utility>
 
+#include "common/system_memory.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::testing {
@@ -37,21 +37,13 @@ std::string pool_config(const std::string& backend, const std::string& capacity,
          capacity + "\n";
 }
 
+// What this machine has, as the daemon reads it (common/system_memory.h); 0 when unreadable.
 uint64_t shm_free() {
-  struct statvfs vfs {};
-  if (::statvfs("/dev/shm", &vfs) != 0) return 0;
-  return uint64_t{vfs.f_bavail} * vfs.f_frsize;
+  return kvpool::shm_free_bytes().value_or(0);
 }
 
 uint64_t mem_available() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  uint64_t kib = 0;
-  std::string unit;
-  while (in >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
+  return kvpool::mem_available_bytes().value_or(0);
 }
 
 // `bytes` rounded up to whole GiB, plus `more` GiB, as a capacity string.
