@@ -83,8 +83,6 @@ class Server {
   void stop();
 
   size_t connections() const { return connections_.size(); }
-  // Bytes all connections' input and output buffers hold (what limits.max_buffered_bytes caps).
-  uint64_t buffered_bytes() const { return buffered_bytes_; }
   // Told after requests were handled (before their replies are sent) and when sessions open or
   // close; null = nobody. Not owned.
   void set_activity_listener(ActivityListener* listener) { activity_ = listener; }

@@ -320,18 +320,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
           if constexpr (std::is_same_v<T, wire::SessionsRequest>) return sessions(s);
           if constexpr (std::is_same_v<T, wire::PagesRequest>) return pages(s);
           if constexpr (std::is_same_v<T, wire::CopyRequest>) {
-            auto job = prepare_copy(s, request_id, r);
-            if (!job.ok()) return job.error();
-            job.value()->started_ns = started;
-            Pool& pool = *job.value()->pool;
-            const uint64_t bytes = job.value()->src.size() * pool.info.page_stride;
-            if (deferred != nullptr && (bytes > inline_copy_bytes_ || pool.copies_in_flight > 0)) {
-              ++pool.copies_in_flight;
-              *deferred = std::move(job.value());
-              return wire::Reply(wire::CopyReply{});  // not sent: finish_copy answers
-            }
-            job.value()->run();
-            return copy_reply(*job.value());
+            return copy(s, request_id, r, started, deferred);
           }
           // Operations, metrics and events.
           if constexpr (std::is_same_v<T, wire::PrefixesRequest>) return prefixes(s, r);

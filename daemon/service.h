@@ -201,6 +201,9 @@ class Service {
   wire::Result<wire::Reply> flush(SessionState& s);
   wire::Result<wire::Reply> sessions(SessionState& s);
   wire::Result<wire::Reply> pages(SessionState& s);
+  // A copy: run here, or handed to the caller through `deferred` (see handle()).
+  wire::Result<wire::Reply> copy(SessionState& s, uint32_t request_id, const wire::CopyRequest& r,
+                                 uint64_t started_ns, std::unique_ptr<CopyJob>* deferred);
   // Validates a copy; the job to run, or the error to answer with (service_copy.cpp).
   wire::Result<std::unique_ptr<CopyJob>> prepare_copy(SessionState& s, uint32_t request_id,
                                                       const wire::CopyRequest& r);

@@ -90,6 +90,23 @@ wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, ui
   return job;
 }
 
+wire::Result<wire::Reply> Service::copy(SessionState& s, uint32_t request_id,
+                                        const wire::CopyRequest& r, uint64_t started_ns,
+                                        std::unique_ptr<CopyJob>* deferred) {
+  auto job = prepare_copy(s, request_id, r);
+  if (!job.ok()) return job.error();
+  job.value()->started_ns = started_ns;
+  Pool& pool = *job.value()->pool;
+  const uint64_t bytes = job.value()->src.size() * pool.info.page_stride;
+  if (deferred != nullptr && (bytes > inline_copy_bytes_ || pool.copies_in_flight > 0)) {
+    ++pool.copies_in_flight;
+    *deferred = std::move(job.value());
+    return wire::Reply(wire::CopyReply{});  // never sent: finish_copy answers
+  }
+  job.value()->run();
+  return copy_reply(*job.value());
+}
+
 wire::Result<wire::Reply> Service::copy_reply(const CopyJob& job) const {
   if (!job.error.empty()) {
     log_event(LogLevel::error, "copy_failed",
