@@ -9,7 +9,10 @@
 // the workers it serves are scheduled first and the copy takes what is left; it is never starved
 // outright, as SCHED_IDLE would allow on a machine whose CPU workers keep every core busy. With
 // nice +10, a copy's 1 GiB memcpy still showed in others' p99 on a 2-vCPU machine (3.4× quiet);
-// with +19 it stayed within 1.3× (bench/RESULTS.md).
+// with +19 it stayed within 1.3× (bench/RESULTS.md). The price: while every CPU is busy with
+// ordinary-priority work, a host-memory copy gets a small share of one (about 1.5% against one
+// busy nice-0 thread) and its worker waits longer for it; on a GPU pool the thread mostly waits
+// for the device.
 //
 // What keeps a running copy safe: the job's pages stay held by its session until the completion
 // ran (the Server reads no more requests from that connection and defers its close), so no page
