@@ -219,11 +219,8 @@ void encode_error(uint32_t request_id, uint16_t opcode, const Error& error,
             });
 }
 
-Result<FrameHeader> decode_header(std::span<const std::byte> bytes) {
-  if (bytes.size() < kHeaderBytes) {
-    return make_error(Errc::invalid_argument, bytes.size(),
-                      cat({"frame header needs ", kHeaderBytes, " bytes, got ", bytes.size()}));
-  }
+FrameHeader read_header_fields(std::span<const std::byte> bytes) {
+  assert(bytes.size() >= kHeaderBytes);
   FrameHeader h;
   const std::byte* p = bytes.data();
   std::memcpy(&h.magic, p, kU32);
@@ -231,6 +228,15 @@ Result<FrameHeader> decode_header(std::span<const std::byte> bytes) {
   std::memcpy(&h.version, p + 8, kU16);
   std::memcpy(&h.opcode, p + 10, kU16);
   std::memcpy(&h.request_id, p + 12, kU32);
+  return h;
+}
+
+Result<FrameHeader> decode_header(std::span<const std::byte> bytes) {
+  if (bytes.size() < kHeaderBytes) {
+    return make_error(Errc::invalid_argument, bytes.size(),
+                      cat({"frame header needs ", kHeaderBytes, " bytes, got ", bytes.size()}));
+  }
+  const FrameHeader h = read_header_fields(bytes);
   if (h.magic != kFrameMagic) {
     return make_error(
         Errc::malformed_frame, h.magic,

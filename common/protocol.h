@@ -429,6 +429,9 @@ void encode_error(uint32_t request_id, uint16_t opcode, const Error& error,
 // version (unsupported_version) and length (frame_too_large). `bytes` must hold at least
 // kHeaderBytes bytes (invalid_argument otherwise).
 Result<FrameHeader> decode_header(std::span<const std::byte> bytes);
+// The header's fields as they are, unchecked (what an error reply to a bad header echoes).
+// Precondition: bytes.size() >= kHeaderBytes.
+FrameHeader read_header_fields(std::span<const std::byte> bytes);
 
 // A request from its header and exactly header.length payload bytes: unknown_opcode for an
 // opcode that is not a request, malformed_frame for a payload that does not decode, is cut

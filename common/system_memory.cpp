@@ -7,9 +7,7 @@
 
 #include <cerrno>
 
-#include <cstdio>
 #include <fstream>
-#include <iterator>
 
 namespace kvpool {
 
@@ -36,20 +34,6 @@ int reserve_file(int fd, uint64_t bytes) {
     err = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
   } while (err == EINTR);
   return err;
-}
-
-std::string human_bytes(uint64_t bytes) {
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  if (bytes < 1024) return std::to_string(bytes) + " B";
-  double v = static_cast<double>(bytes);
-  size_t u = 0;
-  while (v >= 1024 && u + 1 < std::size(kUnits)) {
-    v /= 1024;
-    ++u;
-  }
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f %s", v, kUnits[u]);
-  return buf;
 }
 
 }  // namespace kvpool

@@ -31,7 +31,4 @@ inline std::optional<uint64_t> shm_free_bytes() {
 // during a long reservation). Returns 0 or the error number.
 int reserve_file(int fd, uint64_t bytes);
 
-// "23.4 GiB", "256.0 MiB", "512 B": binary units, one decimal.
-std::string human_bytes(uint64_t bytes);
-
 }  // namespace kvpool

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "common/byte_units.h"
 #include "common/system_memory.h"
 
 namespace kvpool::daemon {

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/byte_units.h"
 #include "common/system_memory.h"
 #include "daemon/page_copier.h"
 

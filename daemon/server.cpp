@@ -151,15 +151,16 @@ void Server::pump_subscribers() {
 
 void Server::enforce_buffer_budget() {
   const uint64_t budget = service_.config().max_buffered_bytes;
-  while (buffered_bytes_ > budget && !connections_.empty()) {
+  const uint64_t& buffered = service_.connection_stats().buffered_bytes;
+  while (buffered > budget && !connections_.empty()) {
     const auto largest = std::max_element(
         connections_.begin(), connections_.end(),
         [](const auto& a, const auto& b) { return a->accounted() < b->accounted(); });
     const std::shared_ptr<Connection> c = *largest;  // close() may erase it from the set
     if (c->accounted() == 0) break;
-    log_event(LogLevel::warn, "buffer_budget_exceeded",
-              {kv("buffered_bytes", buffered_bytes_), kv("limit", budget),
-               kv("closing_bytes", c->accounted())});
+    log_event(
+        LogLevel::warn, "buffer_budget_exceeded",
+        {kv("buffered_bytes", buffered), kv("limit", budget), kv("closing_bytes", c->accounted())});
     ++service_.connection_stats().closed_by_limits;
     c->close("its buffers (" + std::to_string(c->accounted()) +
              " bytes) were the largest when all connections passed limits.max_buffered_bytes (" +

@@ -106,7 +106,6 @@ class Server {
   boost::asio::steady_timer accept_backoff_;  // pause after a failed accept (EMFILE)
   std::string path_;
   std::set<std::shared_ptr<Connection>> connections_;
-  uint64_t buffered_bytes_ = 0;  // the sum of every connection's accounted buffer bytes
   CopyWorker copy_worker_;
   bool stopping_ = false;
   // Operations, metrics and events.

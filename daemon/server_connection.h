@@ -229,11 +229,8 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       const std::span<const std::byte> avail(in_.data() + pos, in_len_ - pos);
       const auto header = wire::decode_header(avail);
       if (!header.ok()) {
-        uint16_t opcode = 0;
-        uint32_t request_id = 0;
-        std::memcpy(&opcode, avail.data() + 10, sizeof opcode);
-        std::memcpy(&request_id, avail.data() + 12, sizeof request_id);
-        fail(request_id, opcode, header.error());
+        const wire::FrameHeader raw = wire::read_header_fields(avail);
+        fail(raw.request_id, raw.opcode, header.error());
         break;
       }
       const wire::FrameHeader& h = header.value();
@@ -345,10 +342,10 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   void account() {
     const uint64_t now = in_.size() + (out_.empty() ? out_.capacity() : out_.size());
     const bool grew = now > accounted_;
-    server_.buffered_bytes_ = server_.buffered_bytes_ - accounted_ + now;
-    server_.service_.connection_stats().buffered_bytes = server_.buffered_bytes_;
+    uint64_t& total = server_.service_.connection_stats().buffered_bytes;  // every connection's
+    total = total - accounted_ + now;
     accounted_ = now;
-    if (grew && server_.buffered_bytes_ > server_.service_.config().max_buffered_bytes) {
+    if (grew && total > server_.service_.config().max_buffered_bytes) {
       server_.enforce_buffer_budget();
     }
   }

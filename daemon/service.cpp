@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "common/byte_units.h"
 #include "common/system_memory.h"
 #include "daemon/log.h"
 
@@ -229,7 +230,8 @@ void Service::log_shared_pools() const {
 }
 
 wire::Result<std::unique_ptr<SessionState>> Service::open_session(const PeerCredentials& peer) {
-  const uint32_t of_uid = uid_sessions_.count(peer.uid) == 0 ? 0 : uid_sessions_[peer.uid];
+  const auto held = uid_sessions_.find(peer.uid);
+  const uint32_t of_uid = held == uid_sessions_.end() ? 0 : held->second;
   const bool over_total = sessions_ >= config_.max_sessions;
   const bool over_uid = config_.max_sessions_per_uid != 0 && of_uid >= config_.max_sessions_per_uid;
   // An operator is never locked out by others' connections: admins may go past both limits, by

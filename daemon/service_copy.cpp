@@ -2,7 +2,7 @@
 // small, or handed to the caller as a CopyJob to run off the loop (see service.h, "Copies").
 #include <unordered_map>
 
-#include "common/system_memory.h"
+#include "common/byte_units.h"
 #include "daemon/core/check.h"
 #include "daemon/log.h"
 #include "daemon/service.h"

@@ -1,25 +1,19 @@
 #include "client/ctl/common.h"
 
 #include "client/stats_reader.h"
+#include "common/byte_units.h"
 
 namespace kvpool::ctl {
 
 std::string bytes_text(uint64_t b, bool raw) {
   if (raw) return std::to_string(b);
-  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-  double v = static_cast<double>(b);
-  size_t u = 0;
-  while (v >= 1024 && u + 1 < std::size(kUnits)) {
-    v /= 1024;
-    ++u;
-  }
+  if (b < 1024) return std::to_string(b) + " B";
+  const ScaledBytes s = scale_bytes(b);
   char buf[48];
-  if (u == 0) {
-    std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(b));
-  } else if (b >= 1000000000ull) {
-    std::snprintf(buf, sizeof buf, "%.2f %s (%.1f GB)", v, kUnits[u], double(b) / 1e9);
+  if (b >= 1000000000ull) {
+    std::snprintf(buf, sizeof buf, "%.2f %s (%.1f GB)", s.value, s.unit, double(b) / 1e9);
   } else {
-    std::snprintf(buf, sizeof buf, "%.2f %s", v, kUnits[u]);
+    std::snprintf(buf, sizeof buf, "%.2f %s", s.value, s.unit);
   }
   return buf;
 }

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 
+#include "common/byte_units.h"
 #include "common/system_memory.h"
 
 namespace kvpool::device {

@@ -252,11 +252,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto header = wire::decode_header(avail);
     if (!header.ok()) {
       // Answered, then the connection closes: nothing after a bad header is read.
-      uint16_t opcode = 0;
-      uint32_t request_id = 0;
-      std::memcpy(&opcode, avail.data() + 10, sizeof opcode);
-      std::memcpy(&request_id, avail.data() + 12, sizeof request_id);
-      wire::encode_error(request_id, opcode, header.error(), out);
+      const wire::FrameHeader raw = wire::read_header_fields(avail);
+      wire::encode_error(raw.request_id, raw.opcode, header.error(), out);
       check_sent(out);
       break;
     }
