@@ -98,6 +98,7 @@ bool is_known_errc(uint16_t v) {
     case Errc::too_many_sessions:
     case Errc::connection_lost:
     case Errc::internal:
+    case Errc::pin_limit_exceeded:
       return true;
   }
   return false;

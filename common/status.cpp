@@ -48,6 +48,8 @@ std::string_view errc_name(Errc code) {
       return "connection_lost";
     case Errc::internal:
       return "internal";
+    case Errc::pin_limit_exceeded:
+      return "pin_limit_exceeded";
   }
   return "unknown_error";
 }
@@ -96,6 +98,9 @@ std::string Status::message() const {
       break;
     case Errc::quota_exceeded:
       out += ": " + v + " pages would exceed the quota";
+      break;
+    case Errc::pin_limit_exceeded:
+      out += ": " + v + " pinned pages would exceed the pin limit";
       break;
     case Errc::malformed_frame:
     case Errc::not_attached:

@@ -36,6 +36,7 @@ enum class Errc : uint16_t {
   too_many_sessions = 29,    // the daemon's session limit is reached
   connection_lost = 30,      // client side: the daemon closed the connection or is not there
   internal = 31,             // a daemon-side failure (e.g. a system call); the message says which
+  pin_limit_exceeded = 32,   // the pins of a call would pass its tenant's pin limit
 };
 
 std::string_view errc_name(Errc code);

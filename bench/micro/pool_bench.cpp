@@ -6,7 +6,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "daemon/core/page_pool.h"
@@ -254,6 +257,83 @@ void BM_CloseOwner(benchmark::State& state) {
   state.counters["refs_per_page"] = double(refs);
 }
 BENCHMARK(BM_CloseOwner)->Arg(1)->Arg(4096)->Arg(1 << 16)->UseManualTime()->Iterations(20);
+
+// The eviction policies' cost per page operation, on the same operations for every policy (Arg =
+// index into policy_names(); LRU's figure is the baseline). A full pool of 2^16 CACHED pages in
+// 16-page chains, requests of 16-page chains:
+//   PolicyEvict  a new chain: lookup (misses at once), alloc 16 (each evicts a victim: policy
+//                victim() + ghost), publish 16, release 16 tail first (policy on_cached);
+//   PolicyHit    a cached chain again (round robin, so every one is still cached): lookup 16
+//                hits (policy on_reuse), release 16 tail first (on_cached).
+// per_page_op = time / pages handled by alloc + publish + release (Evict) or lookup + release
+// (Hit): the mechanism's cost plus the policy's.
+std::unique_ptr<PagePool> full_pool(std::string_view policy, OwnerId& o,
+                                    benchmark::State& state) {
+  auto owned =
+      std::make_unique<PagePool>(PoolOptions{kPoolPages, kvpool::core::make_policy(policy), 1});
+  PagePool& pool = *owned;
+  o = pool.open_owner();
+  std::vector<PageId> pages(16);
+  FreshHashes fresh;
+  for (uint32_t k = 0; k < kPoolPages / 16; ++k) {
+    check(pool.alloc(o, pages), state);
+    const auto items = fresh.items_for(pages);
+    check(pool.publish(o, kNs, items, fresh.results()), state);
+    std::reverse(pages.begin(), pages.end());
+    check(pool.release(o, pages), state);
+  }
+  return owned;
+}
+
+void BM_PolicyEvict(benchmark::State& state) {
+  const std::string_view name = kvpool::core::policy_names()[static_cast<size_t>(state.range(0))];
+  state.SetLabel(std::string(name));
+  OwnerId o = 0;
+  const std::unique_ptr<PagePool> owned = full_pool(name, o, state);
+  PagePool& pool = *owned;
+  std::vector<PageId> pages(16);
+  std::vector<BlockHash> chain(16);
+  std::vector<PublishItem> items(16);
+  std::vector<PublishResult> results(16);
+  uint64_t next = uint64_t{1} << 40;
+  for (auto _ : state) {
+    for (size_t i = 0; i < chain.size(); ++i)
+      chain[i] = hash_of(next++);
+    uint32_t hits = 0;
+    check(pool.lookup(o, kNs, chain, pages, hits), state);
+    check(pool.alloc(o, pages), state);
+    for (size_t i = 0; i < pages.size(); ++i)
+      items[i] = {pages[i], chain[i]};
+    check(pool.publish(o, kNs, items, results), state);
+    std::reverse(pages.begin(), pages.end());
+    check(pool.release(o, pages), state);
+  }
+  per_item(state, "per_page_op", 3.0 * 16);
+}
+BENCHMARK(BM_PolicyEvict)->DenseRange(0, 2);
+
+void BM_PolicyHit(benchmark::State& state) {
+  const std::string_view name = kvpool::core::policy_names()[static_cast<size_t>(state.range(0))];
+  state.SetLabel(std::string(name));
+  OwnerId o = 0;
+  const std::unique_ptr<PagePool> owned = full_pool(name, o, state);
+  PagePool& pool = *owned;
+  std::vector<PageId> pages(16);
+  std::vector<BlockHash> chain(16);
+  uint64_t next_chain = 0;
+  for (auto _ : state) {
+    const uint64_t c = next_chain++ % (kPoolPages / 16);
+    for (size_t i = 0; i < chain.size(); ++i)
+      chain[i] = hash_of(c * 16 + i);
+    uint32_t hits = 0;
+    check(pool.lookup(o, kNs, chain, pages, hits), state);
+    if (hits != 16) state.SkipWithError("a cached chain was not found");
+    std::reverse(pages.begin(), pages.end());
+    check(pool.release(o, pages), state);
+  }
+  per_item(state, "per_page_op", 2.0 * 16);
+}
+BENCHMARK(BM_PolicyHit)->DenseRange(0, 2);
 
 }  // namespace
 

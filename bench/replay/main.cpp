@@ -12,6 +12,7 @@
 
 #include "bench/replay/daemon_replay.h"
 #include "bench/replay/replay.h"
+#include "bench/replay/synthetic_trace.h"
 
 namespace {
 
@@ -105,7 +106,7 @@ int run(int argc, char** argv) {
       "prefix-cache hit rate (hit blocks / requested blocks) for each capacity and policy."};
   std::string trace_path = KVPOOL_DEFAULT_TRACE;
   std::string capacities = "1000,4000,8000,16000";
-  std::string policies = "lru";
+  std::string policies = "prefix,lru";
   uint32_t page_tokens = kvpool::bench::kTraceBlockTokens;
   bool json = false;
   std::string daemon_socket;
@@ -115,8 +116,28 @@ int run(int argc, char** argv) {
   app.add_option("--trace", trace_path, "Trace file (JSON lines)")->capture_default_str();
   app.add_option("--capacities", capacities, "Pool capacities in 512-token blocks, comma-separated")
       ->capture_default_str();
-  app.add_option("--policy", policies, "Eviction policies, comma-separated: lru, belady")
+  app.add_option("--policy", policies,
+                 "Eviction policies, comma-separated: prefix (kvpoold's default), lru, s3fifo, "
+                 "and the offline bounds belady and reuse-oracle; NAME+hints replays with the "
+                 "trace's client hints (priority classes, pins)")
       ->capture_default_str();
+  bool synthetic = false;
+  kvpool::bench::SyntheticTraceOptions synthetic_options;
+  double pin_share = 0.25;
+  app.add_flag("--synthetic", synthetic,
+               "Replay a generated trace with client hints (shared system prompts, multi-turn "
+               "chats, long one-off documents) instead of --trace");
+  app.add_option("--seed", synthetic_options.seed, "Seed of the --synthetic trace")
+      ->capture_default_str();
+  app.add_option("--synthetic-requests", synthetic_options.requests,
+                 "Requests in the --synthetic trace")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 10000000u));
+  app.add_option("--pin-share", pin_share,
+                 "Share of the pool one replay may keep pinned (like the daemon's "
+                 "limits.max_pinned_pages_per_tenant)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--page-tokens", page_tokens,
                  "Tokens per page; must divide 512 (each block becomes 512/N pages)")
       ->capture_default_str();
@@ -154,7 +175,12 @@ int run(int argc, char** argv) {
 
   kvpool::bench::Trace trace;
   try {
-    trace = kvpool::bench::load_trace(trace_path);
+    if (synthetic) {
+      trace = kvpool::bench::synthetic_trace(synthetic_options);
+      trace_path = "(synthetic, seed " + std::to_string(synthetic_options.seed) + ")";
+    } else {
+      trace = kvpool::bench::load_trace(trace_path);
+    }
   } catch (const std::exception& e) {
     std::cerr << "kvpool-replay: " << e.what() << "\n";
     return 1;
@@ -179,7 +205,7 @@ int run(int argc, char** argv) {
                 trace.total_blocks == 0
                     ? 0.0
                     : 1.0 - double(trace.distinct_blocks) / double(trace.total_blocks));
-    std::printf("%10s %8s %7s %9s %10s %9s %10s %12s %11s\n", "capacity", "policy", "pages/b",
+    std::printf("%10s %14s %7s %9s %10s %9s %10s %12s %11s\n", "capacity", "policy", "pages/b",
                 "hit_rate", "evicted", "seconds", "requests/s", "ns/page-op", "alloc_fail");
   }
   for (const std::string& policy : pols) {
@@ -188,6 +214,8 @@ int run(int argc, char** argv) {
       opt.capacity_blocks = cap;
       opt.policy = policy;
       opt.page_tokens = page_tokens;
+      opt.pin_limit_pages = static_cast<uint32_t>(
+          pin_share * double(cap) * double(kvpool::bench::kTraceBlockTokens / page_tokens));
       if (tty) {
         opt.progress = [&](size_t done, size_t total) {
           std::fprintf(stderr, "\r%s capacity %u: %zu/%zu requests", policy.c_str(), cap, done,
@@ -208,7 +236,7 @@ int run(int argc, char** argv) {
       if (json) {
         print_json(r, trace);
       } else {
-        std::printf("%10u %8s %7u %9.4f %10llu %9.4f %10.0f %12.1f %11llu\n", cap, policy.c_str(),
+        std::printf("%10u %14s %7u %9.4f %10llu %9.4f %10.0f %12.1f %11llu\n", cap, policy.c_str(),
                     kvpool::bench::kTraceBlockTokens / page_tokens, r.hit_rate(),
                     static_cast<unsigned long long>(r.evicted_pages), r.seconds,
                     double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops),

@@ -44,6 +44,16 @@ std::vector<std::vector<uint32_t>> next_uses(const Trace& trace) {
   return out;
 }
 
+// A lookup whose pin the account cannot afford is repeated without the pin, as a worker would.
+Status lookup_hinted(core::PagePool& pool, core::OwnerId owner, core::Namespace ns,
+                     std::span<const BlockHash> chain, std::span<PageId> out, uint32_t& hits,
+                     core::CallHints hints) {
+  const Status s = pool.lookup(owner, ns, chain, out, hits, core::PagePool::kUnlimited, hints);
+  if (s.code() != Errc::pin_limit_exceeded) return s;
+  hints.hints.pin_ttl_ms = 0;
+  return pool.lookup(owner, ns, chain, out, hits, core::PagePool::kUnlimited, hints);
+}
+
 void expect_ok(const Status& s, const char* what) {
   if (!s.ok()) throw std::runtime_error(std::string("replay: ") + what + ": " + s.message());
 }
@@ -59,16 +69,32 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   const uint64_t capacity_pages = uint64_t{options.capacity_blocks} * per_block;
   if (capacity_pages > core::kMaxPages) throw std::invalid_argument("capacity too large");
 
-  BeladyPolicy* belady = nullptr;
+  // "NAME+hints" replays with the trace's hints, NAME alone without.
+  std::string base = options.policy;
+  bool use_hints = false;
+  if (const size_t plus = base.find('+'); plus != std::string::npos) {
+    if (base.substr(plus) != "+hints") {
+      throw std::invalid_argument("unknown policy suffix in \"" + options.policy + "\"");
+    }
+    base.resize(plus);
+    use_hints = true;
+  }
+
+  OfflinePolicy* offline = nullptr;
   std::vector<std::vector<uint32_t>> next_use;
   std::unique_ptr<core::EvictionPolicy> policy;
-  if (options.policy == "belady") {
-    auto p = std::make_unique<BeladyPolicy>();
-    belady = p.get();
+  if (base == "belady" || base == "reuse-oracle") {
+    std::unique_ptr<OfflinePolicy> p;
+    if (base == "belady") {
+      p = std::make_unique<BeladyPolicy>();
+    } else {
+      p = std::make_unique<ReuseOraclePolicy>();
+    }
+    offline = p.get();
     policy = std::move(p);
     next_use = next_uses(trace);
   } else {
-    policy = core::make_policy(options.policy);
+    policy = core::make_policy(base);
     if (!policy) throw std::invalid_argument("unknown policy \"" + options.policy + "\"");
   }
 
@@ -78,8 +104,9 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   res.policy = options.policy;
   res.page_tokens = options.page_tokens;
 
-  core::PoolOptions pool_options{res.capacity_pages, std::move(policy), 1};
-  pool_options.expensive_checks = options.expensive_checks;
+  uint64_t now_ms = 0;  // the pool's clock (for pins) follows the trace's timestamps
+  core::PoolOptions pool_options{res.capacity_pages, std::move(policy), 1,
+                                 options.expensive_checks, [&now_ms] { return now_ms; }};
   core::PagePool pool(std::move(pool_options));
   const core::OwnerId owner = pool.open_owner();
   constexpr core::Namespace kNs = 1;
@@ -101,9 +128,32 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
     found.resize(n);
     position.resize(n);
 
-    // 1. The longest cached prefix.
+    const TraceRequest& req = trace.requests[r];
+    now_ms = req.timestamp_ms;
+    const size_t system_pages = std::min<size_t>(size_t{req.system_blocks} * per_block, n);
+    // The hints of the page at chain position i (none unless replaying with hints).
+    auto hints_at = [&](size_t i) {
+      core::CallHints h;
+      h.pin_limit = options.pin_limit_pages;
+      if (!use_hints) return h;
+      h.hints.priority = i < system_pages ? Priority::system : req.priority;
+      h.hints.pin_ttl_ms = req.pin_ttl_ms;
+      return h;
+    };
+
+    // 1. The longest cached prefix: the system prompt's pages, then the rest, each with its own
+    // hints (chained hashes make two lookups one).
     uint32_t hits = 0;
-    expect_ok(pool.lookup(owner, kNs, chain, found, hits), "lookup");
+    expect_ok(lookup_hinted(pool, owner, kNs, std::span(chain).first(system_pages), found, hits,
+                            hints_at(0)),
+              "lookup");
+    if (hits == system_pages && system_pages < n) {
+      uint32_t more = 0;
+      expect_ok(lookup_hinted(pool, owner, kNs, std::span(chain).subspan(system_pages),
+                              std::span(found).subspan(system_pages), more, hints_at(n - 1)),
+                "lookup");
+      hits += more;
+    }
     std::copy_n(found.begin(), hits, pages.begin());
     for (uint32_t k = 0; k < hits; ++k)
       position[k] = k;
@@ -123,7 +173,13 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
         continue;
       }
       PageId page = core::kNoPage;
-      const Status s = pool.alloc(owner, std::span(&page, 1));
+      core::CallHints h = hints_at(i);
+      Status s = pool.alloc(owner, std::span(&page, 1), h);
+      if (s.code() == Errc::pin_limit_exceeded) {
+        ++res.pins_refused;
+        h.hints.pin_ttl_ms = 0;
+        s = pool.alloc(owner, std::span(&page, 1), h);
+      }
       if (s.code() == Errc::out_of_pages) {
         ++res.alloc_failures;
         continue;
@@ -139,10 +195,10 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
     }
 
     // 3. Release, last page first.
-    if (belady != nullptr) {
+    if (offline != nullptr) {
       for (size_t k = 0; k < held; ++k) {
         const uint64_t when = next_use[r][position[k] / per_block];
-        belady->set_next_use(pages[k], (when << 24) | position[k]);
+        offline->set_next_use(pages[k], (when << 24) | position[k]);
       }
     }
     std::reverse(pages.begin(), pages.begin() + static_cast<std::ptrdiff_t>(held));

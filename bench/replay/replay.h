@@ -8,6 +8,9 @@
 // hit rate = hit pages / requested pages. With page_tokens = 512 one page is one trace block;
 // with a smaller page each block becomes 512/page_tokens pages with their own chained hashes, and
 // capacities (given in blocks) scale by the same factor.
+// With hints (policy NAME+hints), step 1 looks up the system prompt's pages with
+// Priority::system and the rest with the request's hints, and step 2 allocates with them; the
+// pool's clock, which pins run on, is the request's timestamp.
 #pragma once
 
 #include <cstdint>
@@ -22,7 +25,12 @@ inline constexpr uint32_t kTraceBlockTokens = 512;
 
 struct ReplayOptions {
   uint32_t capacity_blocks = 0;
-  std::string policy = "lru";  // "lru" or "belady"
+  // A core policy (lru, s3fifo, prefix) or an offline bound (belady, reuse-oracle); NAME+hints
+  // passes the trace's hints (priority, system blocks, pin TTL) to the pool.
+  std::string policy = "lru";
+  // Pages one replay may keep pinned at once (the daemon's limits.max_pinned_pages_per_tenant);
+  // a pin past it is dropped from the call, as a worker would on pin_limit_exceeded.
+  uint32_t pin_limit_pages = UINT32_MAX;
   uint32_t page_tokens = kTraceBlockTokens;
   // Called every few hundred requests with (requests done, total); may be empty.
   std::function<void(size_t, size_t)> progress;
@@ -43,6 +51,7 @@ struct ReplayResult {
   uint64_t evicted_pages = 0;
   uint64_t alloc_failures = 0;  // pages a request could not get (capacity below its length)
   uint64_t page_ops = 0;        // page-level core operations performed
+  uint64_t pins_refused = 0;    // allocs whose pin passed pin_limit_pages
   double seconds = 0;
   double hit_rate() const { return pages == 0 ? 0.0 : double(hit_pages) / double(pages); }
 };

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <unordered_set>
+#include <utility>
 
 namespace kvpool::bench {
 
@@ -27,6 +28,21 @@ uint64_t unsigned_field(const nlohmann::json& obj, const char* key, const std::s
 }
 
 }  // namespace
+
+bool parse_priority(std::string_view name, Priority& out) {
+  constexpr std::pair<std::string_view, Priority> kNames[] = {
+      {"none", Priority::none},
+      {"one_off", Priority::one_off},
+      {"conversation", Priority::conversation},
+      {"system", Priority::system}};
+  for (const auto& [n, p] : kNames) {
+    if (n == name) {
+      out = p;
+      return true;
+    }
+  }
+  return false;
+}
 
 Trace load_trace(const std::string& path) {
   std::ifstream in(path);
@@ -57,6 +73,21 @@ Trace load_trace(const std::string& path) {
       r.hash_ids.push_back(id.get<uint64_t>());
       distinct.insert(r.hash_ids.back());
     }
+    if (const auto it = obj.find("priority"); it != obj.end()) {
+      if (!it->is_string() || !parse_priority(it->get<std::string>(), r.priority)) {
+        fail(path, line, "\"priority\" must be none, one_off, conversation or system");
+      }
+      trace.has_hints = true;
+    }
+    const uint64_t system_blocks = unsigned_field(obj, "system_blocks", path, line, false);
+    if (system_blocks > r.hash_ids.size()) {
+      fail(path, line, "\"system_blocks\" is larger than the request's hash_ids");
+    }
+    r.system_blocks = static_cast<uint32_t>(system_blocks);
+    const uint64_t ttl = unsigned_field(obj, "pin_ttl_ms", path, line, false);
+    if (ttl > UINT32_MAX) fail(path, line, "\"pin_ttl_ms\" is out of range");
+    r.pin_ttl_ms = static_cast<uint32_t>(ttl);
+    if (r.system_blocks != 0 || r.pin_ttl_ms != 0) trace.has_hints = true;
     trace.total_blocks += r.hash_ids.size();
     trace.requests.push_back(std::move(r));
   }

@@ -1,6 +1,7 @@
 #include "daemon/core/page_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
@@ -8,7 +9,6 @@
 #include <string_view>
 
 #include "daemon/core/check.h"
-#include "daemon/core/lru_policy.h"
 
 namespace kvpool::core {
 
@@ -30,7 +30,9 @@ uint32_t checked_pages(uint32_t n) {
 PagePool::PagePool(PoolOptions options)
     : pages_(checked_pages(options.num_pages)),
       index_(options.num_pages, options.index_seed != 0 ? options.index_seed : random_seed()),
-      policy_(options.policy ? std::move(options.policy) : std::make_unique<LruPolicy>()),
+      extra_(options.num_pages),
+      clock_ms_(std::move(options.clock_ms)),
+      policy_(options.policy ? std::move(options.policy) : make_policy("lru")),
       expensive_checks_(options.expensive_checks),
       mark_(options.num_pages, 0) {
   policy_->attach(options.num_pages);
@@ -74,6 +76,7 @@ Status PagePool::close_owner(OwnerId owner) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   // One step per distinct page, not per reference: a ledger may hold 2^31 references to a page.
+  run_ = 0;
   for (const Ledger::Entry& e : l->entries_newest_first())
     unref_page(e.page, e.count);
   counters_.released += l->references();
@@ -95,14 +98,106 @@ PageId PagePool::find_cached(Namespace ns, const BlockHash& hash) const {
 
 void PagePool::ref_page(PageId page) {
   const uint32_t w = pages_[page].word;
+  PageExtra& x = extra_[page];
   if ((w & kRefMask) == 0) {
     // Only a CACHED page can gain its first reference here; FREE pages go through alloc.
     KVPOOL_DCHECK(w == kHashed);
     --cached_;
     ++in_use_;
-    policy_->on_reuse(page);
+    if (x.pin_until != 0) {
+      --pinned_cached_;
+    } else {
+      policy_->on_reuse(page);
+    }
   }
+  if (x.hits != UINT8_MAX) ++x.hits;
   pages_[page].word = w + 1;
+}
+
+void PagePool::cache(PageId page) {
+  ++cached_;
+  PageExtra& x = extra_[page];
+  if (x.pin_until != 0) {
+    ++pinned_cached_;
+    return;
+  }
+  const PageMeta& m = pages_[page];
+  policy_->on_cached(page,
+                     PageFacts{contents_key(m.ns, m.hash), x.hits, x.priority, x.first, run_++});
+  x.first = false;
+}
+
+uint64_t PagePool::now_ms() const {
+  if (clock_ms_) return clock_ms_();
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void PagePool::unpin(PageId page) {
+  PageExtra& x = extra_[page];
+  KVPOOL_CHECK(pins_.erase({x.pin_until, page}) == 1);
+  --pinned_per_account_[x.pin_account];
+  x.pin_until = 0;
+  x.pin_account = 0;
+}
+
+void PagePool::expire_pins() {
+  if (pins_.empty()) return;
+  const uint64_t now = now_ms();
+  run_ = 0;
+  while (!pins_.empty() && pins_.begin()->first <= now) {
+    const PageId page = pins_.begin()->second;
+    unpin(page);
+    ++counters_.pins_expired;
+    if (state(page) == PageState::cached) {
+      --pinned_cached_;
+      --cached_;  // cache() counts it again
+      cache(page);
+    }
+  }
+}
+
+uint32_t PagePool::pinned_by(uint32_t account) const {
+  return account < pinned_per_account_.size() ? pinned_per_account_[account] : 0;
+}
+
+Status PagePool::check_pin_limit(const CallHints& hints, uint64_t adding) const {
+  if (hints.hints.pin_ttl_ms == 0 || adding == 0) return {};
+  const uint64_t after = uint64_t{pinned_by(hints.pin_account)} + adding;
+  if (after > hints.pin_limit) return {Errc::pin_limit_exceeded, kNoItem, after};
+  return {};
+}
+
+uint64_t PagePool::new_pins(const CallHints& hints, std::span<const PageId> pages) {
+  if (hints.hints.pin_ttl_ms == 0) return 0;
+  ++epoch_;
+  uint64_t n = 0;
+  for (const PageId page : pages) {
+    if (mark_[page] == epoch_) continue;
+    mark_[page] = epoch_;
+    const PageExtra& x = extra_[page];
+    if (x.pin_until == 0 || x.pin_account != hints.pin_account) ++n;
+  }
+  return n;
+}
+
+void PagePool::apply_hints(PageId page, const CallHints& hints, uint64_t now) {
+  PageExtra& x = extra_[page];
+  KVPOOL_DCHECK((pages_[page].word & kRefMask) != 0);
+  x.priority = std::max(x.priority, hints.hints.priority);
+  if (hints.hints.pin_ttl_ms == 0) return;
+  const uint64_t until = now + hints.hints.pin_ttl_ms;
+  if (until <= x.pin_until) return;
+  if (x.pin_until != 0) unpin(page);
+  x.pin_until = until;
+  x.pin_account = hints.pin_account;
+  if (pinned_per_account_.size() <= hints.pin_account) {
+    pinned_per_account_.resize(size_t{hints.pin_account} + 1, 0);
+  }
+  ++pinned_per_account_[hints.pin_account];
+  pins_.emplace(until, page);
+  ++counters_.pins;
 }
 
 void PagePool::unref_page(PageId page, uint32_t n) {
@@ -111,9 +206,11 @@ void PagePool::unref_page(PageId page, uint32_t n) {
   if ((w & kRefMask) != 0) return;
   --in_use_;
   if (w & kHashed) {
-    ++cached_;
-    policy_->on_cached(page);
+    cache(page);
   } else {
+    // An unpublished page has nothing worth keeping: its pin and class go with it.
+    if (extra_[page].pin_until != 0) unpin(page);
+    extra_[page] = PageExtra{};
     free_.push_back(page);
   }
 }
@@ -125,14 +222,22 @@ void PagePool::uncache(PageId page, IndexObserver::Removal why) {
   if (observer_ != nullptr) observer_->removed(m.ns, m.hash, page, why);
   m.word = 0;
   --cached_;
+  PageExtra& x = extra_[page];
+  if (x.pin_until != 0) {
+    unpin(page);
+    --pinned_cached_;
+  }
+  x = PageExtra{};
 }
 
-Status PagePool::alloc(OwnerId owner, std::span<PageId> out) {
+Status PagePool::alloc(OwnerId owner, std::span<PageId> out, const CallHints& hints) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   const size_t n = out.size();
   if (n > pages_.size()) return {Errc::exceeds_capacity, kNoItem, n};
-  if (n > free_.size() + cached_) return {Errc::out_of_pages, kNoItem, n};
+  expire_pins();
+  if (n > free_.size() + cached_ - pinned_cached_) return {Errc::out_of_pages, kNoItem, n};
+  if (Status s = check_pin_limit(hints, n); !s.ok()) return s;
 
   // FREE pages first (top of the stack first), then victims in the policy's order.
   const size_t from_free = std::min(n, free_.size());
@@ -147,9 +252,12 @@ Status PagePool::alloc(OwnerId owner, std::span<PageId> out) {
   }
   counters_.evicted += n - from_free;
 
+  const bool hinted = !hints.hints.empty();
+  const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
   for (const PageId page : out) {
     pages_[page].word = 1;
     l->add(page);
+    if (hinted) apply_hints(page, hints, now);
   }
   in_use_ += static_cast<uint32_t>(n);
   counters_.allocated += n;
@@ -157,7 +265,7 @@ Status PagePool::alloc(OwnerId owner, std::span<PageId> out) {
   return {};
 }
 
-Status PagePool::retain(OwnerId owner, std::span<const PageId> pages) {
+Status PagePool::retain(OwnerId owner, std::span<const PageId> pages, const CallHints& hints) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   for (size_t i = 0; i < pages.size(); ++i) {
@@ -169,10 +277,16 @@ Status PagePool::retain(OwnerId owner, std::span<const PageId> pages) {
       return {Errc::refcount_overflow, item, page};
     }
   }
+  if (!hints.hints.empty()) {
+    expire_pins();
+    if (Status s = check_pin_limit(hints, new_pins(hints, pages)); !s.ok()) return s;
+  }
   // Held pages are IN_USE, so no state changes: only counts move.
+  const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
   for (const PageId page : pages) {
     l->add(page);
     ++pages_[page].word;
+    if (!hints.hints.empty()) apply_hints(page, hints, now);
   }
   checked("retain");
   return {};
@@ -203,6 +317,7 @@ Status PagePool::release(OwnerId owner, std::span<const PageId> pages) {
     l->remove_one(e);
   }
   // Pass 2 moves the pages, in the order given.
+  run_ = 0;
   for (const PageId page : pages)
     unref_page(page);
   counters_.released += pages.size();
@@ -211,11 +326,16 @@ Status PagePool::release(OwnerId owner, std::span<const PageId> pages) {
 }
 
 Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
-                        std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed) {
+                        std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed,
+                        const CallHints& hints) {
   hits = 0;
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   if (out.size() < chain.size()) return {Errc::invalid_argument, kNoItem, out.size()};
+  if (hints.hints.pin_ttl_ms != 0) {
+    expire_pins();
+    if (Status s = check_pin_limit(hints, chain.size()); !s.ok()) return s;
+  }
   uint32_t k = 0;
   for (const BlockHash& h : chain) {
     const PageId page = find_cached(ns, h);
@@ -231,6 +351,11 @@ Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> 
     out[k++] = page;
   }
   hits = k;
+  if (!hints.hints.empty()) {
+    const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
+    for (uint32_t i = 0; i < k; ++i)
+      apply_hints(out[i], hints, now);
+  }
   ++counters_.lookups;
   counters_.lookup_blocks += chain.size();
   counters_.hit_blocks += k;
@@ -239,7 +364,8 @@ Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> 
 }
 
 Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishItem> items,
-                         std::span<PublishResult> out, uint32_t new_pages_allowed) {
+                         std::span<PublishResult> out, uint32_t new_pages_allowed,
+                         const CallHints& hints) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   if (out.size() < items.size()) return {Errc::invalid_argument, kNoItem, out.size()};
@@ -272,6 +398,17 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
       ++new_pages;
     }
   }
+  if (hints.hints.pin_ttl_ms != 0) {
+    // The pages the caller will end up with: its own, or the page already carrying the hash.
+    expire_pins();
+    pin_scratch_.clear();
+    for (const PublishItem& item : items) {
+      const PageId existing =
+          (pages_[item.page].word & kHashed) ? kNoPage : find_cached(ns, item.hash);
+      pin_scratch_.push_back(existing != kNoPage ? existing : item.page);
+    }
+    if (Status s = check_pin_limit(hints, new_pins(hints, pin_scratch_)); !s.ok()) return s;
+  }
   for (size_t i = 0; i < items.size(); ++i) {
     const PageId page = items[i].page;
     PageMeta& m = pages_[page];
@@ -291,9 +428,15 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     m.ns = ns;
     m.hash = items[i].hash;
     m.word |= kHashed;
+    extra_[page].first = true;
     if (observer_ != nullptr) observer_->stored(ns, m.hash, page);
     out[i] = {PublishResult::Kind::stored, page};
     ++counters_.published;
+  }
+  if (!hints.hints.empty()) {
+    const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
+    for (size_t i = 0; i < items.size(); ++i)
+      apply_hints(out[i].page, hints, now);
   }
   checked("publish");
   return {};
@@ -312,6 +455,7 @@ uint32_t PagePool::drop_victims(uint32_t n, IndexObserver::Removal why) {
 }
 
 uint32_t PagePool::evict(uint32_t n) {
+  expire_pins();
   const uint32_t dropped = drop_victims(n, IndexObserver::Removal::evicted);
   counters_.evicted += dropped;
   checked("evict");
@@ -319,8 +463,19 @@ uint32_t PagePool::evict(uint32_t n) {
 }
 
 uint32_t PagePool::flush() {
-  const uint32_t dropped = drop_victims(cached_, IndexObserver::Removal::flushed);
-  KVPOOL_CHECK(cached_ == 0);
+  expire_pins();
+  uint32_t dropped = drop_victims(cached_, IndexObserver::Removal::flushed);
+  // What is left is pinned: flush is the operator's override.
+  pin_scratch_.clear();
+  for (const auto& [until, page] : pins_) {
+    if (state(page) == PageState::cached) pin_scratch_.push_back(page);
+  }
+  for (const PageId page : pin_scratch_) {
+    uncache(page, IndexObserver::Removal::flushed);
+    free_.push_back(page);
+    ++dropped;
+  }
+  KVPOOL_CHECK(cached_ == 0 && pinned_cached_ == 0);
   counters_.flushed += dropped;
   checked("flush");
   return dropped;
@@ -348,6 +503,8 @@ PoolStats PagePool::stats() const {
   s.in_use = in_use_;
   s.cached = cached_;
   s.owners = open_owners_;
+  s.pinned = static_cast<uint32_t>(pins_.size());
+  s.pinned_cached = pinned_cached_;
   s.counters = counters_;
   return s;
 }

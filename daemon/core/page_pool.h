@@ -11,9 +11,11 @@
 //   I2  a page's refcount = sum over owners of that owner's ledger count for it;
 //   I3  every hashed page is in the index exactly once, under its own (namespace, hash); every
 //       index entry points to a hashed page (so never to a FREE one);
-//   I4  every CACHED page is queued in the eviction policy exactly once; FREE and IN_USE pages are
-//       not queued;
-//   I5  the free stack holds exactly the FREE pages, each once.
+//   I4  every unpinned CACHED page is queued in the eviction policy exactly once; no other page
+//       is queued;
+//   I5  the free stack holds exactly the FREE pages, each once;
+//   I6  the pin set holds exactly the pinned pages, none FREE, under their expiry; each account's
+//       count is its pins; pinned CACHED pages are counted in pinned_cached_ and not queued.
 //
 // Operations are batched and all-or-nothing: a call either succeeds for every item or returns an
 // error and leaves the pool exactly as it was (counters for lookups included). Every per-page step
@@ -28,6 +30,15 @@
 // `new_pages_allowed`: a lookup hit past it ends the prefix as a miss would; a publish whose
 // duplicates would pass it fails with quota_exceeded and changes nothing. alloc() is bounded by
 // its size, retain() only adds references to pages already held.
+//
+// Hints and pins: alloc, retain, lookup and publish may carry PageHints for the pages the caller ends up
+// holding. The priority class is kept per page (the highest given since alloc) and passed to the
+// policy. A pin is mechanism, not policy: a pinned page that becomes CACHED is held out of the
+// policy (never a victim, only flush() drops it) until its pin expires, then it is queued like
+// any page. Pins are charged to an account (the daemon's tenant): a call that would leave an
+// account with more than its `pin_limit` pinned pages fails with pin_limit_exceeded and changes
+// nothing. A page has one pin; a later expiry replaces it and moves the charge. Pins expire
+// lazily, before anything counts or chooses victims, against the pool's clock (PoolOptions).
 //
 // Expensive checks: in builds with KVPOOL_EXPENSIVE_CHECKS (the sanitizer and fuzz trees), every
 // mutating call ends with check_invariants() and aborts on a violation, unless the pool was made
@@ -46,7 +57,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -71,6 +84,8 @@ struct PoolCounters {
   uint64_t duplicates = 0;     // publish items answered with an existing page
   uint64_t evicted = 0;        // CACHED pages dropped to serve alloc or evict()
   uint64_t flushed = 0;        // CACHED pages dropped by flush()
+  uint64_t pins = 0;           // pins set or extended
+  uint64_t pins_expired = 0;   // pins that ran out
 };
 
 struct PoolStats {
@@ -79,6 +94,8 @@ struct PoolStats {
   uint32_t in_use = 0;
   uint32_t cached = 0;
   uint32_t owners = 0;
+  uint32_t pinned = 0;         // pages with a pin, any state
+  uint32_t pinned_cached = 0;  // of the CACHED pages, those a pin holds out of the policy
   PoolCounters counters;
 };
 
@@ -89,6 +106,15 @@ struct PoolOptions {
   // In KVPOOL_EXPENSIVE_CHECKS builds: check every invariant after every mutation (see above).
   // A caller replaying a long trace over a large pool may turn it off; elsewhere it is ignored.
   bool expensive_checks = true;
+  // Milliseconds on a monotonic clock, for pins; a steady_clock reading when empty.
+  std::function<uint64_t()> clock_ms = {};
+};
+
+// The hints of one call and whom its pins are charged to.
+struct CallHints {
+  PageHints hints;
+  uint32_t pin_account = 0;       // e.g. the daemon's tenant index
+  uint32_t pin_limit = UINT32_MAX;  // pages the account may have pinned at once
 };
 
 class PagePool {
@@ -110,9 +136,9 @@ class PagePool {
   // Hands out out.size() pages, each with one reference for `owner`: FREE pages first, then
   // CACHED ones in the policy's order. exceeds_capacity when more than the pool has,
   // out_of_pages when not enough are free or evictable now.
-  Status alloc(OwnerId owner, std::span<PageId> out);
+  Status alloc(OwnerId owner, std::span<PageId> out, const CallHints& hints = {});
   // +1 on each page; the owner must already hold it.
-  Status retain(OwnerId owner, std::span<const PageId> pages);
+  Status retain(OwnerId owner, std::span<const PageId> pages, const CallHints& hints = {});
   // −1 on each page, in the order given; the owner must hold that many references.
   Status release(OwnerId owner, std::span<const PageId> pages);
 
@@ -121,19 +147,28 @@ class PagePool {
   // and writes them to out[0..hits). out must have room for the whole chain.
   // A page whose reference count is saturated ends the prefix as a miss would.
   // At most `new_pages_allowed` of the hits may be pages the owner did not hold before.
+  // Hints apply to the pages found; a pin is checked against its limit as if every hash of the
+  // chain were found (the call is refused before anything changes).
   Status lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
-                std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed = kUnlimited);
+                std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed = kUnlimited,
+                const CallHints& hints = {});
   // Publishes each (page, hash) under `ns`. The owner must hold the page, and a page may appear
   // once per call. Publishing the hash a page already carries is a no-op answered `stored`.
   // quota_exceeded when the duplicates would hand the owner more than `new_pages_allowed`
   // pages it does not hold.
+  // Hints apply to the pages the caller ends up with (out[i].page).
   Status publish(OwnerId owner, Namespace ns, std::span<const PublishItem> items,
-                 std::span<PublishResult> out, uint32_t new_pages_allowed = kUnlimited);
+                 std::span<PublishResult> out, uint32_t new_pages_allowed = kUnlimited,
+                 const CallHints& hints = {});
 
   // Operator actions --------------------------------------------------------------------------
+  // Pins whose time has come are dropped and their CACHED pages go to the policy. The pool does
+  // this itself before it counts evictable pages or pins; call it before reading stats().
+  void expire_pins();
   // Drops up to n CACHED pages in the policy's order; returns how many.
   uint32_t evict(uint32_t n);
-  // Drops every CACHED page; pages in use (hashed or not) are untouched. Returns how many.
+  // Drops every CACHED page, pinned ones too; pages in use (hashed or not) are untouched.
+  // Returns how many.
   uint32_t flush();
 
   // Inspection --------------------------------------------------------------------------------
@@ -145,6 +180,10 @@ class PagePool {
   bool published(PageId page) const { return (pages_[page].word & kHashed) != 0; }  // ditto
   uint32_t held(OwnerId owner, PageId page) const;  // 0 for an unknown owner or page
   uint32_t owner_pages(OwnerId owner) const;        // distinct pages held; 0 if unknown
+  // Pin expiry (the pool's clock, ms) of a page, 0 when unpinned; its priority class.
+  uint64_t pinned_until(PageId page) const { return extra_[page].pin_until; }  // valid_page
+  Priority priority(PageId page) const { return extra_[page].priority; }      // valid_page
+  uint32_t pinned_by(uint32_t account) const;  // pages the account has pinned now
   const EvictionPolicy& policy() const { return *policy_; }
   // The key a page is indexed under; false when it carries no hash. Precondition: valid_page.
   bool indexed_key(PageId page, Namespace& ns, BlockHash& hash) const;
@@ -182,15 +221,40 @@ class PagePool {
   void uncache(PageId page, IndexObserver::Removal why);
   // Drops up to n victims onto the free stack.
   uint32_t drop_victims(uint32_t n, IndexObserver::Removal why);
+  // Hands a page that just became CACHED to the policy, or holds it out while pinned.
+  void cache(PageId page);
+  uint64_t now_ms() const;
+  // The error for a call that would pin `adding` more pages of an account, or ok.
+  Status check_pin_limit(const CallHints& hints, uint64_t adding) const;
+  // Pages of `pages` (deduplicated) a pin by `hints` would newly charge to its account.
+  uint64_t new_pins(const CallHints& hints, std::span<const PageId> pages);
+  // Applies the hints of a call to a page the caller now holds.
+  void apply_hints(PageId page, const CallHints& hints, uint64_t now);
+  void unpin(PageId page);
   // One reference more / `n` fewer, with the state transitions that follow.
   void ref_page(PageId page);
   void unref_page(PageId page, uint32_t n = 1);
   // KVPOOL_EXPENSIVE_CHECKS builds: check_invariants() after a mutation, abort naming `op`.
   void checked(const char* op) const;
 
+  // Per page, away from the hot PageMeta: what the policy is told and the pin.
+  struct PageExtra {
+    uint64_t pin_until = 0;  // 0 = no pin
+    uint32_t pin_account = 0;
+    uint8_t hits = 0;  // lookup hits and duplicates since alloc, saturating
+    Priority priority = Priority::none;
+    bool first = false;  // not yet CACHED since it got its hash
+  };
+
   std::vector<PageMeta> pages_;
   std::vector<PageId> free_;  // stack of FREE pages
   PrefixIndex index_;
+  std::vector<PageExtra> extra_;
+  std::set<std::pair<uint64_t, PageId>> pins_;  // (expiry, page) of every pinned page
+  std::vector<uint32_t> pinned_per_account_;
+  uint32_t pinned_cached_ = 0;
+  uint32_t run_ = 0;  // pages cached by the current call so far (PageFacts::run)
+  std::function<uint64_t()> clock_ms_;
   std::unique_ptr<EvictionPolicy> policy_;
   IndexObserver* observer_ = nullptr;
 
@@ -206,6 +270,7 @@ class PagePool {
   // Scratch for undoing a failed batch and for duplicate detection; reused, never shrunk.
   std::vector<Ledger::Entry> undo_;
   std::vector<uint64_t> mark_;  // per page: last batch epoch that listed it
+  std::vector<PageId> pin_scratch_;
   uint64_t epoch_ = 0;
 };
 

@@ -121,7 +121,34 @@ std::string PagePool::check_invariants() const {
     }
   }
 
-  // I4: exactly the CACHED pages are queued, once each.
+  // I6: the pin set, the accounts and the pinned CACHED pages agree with the pages' pins.
+  uint64_t n_pinned = 0;
+  uint64_t n_pinned_cached = 0;
+  std::vector<uint64_t> per_account(pinned_per_account_.size(), 0);
+  for (PageId p = 0; p < total; ++p) {
+    const PageExtra& x = extra_[p];
+    if (x.pin_until == 0) continue;
+    ++n_pinned;
+    if (state(p) == PageState::free) return page_msg(p, "I6: free but pinned");
+    if (state(p) == PageState::cached) ++n_pinned_cached;
+    if (pins_.count({x.pin_until, p}) != 1) return page_msg(p, "I6: pinned, not in the pin set");
+    if (x.pin_account >= per_account.size()) return page_msg(p, "I6: pinned to an unknown account");
+    ++per_account[x.pin_account];
+  }
+  if (pins_.size() != n_pinned) {
+    return "I6: pin set holds " + std::to_string(pins_.size()) + " pages, " +
+           std::to_string(n_pinned) + " are pinned";
+  }
+  for (size_t a = 0; a < per_account.size(); ++a) {
+    if (per_account[a] != pinned_per_account_[a]) {
+      return "I6: account " + std::to_string(a) + " counts " +
+             std::to_string(pinned_per_account_[a]) + " pins, holds " +
+             std::to_string(per_account[a]);
+    }
+  }
+  if (n_pinned_cached != pinned_cached_) return "I6: pinned cached pages disagree with the counter";
+
+  // I4: exactly the unpinned CACHED pages are queued, once each.
   std::fill(seen.begin(), seen.end(), 0);
   uint64_t queued = 0;
   policy_->for_each_queued([&](PageId p) {
@@ -131,12 +158,15 @@ std::string PagePool::check_invariants() const {
       err = "I4: policy queues invalid id " + std::to_string(p);
     else if (state(p) != PageState::cached)
       err = page_msg(p, "I4: queued but not cached");
+    else if (extra_[p].pin_until != 0)
+      err = page_msg(p, "I4: queued while pinned");
     else if (seen[p]++ != 0)
       err = page_msg(p, "I4: queued twice");
   });
   if (!err.empty()) return err;
-  if (queued != n_cached) {
-    return "I4: policy queues " + std::to_string(queued) + " pages, " + std::to_string(n_cached) +
+  if (queued + n_pinned_cached != n_cached) {
+    return "I4: policy queues " + std::to_string(queued) + " pages and " +
+           std::to_string(n_pinned_cached) + " are pinned, " + std::to_string(n_cached) +
            " are cached";
   }
   return {};
