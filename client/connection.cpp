@@ -238,8 +238,8 @@ Result<wire::Reply> Connection::call(const wire::Request& request) {
   return round_trip(id, nullptr);
 }
 
-Result<std::vector<PageId>> Connection::alloc(uint32_t count) {
-  auto r = expect<wire::AllocReply>(call(wire::AllocRequest{count}));
+Result<std::vector<PageId>> Connection::alloc(uint32_t count, const PageHints& hints) {
+  auto r = expect<wire::AllocReply>(call(wire::AllocRequest{count, hints}));
   if (!r.ok()) return r.error();
   if (r.value().pages.size() != count) {
     return broken(error(Errc::malformed_frame, "alloc reply with " +
@@ -249,8 +249,9 @@ Result<std::vector<PageId>> Connection::alloc(uint32_t count) {
   return std::move(r.value().pages);
 }
 
-Result<Ok> Connection::retain(std::span<const PageId> pages) {
-  auto r = expect<wire::RetainReply>(call(wire::RetainRequest{{pages.begin(), pages.end()}}));
+Result<Ok> Connection::retain(std::span<const PageId> pages, const PageHints& hints) {
+  auto r =
+      expect<wire::RetainReply>(call(wire::RetainRequest{{pages.begin(), pages.end()}, hints}));
   if (!r.ok()) return r.error();
   return Ok{};
 }
@@ -261,8 +262,10 @@ Result<Ok> Connection::release(std::span<const PageId> pages) {
   return Ok{};
 }
 
-Result<std::vector<PageId>> Connection::lookup(std::span<const BlockHash> chain) {
-  auto r = expect<wire::LookupReply>(call(wire::LookupRequest{{chain.begin(), chain.end()}}));
+Result<std::vector<PageId>> Connection::lookup(std::span<const BlockHash> chain,
+                                               const PageHints& hints) {
+  auto r =
+      expect<wire::LookupReply>(call(wire::LookupRequest{{chain.begin(), chain.end()}, hints}));
   if (!r.ok()) return r.error();
   if (r.value().pages.size() > chain.size()) {
     return broken(error(Errc::malformed_frame, "lookup reply with more hits than hashes"));
@@ -270,8 +273,10 @@ Result<std::vector<PageId>> Connection::lookup(std::span<const BlockHash> chain)
   return std::move(r.value().pages);
 }
 
-Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishItem> items) {
-  auto r = expect<wire::PublishReply>(call(wire::PublishRequest{{items.begin(), items.end()}}));
+Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishItem> items,
+                                                       const PageHints& hints) {
+  auto r =
+      expect<wire::PublishReply>(call(wire::PublishRequest{{items.begin(), items.end()}, hints}));
   if (!r.ok()) return r.error();
   if (r.value().results.size() != items.size()) {
     return broken(error(Errc::malformed_frame,

@@ -59,12 +59,15 @@ class Connection {
   // side region after the last page; nullptr for 16-bit pools.
   float* page_scales(PageId p) const;
 
-  Result<std::vector<PageId>> alloc(uint32_t count);
-  Result<Ok> retain(std::span<const PageId> pages);
+  // hints (priority class, pin TTL) apply to the pages the call leaves this session holding;
+  // the default says nothing and sends nothing.
+  Result<std::vector<PageId>> alloc(uint32_t count, const PageHints& hints = {});
+  Result<Ok> retain(std::span<const PageId> pages, const PageHints& hints = {});
   Result<Ok> release(std::span<const PageId> pages);
   // The pages of the longest cached prefix of `chain`, each now held by this session.
-  Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain);
-  Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items);
+  Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain, const PageHints& hints = {});
+  Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items,
+                                             const PageHints& hints = {});
   Result<wire::StatsReply> stats();
   // Admin (root or the daemon's admin_group): drop up to n cached pages in eviction order / all.
   Result<uint32_t> evict(uint32_t n);

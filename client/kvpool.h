@@ -56,6 +56,20 @@ typedef struct {
   uint32_t session_held_pages;
 } kvpool_stats;
 
+/* Eviction hints (common/types.h PageHints), applied to every later alloc, retain, lookup and
+ * publish of this connection until changed: the pages those calls leave it holding get the
+ * priority class (the highest any call gave a page counts) and, when pin_ttl_ms > 0, a pin that
+ * keeps them cached that long (bounded by the daemon per tenant: limits.max_pin_ttl_ms and
+ * limits.max_pinned_pages_per_tenant). */
+#define KVPOOL_PRIORITY_NONE 0
+#define KVPOOL_PRIORITY_ONE_OFF 1
+#define KVPOOL_PRIORITY_CONVERSATION 2
+#define KVPOOL_PRIORITY_SYSTEM 3
+typedef struct {
+  uint8_t priority; /* KVPOOL_PRIORITY_* */
+  uint32_t pin_ttl_ms;
+} kvpool_hints;
+
 /* Connects and attaches to pool_name (NULL or "" = the daemon's default pool). socket_path NULL
  * = $KVPOOL_SOCKET, else the daemon's default path. On failure *out is NULL and the message is
  * copied into err (if err_len > 0). */
@@ -68,6 +82,8 @@ const char* kvpool_last_error(const kvpool_conn* c);
 void* kvpool_base(const kvpool_conn* c);
 void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out);
 
+/* NULL = no hints. An unknown priority is refused (invalid_argument) and changes nothing. */
+int kvpool_set_hints(kvpool_conn* c, const kvpool_hints* hints);
 int kvpool_alloc(kvpool_conn* c, uint32_t n, kvpool_page_id* out /* n */);
 int kvpool_retain(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
 int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n);

@@ -9,6 +9,7 @@
 struct kvpool_conn {
   std::unique_ptr<kvpool::client::Connection> conn;
   std::string last_error;
+  kvpool::PageHints hints;
 };
 
 namespace {
@@ -46,7 +47,7 @@ int kvpool_attach(const char* socket_path, const char* worker_name, const char* 
     }
     return static_cast<int>(r.error().status.code());
   }
-  *out = new kvpool_conn{std::move(r.value()), {}};
+  *out = new kvpool_conn{std::move(r.value()), {}, {}};
   return KVPOOL_OK;
 }
 
@@ -75,15 +76,29 @@ void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out) {
                           c->conn->device()};
 }
 
+int kvpool_set_hints(kvpool_conn* c, const kvpool_hints* hints) {
+  if (hints == nullptr) {
+    c->hints = {};
+    return KVPOOL_OK;
+  }
+  if (hints->priority > kvpool::kMaxPriority) {
+    c->last_error = "kvpool_set_hints: priority " + std::to_string(hints->priority) +
+                    " is not a priority class (KVPOOL_PRIORITY_NONE .. KVPOOL_PRIORITY_SYSTEM)";
+    return static_cast<int>(kvpool::Errc::invalid_argument);
+  }
+  c->hints = kvpool::PageHints{static_cast<kvpool::Priority>(hints->priority), hints->pin_ttl_ms};
+  return KVPOOL_OK;
+}
+
 int kvpool_alloc(kvpool_conn* c, uint32_t n, kvpool_page_id* out) {
-  auto r = c->conn->alloc(n);
+  auto r = c->conn->alloc(n, c->hints);
   if (!r.ok()) return fail(c, r);
   std::memcpy(out, r.value().data(), r.value().size() * sizeof(kvpool_page_id));
   return KVPOOL_OK;
 }
 
 int kvpool_retain(kvpool_conn* c, const kvpool_page_id* pages, size_t n) {
-  auto r = c->conn->retain(std::span(pages, n));
+  auto r = c->conn->retain(std::span(pages, n), c->hints);
   return r.ok() ? KVPOOL_OK : fail(c, r);
 }
 
@@ -99,7 +114,7 @@ int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_pag
   std::vector<kvpool::BlockHash> hashes(n);
   for (size_t i = 0; i < n; ++i)
     hashes[i] = kvpool::BlockHash{chain[i].lo, chain[i].hi};
-  auto r = c->conn->lookup(hashes);
+  auto r = c->conn->lookup(hashes, c->hints);
   if (!r.ok()) return fail(c, r);
   std::memcpy(out, r.value().data(), r.value().size() * sizeof(kvpool_page_id));
   *hits = static_cast<uint32_t>(r.value().size());
@@ -114,7 +129,7 @@ int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
     in[i] =
         kvpool::PublishItem{items[i].page, kvpool::BlockHash{items[i].hash.lo, items[i].hash.hi}};
   }
-  auto r = c->conn->publish(in);
+  auto r = c->conn->publish(in, c->hints);
   if (!r.ok()) return fail(c, r);
   for (size_t i = 0; i < n; ++i) {
     out[i].duplicate = r.value()[i].kind == kvpool::PublishResult::Kind::duplicate ? 1 : 0;

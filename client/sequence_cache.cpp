@@ -24,7 +24,7 @@ Result<uint32_t> SequenceCache::begin(std::span<const uint32_t> prompt) {
   }
   tokens_.assign(prompt.begin(), prompt.end());
   hash_new_full_blocks();
-  auto hits = conn_.lookup(hashes_);
+  auto hits = conn_.lookup(hashes_, hints_);
   if (!hits.ok()) {
     tokens_.clear();
     hashes_.clear();
@@ -34,7 +34,7 @@ Result<uint32_t> SequenceCache::begin(std::span<const uint32_t> prompt) {
   published_ = static_cast<uint32_t>(pages_.size());
   const uint32_t blocks = (tokens() + tpp_ - 1) / tpp_;
   if (blocks > pages_.size()) {
-    auto fresh = conn_.alloc(blocks - static_cast<uint32_t>(pages_.size()));
+    auto fresh = conn_.alloc(blocks - static_cast<uint32_t>(pages_.size()), hints_);
     if (!fresh.ok()) {
       (void)release();
       return fresh.error();
@@ -46,7 +46,7 @@ Result<uint32_t> SequenceCache::begin(std::span<const uint32_t> prompt) {
 
 Result<SequenceCache::Slot> SequenceCache::append(uint32_t token) {
   if (tokens() % tpp_ == 0) {
-    auto page = conn_.alloc(1);
+    auto page = conn_.alloc(1, hints_);
     if (!page.ok()) return page.error();
     pages_.push_back(page.value()[0]);
   }
@@ -69,7 +69,7 @@ Result<uint32_t> SequenceCache::publish_full() {
     items.push_back({pages_[b], hashes_[b]});
     blocks.push_back(b);
   }
-  auto results = conn_.publish(items);
+  auto results = conn_.publish(items, hints_);
   if (!results.ok()) return results.error();
   std::vector<PageId> own_copies;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -89,13 +89,14 @@ Result<uint32_t> SequenceCache::publish_full() {
 
 Result<std::unique_ptr<SequenceCache>> SequenceCache::fork() {
   auto child = std::make_unique<SequenceCache>(conn_, hasher_, root_);
+  child->hints_ = hints_;
   const uint32_t full = full_blocks();
   std::vector<PageId> shared;
   for (uint32_t b = 0; b < full; ++b) {
     if (pages_[b] != kNoPage) shared.push_back(pages_[b]);
   }
   if (!shared.empty()) {
-    auto r = conn_.retain(shared);
+    auto r = conn_.retain(shared, hints_);
     if (!r.ok()) return r.error();
   }
   child->tokens_ = tokens_;
@@ -104,7 +105,7 @@ Result<std::unique_ptr<SequenceCache>> SequenceCache::fork() {
   child->pages_.assign(pages_.begin(), pages_.begin() + full);
   if (tokens() % tpp_ != 0) {
     // The partial last block will be written by both sequences: the child gets its own copy.
-    auto page = conn_.alloc(1);
+    auto page = conn_.alloc(1, hints_);
     if (!page.ok()) return page.error();  // child's destructor releases what it retained
     const PageId copy = page.value()[0];
     child->pages_.push_back(copy);  // from here on the child's destructor releases it

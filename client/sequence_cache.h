@@ -65,6 +65,12 @@ class SequenceCache {
   // Releases every page, tail first. The sequence is empty afterwards.
   Result<Ok> release();
 
+  // Hints for every later call (lookup in begin(), allocs, publish_full(), fork()): e.g. a
+  // conversation's class and a pin lasting the expected time to its next turn, so its pages
+  // outlive the pause. The daemon bounds pins per tenant; a refused pin fails the call.
+  void set_hints(const PageHints& hints) { hints_ = hints; }
+  const PageHints& hints() const { return hints_; }
+
   uint32_t tokens() const { return static_cast<uint32_t>(tokens_.size()); }
   uint32_t tokens_per_page() const { return tpp_; }
   const std::vector<PageId>& block_table() const { return pages_; }
@@ -84,6 +90,7 @@ class SequenceCache {
   std::vector<PageId> pages_;
   std::vector<BlockHash> hashes_;  // one per full block
   uint32_t published_ = 0;
+  PageHints hints_;
 };
 
 }  // namespace kvpool::client

@@ -145,6 +145,14 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
            [](const PoolStats& p) { return p.evicted; });
   per_pool("kvpool_pages_flushed_total", "counter", "Cached pages dropped by flush.",
            [](const PoolStats& p) { return p.flushed; });
+  per_pool("kvpool_pinned_pages", "gauge", "Pages a client pin keeps (any state).",
+           [](const PoolStats& p) { return p.pinned; });
+  per_pool("kvpool_pinned_cached_pages", "gauge", "Cached pages a client pin keeps from eviction.",
+           [](const PoolStats& p) { return p.pinned_cached; });
+  per_pool("kvpool_pins_total", "counter", "Pins set or extended by clients.",
+           [](const PoolStats& p) { return p.pins; });
+  per_pool("kvpool_pins_expired_total", "counter", "Pins that ran out.",
+           [](const PoolStats& p) { return p.pins_expired; });
 
   const DaemonStats& d = s.daemon;
   out.family("kvpool_connections", "gauge", "Open connections to the daemon, attached or not.");

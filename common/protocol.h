@@ -10,11 +10,11 @@
 // Request payloads (all integers little-endian; "string" = u32 length + bytes; "hash" = u64 lo,
 // u64 hi):
 //   hello    string worker_name, string pool_name          (≤ kMaxNameBytes each)
-//   alloc    u32 count
-//   retain   u32 n, n × u32 page
+//   alloc    u32 count                                [hints]
+//   retain   u32 n, n × u32 page                       [hints]
 //   release  u32 n, n × u32 page
-//   lookup   u32 n, n × hash
-//   publish  u32 n, n × (u32 page, hash)
+//   lookup   u32 n, n × hash                           [hints]
+//   publish  u32 n, n × (u32 page, hash)               [hints]
 //   stats    (empty)
 //   evict    u32 count                                      (admin)
 //   flush    (empty)                                        (admin)
@@ -26,6 +26,10 @@
 //   reload    (empty)                                      (admin)
 //   subscribe u64 from_seq                                 (0 = new events only)
 //   snapshot  (empty)
+// [hints]: when the request's first u32 (count or n) has kHintsFlag set, the payload ends with
+// u8 priority (a Priority, 0..kMaxPriority), u32 pin_ttl_ms: the client's PageHints for the pages
+// the call leaves it holding (common/types.h). A client sets the flag only when its hints say
+// something, so a request without hints is byte for byte what it was before hints existed.
 // Every count is checked against the bytes present and against kMaxBatch before anything is
 // allocated, and a payload must be consumed exactly: trailing bytes are malformed.
 //
@@ -88,6 +92,7 @@ inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
+inline constexpr uint32_t kHintsFlag = 1u << 31;        // on a count: hints follow the items
 inline constexpr uint32_t kMaxNameBytes = 256;
 inline constexpr uint16_t kReplyBit = 0x8000;
 // A pool's segments travel in one SCM_RIGHTS message, which Linux limits to 253 descriptors.
@@ -160,10 +165,12 @@ struct HelloRequest {
 };
 struct AllocRequest {
   uint32_t count = 0;
+  PageHints hints = {};
   friend bool operator==(const AllocRequest&, const AllocRequest&) = default;
 };
 struct RetainRequest {
   std::vector<PageId> pages;
+  PageHints hints = {};
   friend bool operator==(const RetainRequest&, const RetainRequest&) = default;
 };
 struct ReleaseRequest {
@@ -172,10 +179,12 @@ struct ReleaseRequest {
 };
 struct LookupRequest {
   std::vector<BlockHash> chain;
+  PageHints hints = {};
   friend bool operator==(const LookupRequest&, const LookupRequest&) = default;
 };
 struct PublishRequest {
   std::vector<PublishItem> items;
+  PageHints hints = {};
   friend bool operator==(const PublishRequest&, const PublishRequest&) = default;
 };
 struct StatsRequest {

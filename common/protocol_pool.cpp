@@ -33,24 +33,68 @@ static_assert(std::is_trivially_copyable_v<BlockHash> && sizeof(BlockHash) == kH
 
 // Sizes and writers ---------------------------------------------------------------------------
 
+namespace {
+
+// The hints of alloc, retain, lookup and publish (see protocol.h): a flag on the first count and
+// a trailer after the items.
+constexpr size_t kHintsBytes = 1 + kU32;
+size_t hints_size(const PageHints& h) {
+  return h.empty() ? 0 : kHintsBytes;
+}
+uint32_t flagged(uint32_t count, const PageHints& h) {
+  return h.empty() ? count : count | kHintsFlag;
+}
+void put_hints(Writer& w, const PageHints& h) {
+  if (h.empty()) return;
+  w.put(static_cast<uint8_t>(h.priority));
+  w.put(h.pin_ttl_ms);
+}
+// Reads the first count, taking the hints flag off it.
+bool get_flagged(Reader& r, uint32_t& n, bool& hinted) {
+  if (!r.get(n, "count")) return false;
+  hinted = (n & kHintsFlag) != 0;
+  n &= ~kHintsFlag;
+  return true;
+}
+bool get_hints(Reader& r, bool hinted, PageHints& h) {
+  if (!hinted) return true;
+  uint8_t priority = 0;
+  if (!r.get(priority, "hints.priority") || !r.get(h.pin_ttl_ms, "hints.pin_ttl_ms")) return false;
+  if (priority > kMaxPriority) {
+    return r.fail(priority, cat({r.what(), ": hints.priority ", unsigned{priority},
+                                 " is not a priority class (0 none, 1 one_off, 2 conversation, "
+                                 "3 system)"}));
+  }
+  h.priority = static_cast<Priority>(priority);
+  // One encoding per request: hints that say nothing are sent as no hints.
+  if (h.empty()) {
+    return r.fail(0, cat({r.what(),
+                          ": hints flag set but the hints say nothing (priority none, "
+                          "no pin): send none"}));
+  }
+  return true;
+}
+
+}  // namespace
+
 // Payload sizes (replies: without the status code).
 size_t body_size(const HelloRequest& m) {
   return 2 * kU32 + m.worker_name.size() + m.pool_name.size();
 }
-size_t body_size(const AllocRequest&) {
-  return kU32;
+size_t body_size(const AllocRequest& m) {
+  return kU32 + hints_size(m.hints);
 }
 size_t body_size(const RetainRequest& m) {
-  return kU32 + m.pages.size() * kU32;
+  return kU32 + m.pages.size() * kU32 + hints_size(m.hints);
 }
 size_t body_size(const ReleaseRequest& m) {
   return kU32 + m.pages.size() * kU32;
 }
 size_t body_size(const LookupRequest& m) {
-  return kU32 + m.chain.size() * kHashBytes;
+  return kU32 + m.chain.size() * kHashBytes + hints_size(m.hints);
 }
 size_t body_size(const PublishRequest& m) {
-  return kU32 + m.items.size() * kPublishItemBytes;
+  return kU32 + m.items.size() * kPublishItemBytes + hints_size(m.hints);
 }
 size_t body_size(const StatsRequest&) {
   return 0;
@@ -120,24 +164,30 @@ void put_body(Writer& w, const HelloRequest& m) {
   w.str(m.pool_name);
 }
 void put_body(Writer& w, const AllocRequest& m) {
-  w.put(m.count);
+  w.put(flagged(m.count, m.hints));
+  put_hints(w, m.hints);
 }
 void put_body(Writer& w, const RetainRequest& m) {
-  w.array(m.pages);
+  w.put(flagged(static_cast<uint32_t>(m.pages.size()), m.hints));
+  w.raw(m.pages.data(), m.pages.size() * sizeof(PageId));
+  put_hints(w, m.hints);
 }
 void put_body(Writer& w, const ReleaseRequest& m) {
   w.array(m.pages);
 }
 void put_body(Writer& w, const LookupRequest& m) {
-  w.array(m.chain);
+  w.put(flagged(static_cast<uint32_t>(m.chain.size()), m.hints));
+  w.raw(m.chain.data(), m.chain.size() * sizeof(BlockHash));
+  put_hints(w, m.hints);
 }
 void put_body(Writer& w, const PublishRequest& m) {
-  w.put(static_cast<uint32_t>(m.items.size()));
+  w.put(flagged(static_cast<uint32_t>(m.items.size()), m.hints));
   for (const PublishItem& it : m.items) {
     w.put(it.page);
     w.put(it.hash.lo);
     w.put(it.hash.hi);
   }
+  put_hints(w, m.hints);
 }
 void put_body(Writer&, const StatsRequest&) {}
 void put_body(Writer& w, const HelloReply& m) {
@@ -237,25 +287,33 @@ bool get_body(Reader& r, HelloRequest& m) {
   return r.str(m.worker_name, "worker_name") && r.str(m.pool_name, "pool_name");
 }
 bool get_body(Reader& r, AllocRequest& m) {
-  if (!r.get(m.count, "count")) return false;
+  bool hinted = false;
+  if (!get_flagged(r, m.count, hinted)) return false;
   if (m.count > kMaxBatch) {
     return r.fail(m.count,
                   cat({r.what(), ": count ", m.count, " is above kMaxBatch (", kMaxBatch, ")"}));
   }
-  return true;
+  return get_hints(r, hinted, m.hints);
 }
 bool get_body(Reader& r, RetainRequest& m) {
-  return r.array(m.pages, "count");
+  uint32_t n = 0;
+  bool hinted = false;
+  return get_flagged(r, n, hinted) && r.check_count(n, kU32, "count") &&
+         r.items(m.pages, n, "pages") && get_hints(r, hinted, m.hints);
 }
 bool get_body(Reader& r, ReleaseRequest& m) {
   return r.array(m.pages, "count");
 }
 bool get_body(Reader& r, LookupRequest& m) {
-  return r.array(m.chain, "count");
+  uint32_t n = 0;
+  bool hinted = false;
+  return get_flagged(r, n, hinted) && r.check_count(n, kHashBytes, "count") &&
+         r.items(m.chain, n, "chain") && get_hints(r, hinted, m.hints);
 }
 bool get_body(Reader& r, PublishRequest& m) {
   uint32_t n = 0;
-  if (!r.count(n, kPublishItemBytes, "count")) return false;
+  bool hinted = false;
+  if (!get_flagged(r, n, hinted) || !r.check_count(n, kPublishItemBytes, "count")) return false;
   const std::byte* p = r.take(size_t{n} * kPublishItemBytes, "items");
   if (p == nullptr) return false;
   m.items.resize(n);
@@ -265,7 +323,7 @@ bool get_body(Reader& r, PublishRequest& m) {
     std::memcpy(&it.hash.hi, p + kU32 + kU64, kU64);
     p += kPublishItemBytes;
   }
-  return true;
+  return get_hints(r, hinted, m.hints);
 }
 bool get_body(Reader&, StatsRequest&) {
   return true;

@@ -132,8 +132,10 @@ std::string decode(std::span<const std::byte> bytes, uint32_t layout_version, Sn
   }
   for (size_t i = 0; i < pools; ++i) {
     if (out.pools[i].name_len > kNameBytes ||
-        !terminated(out.pools[i].backend, sizeof out.pools[i].backend)) {
-      return "stats snapshot: pool " + std::to_string(i) + " has a malformed name or backend";
+        !terminated(out.pools[i].backend, sizeof out.pools[i].backend) ||
+        !terminated(out.pools[i].policy, sizeof out.pools[i].policy)) {
+      return "stats snapshot: pool " + std::to_string(i) +
+             " has a malformed name, backend or policy";
     }
   }
   return {};

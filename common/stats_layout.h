@@ -33,7 +33,7 @@
 namespace kvpool::stats {
 
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
 inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
@@ -111,8 +111,13 @@ struct PoolStats {
   uint64_t duplicates = 0;
   uint64_t evicted = 0;
   uint64_t flushed = 0;
+  char policy[16] = {};        // the eviction policy's name, NUL-terminated
+  uint32_t pinned = 0;         // pages a client pin holds, any state
+  uint32_t pinned_cached = 0;  // of the cached pages, those a pin keeps from eviction
+  uint64_t pins = 0;           // pins set or extended
+  uint64_t pins_expired = 0;   // pins that ran out
 };
-static_assert(sizeof(PoolStats) == 416);
+static_assert(sizeof(PoolStats) == 456);
 
 // A decoded snapshot.
 struct Snapshot {

@@ -143,7 +143,10 @@ class Reader {
   // A batch count: at most kMaxBatch, and count × item_bytes bytes must follow. Nothing is sized
   // from `n` unless this returns true.
   bool count(uint32_t& n, size_t item_bytes, std::string_view field) {
-    if (!get(n, field)) return false;
+    return get(n, field) && check_count(n, item_bytes, field);
+  }
+  // count() for an `n` already read (e.g. with a flag bit taken off).
+  bool check_count(uint32_t n, size_t item_bytes, std::string_view field) {
     if (n > kMaxBatch) {
       return fail(n, cat({what_, ": ", field, " ", n, " is above kMaxBatch (", kMaxBatch, ")"}));
     }
@@ -158,7 +161,11 @@ class Reader {
   template <typename T>
   bool array(std::vector<T>& v, std::string_view field) {
     uint32_t n = 0;
-    if (!count(n, sizeof(T), field)) return false;
+    return count(n, sizeof(T), field) && items(v, n, field);
+  }
+  // `n` Ts (a count that check_count() accepted) whose memory layout is the wire layout.
+  template <typename T>
+  bool items(std::vector<T>& v, uint32_t n, std::string_view field) {
     v.resize(n);
     return raw(v.data(), size_t{n} * sizeof(T), field);
   }

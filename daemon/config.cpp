@@ -20,6 +20,7 @@
 
 #include "common/paths.h"
 #include "daemon/config_yaml.h"
+#include "daemon/core/eviction_policy.h"
 #include "daemon/core/types.h"
 #include "daemon/listen_address.h"
 
@@ -43,11 +44,13 @@ constexpr std::string_view kRootKeys[] = {"socket",      "backend", "device",  "
 constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
 constexpr std::string_view kLimitKeys[] = {"max_sessions",          "max_sessions_per_uid",
                                            "hello_timeout_ms",      "max_buffered_bytes",
-                                           "max_pages_per_session", "max_pages_per_tenant"};
+                                           "max_pages_per_session", "max_pages_per_tenant",
+                                           "max_pin_ttl_ms",        "max_pinned_pages_per_tenant"};
 constexpr std::string_view kPoolKeys[] = {"name", "policy", "capacity", "share_between_tenants",
                                           "geometry"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
+constexpr uint64_t kMaxPinTtlMs = uint64_t{24} * 3600 * 1000;
 constexpr std::string_view kGeometryKeys[] = {"layers", "kv_heads", "head_dim", "tokens_per_page",
                                               "dtype"};
 constexpr std::string_view kTenantKeys[] = {"name", "uids", "gids", "pools"};
@@ -58,7 +61,6 @@ constexpr std::string_view kEventsKeys[] = {"ring_events"};
 constexpr uint64_t kMaxRingEvents = uint64_t{1} << 24;
 
 constexpr std::string_view kBackends[] = {"auto", "host", "cuda-vmm", "cuda-ipc", "fake-device"};
-constexpr std::string_view kPolicies[] = {"lru"};
 constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
 
 wire::Error make_error(std::string message) {
@@ -138,6 +140,12 @@ class Parser : private NodeReader {
     if (auto* m = find(f, "max_pages_per_tenant")) {
       config.max_pages_per_tenant = get_uint(*m, 0, kMax64);
     }
+    if (auto* m = find(f, "max_pin_ttl_ms")) {
+      config.max_pin_ttl_ms = static_cast<uint32_t>(get_uint(*m, 0, kMaxPinTtlMs));
+    }
+    if (auto* m = find(f, "max_pinned_pages_per_tenant")) {
+      config.max_pinned_pages_per_tenant = static_cast<uint32_t>(get_uint(*m, 0, UINT32_MAX));
+    }
   }
 
   std::string get_name(const Value& v) const {
@@ -216,7 +224,7 @@ class Parser : private NodeReader {
       for (const PoolConfig& other : config.pools) {
         if (other.name == pool.name) fail(name, "duplicate pool name " + quoted(pool.name));
       }
-      if (auto* p = find(f, "policy")) pool.policy = get_choice(*p, kPolicies);
+      if (auto* p = find(f, "policy")) pool.policy = get_choice(*p, core::policy_names());
       if (auto* b = find(f, "share_between_tenants")) pool.share_between_tenants = get_bool(*b);
       pool.geometry = parse_geometry(required(f, item, "geometry"));
       pool.capacity = defaults.capacity;
@@ -353,7 +361,7 @@ Config default_config() {
   pool.geometry = Geometry{
       .layers = 32, .kv_heads = 8, .head_dim = 128, .tokens_per_page = 16, .dtype = KvDtype::bf16};
   pool.capacity = Capacity{.unit = Capacity::Unit::bytes, .value = uint64_t{256} << 20};
-  pool.policy = "lru";
+  pool.policy = std::string(core::kDefaultPolicy);
   config.pools.push_back(std::move(pool));
   return config;
 }

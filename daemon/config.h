@@ -11,8 +11,10 @@
 //   device:   INT                                   (CUDA device ordinal, default 0)
 //   max_segment_bytes: SIZE    (largest memory segment of a pool; default: one per pool)
 //   limits:   { max_sessions: INT, max_sessions_per_uid: INT, hello_timeout_ms: INT,
-//               max_buffered_bytes: SIZE, max_pages_per_session: INT, max_pages_per_tenant: INT }
-//   pools:    [ { name: STR, policy: lru, capacity: "1GiB" | "4096 pages" | "40%",
+//               max_buffered_bytes: SIZE, max_pages_per_session: INT, max_pages_per_tenant: INT,
+//               max_pin_ttl_ms: INT, max_pinned_pages_per_tenant: INT }
+//   pools:    [ { name: STR, policy: prefix | lru | s3fifo,
+//                 capacity: "1GiB" | "4096 pages" | "40%",
 //                 share_between_tenants: BOOL,
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8 } } ]
@@ -63,7 +65,7 @@ struct PoolConfig {
   std::string name;
   Geometry geometry;
   Capacity capacity;
-  std::string policy = "lru";
+  std::string policy = "prefix";  // core::kDefaultPolicy; reloadable (PagePool::set_policy)
   // Several tenant entries may list this pool: they then read and write each other's pages.
   bool share_between_tenants = false;
   KeyLocation capacity_at{};  // the capacity key, or the pool's entry when it has none
@@ -115,6 +117,10 @@ struct Config {
   uint64_t max_buffered_bytes = uint64_t{512} << 20;
   uint64_t max_pages_per_session = 0;  // 0 = no limit
   uint64_t max_pages_per_tenant = 0;   // 0 = no limit
+  // Client pins (PageHints::pin_ttl_ms): the longest TTL a call may ask for (0 = pins refused),
+  // and the pages one tenant may keep pinned in one pool at once (0 = a quarter of the pool).
+  uint32_t max_pin_ttl_ms = 600000;
+  uint32_t max_pinned_pages_per_tenant = 0;
 
   std::vector<PoolConfig> pools;
   std::vector<TenantConfig> tenants;

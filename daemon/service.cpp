@@ -158,10 +158,13 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   if (next.device != config_.device) restart.emplace_back("device");
   // Whether tenants may share a pool is a permission, checked at attach: it applies live (and
   // the config that sets it was validated with it), the rest of a pool waits for a restart.
+  // The eviction policy too: PagePool::set_policy hands the cached pages over.
   std::vector<PoolConfig> running_pools = config_.pools;
   if (next.pools.size() == running_pools.size()) {
-    for (size_t i = 0; i < running_pools.size(); ++i)
+    for (size_t i = 0; i < running_pools.size(); ++i) {
       running_pools[i].share_between_tenants = next.pools[i].share_between_tenants;
+      running_pools[i].policy = next.pools[i].policy;
+    }
   }
   if (next.pools != running_pools) restart.emplace_back("pools");
   // Operations, metrics and events: the endpoint, the segment and the ring are set up at start.
@@ -178,8 +181,17 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   applied.metrics = config_.metrics;
   applied.events = config_.events;
   config_ = std::move(applied);
-  for (size_t i = 0; i < pools_.size(); ++i)
-    pools_[i]->config = config_.pools[i];
+  for (size_t i = 0; i < pools_.size(); ++i) {
+    Pool& pool = *pools_[i];
+    if (pool.config.policy != config_.pools[i].policy) {
+      log_event(
+          LogLevel::info, "policy_changed",
+          {kv("pool", pool.config.name), kv("from", pool.config.policy),
+           kv("to", config_.pools[i].policy), kv("cached_pages", pool.pages->stats().cached)});
+      pool.pages->set_policy(core::make_policy(config_.pools[i].policy));
+    }
+    pool.config = config_.pools[i];
+  }
   for (const TenantConfig& t : config_.tenants)
     tenant_index(t.name);
   if (!config_.default_tenant.empty()) tenant_index(config_.default_tenant);
@@ -411,20 +423,54 @@ wire::Error Service::quota_error(const SessionState& s, uint64_t wanted) const {
                wanted);
 }
 
+uint32_t Service::pin_limit(const Pool& pool) const {
+  return config_.max_pinned_pages_per_tenant != 0 ? config_.max_pinned_pages_per_tenant
+                                                  : pool.pages->num_pages() / 4;
+}
+
+wire::Result<core::CallHints> Service::call_hints(const SessionState& s,
+                                                  const PageHints& hints) const {
+  core::CallHints h{hints, s.tenant, pin_limit(*s.pool)};
+  if (hints.pin_ttl_ms > config_.max_pin_ttl_ms) {
+    return error(Errc::invalid_argument,
+                 "hints.pin_ttl_ms " + std::to_string(hints.pin_ttl_ms) +
+                     " is above limits.max_pin_ttl_ms = " + std::to_string(config_.max_pin_ttl_ms) +
+                     (config_.max_pin_ttl_ms == 0 ? " (pins are off)" : ""),
+                 hints.pin_ttl_ms);
+  }
+  return h;
+}
+
+wire::Error Service::hint_error(const SessionState& s, const Status& st) const {
+  if (st.code() != Errc::pin_limit_exceeded) return from_status(st);
+  return error(Errc::pin_limit_exceeded,
+               "tenant " + tenant_names_[s.tenant] + " would have " + std::to_string(st.value()) +
+                   " pages of pool " + s.pool->config.name + " pinned, above its limit of " +
+                   std::to_string(pin_limit(*s.pool)) +
+                   (config_.max_pinned_pages_per_tenant != 0
+                        ? " (limits.max_pinned_pages_per_tenant)"
+                        : " (a quarter of the pool; limits.max_pinned_pages_per_tenant)"),
+               st.value());
+}
+
 wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocRequest& r) {
   const uint64_t n = r.count;
   if (n > new_pages_allowed(s)) return quota_error(s, n);
+  auto hints = call_hints(s, r.hints);
+  if (!hints.ok()) return hints.error();
   wire::AllocReply a;
   a.pages.resize(n);
-  const Status st = s.pool->pages->alloc(s.owner, a.pages);
-  if (!st.ok()) return from_status(st);
+  const Status st = s.pool->pages->alloc(s.owner, a.pages, hints.value());
+  if (!st.ok()) return hint_error(s, st);
   refresh_held(s);
   return wire::Reply(std::move(a));
 }
 
 wire::Result<wire::Reply> Service::retain(SessionState& s, const wire::RetainRequest& r) {
-  const Status st = s.pool->pages->retain(s.owner, r.pages);
-  if (!st.ok()) return from_status(st);
+  auto hints = call_hints(s, r.hints);
+  if (!hints.ok()) return hints.error();
+  const Status st = s.pool->pages->retain(s.owner, r.pages, hints.value());
+  if (!st.ok()) return hint_error(s, st);
   return wire::Reply(wire::RetainReply{});
 }
 
@@ -436,13 +482,15 @@ wire::Result<wire::Reply> Service::release(SessionState& s, const wire::ReleaseR
 }
 
 wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupRequest& r) {
+  auto hints = call_hints(s, r.hints);
+  if (!hints.ok()) return hints.error();
   wire::LookupReply l;
   l.pages.resize(r.chain.size());
   uint32_t hits = 0;
   const Namespace ns = s.tenant + 1;
-  const Status st =
-      s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits, new_pages_allowed(s));
-  if (!st.ok()) return from_status(st);
+  const Status st = s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits, new_pages_allowed(s),
+                                          hints.value());
+  if (!st.ok()) return hint_error(s, st);
   l.pages.resize(hits);
   s.pool->prefix_stats->hit(l.pages, now_s_);
   refresh_held(s);
@@ -450,10 +498,13 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
 }
 
 wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishRequest& r) {
+  auto hints = call_hints(s, r.hints);
+  if (!hints.ok()) return hints.error();
   wire::PublishReply p;
   p.results.resize(r.items.size());
   const Namespace ns = s.tenant + 1;
-  const Status st = s.pool->pages->publish(s.owner, ns, r.items, p.results, new_pages_allowed(s));
+  const Status st =
+      s.pool->pages->publish(s.owner, ns, r.items, p.results, new_pages_allowed(s), hints.value());
   if (st.code() == Errc::quota_exceeded) {
     // A duplicate would hand the session the page that already carries the hash.
     wire::Error e = quota_error(s, uint64_t{new_pages_allowed(s)} + 1);
@@ -462,7 +513,7 @@ wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishR
                 std::to_string(st.value()) + ", which this session would then hold: " + e.message;
     return e;
   }
-  if (!st.ok()) return from_status(st);
+  if (!st.ok()) return hint_error(s, st);
   refresh_held(s);
   return wire::Reply(std::move(p));
 }

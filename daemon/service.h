@@ -36,6 +36,12 @@
 // answers it. Until then the session's pages must stay held (the Server reads nothing more from
 // that connection and defers its close).
 //
+// Hints: alloc, retain, lookup and publish may carry PageHints. A pin's TTL must not pass
+// limits.max_pin_ttl_ms; pins are charged to the session's tenant, at most
+// limits.max_pinned_pages_per_tenant pages per pool (default a quarter of it), so no tenant's pins
+// can starve a pool. Pins hold pages, not sessions: they outlive the session that set them, until
+// they expire or an operator flushes.
+//
 // Admin: evict, flush and reload change what every tenant gets, so they need root or membership
 // (primary or supplementary) of the config's admin_group. sessions shows an admin every session
 // of the pool and anyone else the sessions of its own tenant.
@@ -165,9 +171,9 @@ class Service {
   void set_inline_copy_bytes(uint64_t bytes) { inline_copy_bytes_ = bytes; }
 
   // Reload: applies what can change while sessions run (limits, tenants, default tenant, log
-  // level) and returns the dotted keys that changed but need a restart (socket.*, backend,
-  // device, pools, metrics, events), which keep their running values. Existing sessions keep
-  // their tenant.
+  // level, a pool's eviction policy and share_between_tenants) and returns the dotted keys that
+  // changed but need a restart (socket.*, backend, device, pools, metrics, events), which keep
+  // their running values. Existing sessions keep their tenant.
   std::vector<std::string> apply_live(const Config& next);
 
  private:
@@ -182,6 +188,12 @@ class Service {
   uint32_t new_pages_allowed(const SessionState& s) const;
   // The quota_exceeded error for `wanted` more pages, naming the limit that refuses them.
   wire::Error quota_error(const SessionState& s, uint64_t wanted) const;
+  // Pages one tenant may keep pinned in `pool`.
+  uint32_t pin_limit(const Pool& pool) const;
+  // The pool's CallHints for a request's hints, or the error naming the limit they pass.
+  wire::Result<core::CallHints> call_hints(const SessionState& s, const PageHints& hints) const;
+  // The error for a failed hinted call: pin_limit_exceeded names the tenant's limit.
+  wire::Error hint_error(const SessionState& s, const Status& st) const;
   // Logs the pools that tenants share (at start and after a reload).
   void log_shared_pools() const;
   // The stable index of a tenant name, registering it on first sight.

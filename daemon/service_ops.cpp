@@ -174,7 +174,13 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
     p.kv_heads = g.kv_heads;
     p.head_dim = g.head_dim;
     p.tokens_per_page = g.tokens_per_page;
+    pool.pages->expire_pins();
     const core::PoolStats ps = pool.pages->stats();
+    stats::set_name(p.policy, pool.pages->policy().name());
+    p.pinned = ps.pinned;
+    p.pinned_cached = ps.pinned_cached;
+    p.pins = ps.counters.pins;
+    p.pins_expired = ps.counters.pins_expired;
     p.total = ps.total;
     p.free = ps.free;
     p.in_use = ps.in_use;

@@ -11,6 +11,7 @@
 
 #include "bench/ipc/ping_pong.h"
 #include "client/connection.h"
+#include "common/stats_layout.h"
 
 namespace kvpool::bench {
 
@@ -184,6 +185,17 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
         "the daemon's pool is not empty (" + std::to_string(before.value().cached) + " cached, " +
         std::to_string(before.value().in_use) + " in use): replay needs a fresh daemon");
   }
+  // The pool's eviction policy, so that the in-process replay can use the same one.
+  std::string policy;
+  if (auto snap = probe.value()->snapshot(); snap.ok()) {
+    stats::Snapshot s;
+    if (stats::decode(snap.value().bytes, snap.value().layout_version, s).empty()) {
+      if (const stats::PoolStats* p = s.find_pool(probe.value()->pool().pool_name)) {
+        policy = p->policy;
+      }
+    }
+  }
+  if (policy.empty()) throw std::runtime_error("the daemon's stats snapshot names no policy");
   const uint32_t per_block = kTraceBlockTokens / o.page_tokens;
   const size_t share_bytes = sizeof(WorkerShare) * o.workers;
   void* mem =
@@ -224,6 +236,7 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   res.replay.policy = "daemon";
   res.replay.page_tokens = o.page_tokens;
   res.replay.capacity_pages = before.value().total;
+  res.replay.policy = policy;
   res.replay.capacity_blocks = before.value().total / per_block;
   res.replay.seconds = seconds;
   std::string errors;

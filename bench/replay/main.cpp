@@ -62,6 +62,7 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
   const kvpool::bench::DaemonReplayResult d = kvpool::bench::replay_through_daemon(trace, o);
   kvpool::bench::ReplayOptions in;
   in.capacity_blocks = d.replay.capacity_blocks;
+  in.policy = d.replay.policy;
   in.page_tokens = page_tokens;
   const kvpool::bench::ReplayResult p = kvpool::bench::replay(trace, in);
   const double rps = double(d.replay.requests) / d.replay.seconds;
@@ -82,8 +83,9 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
   } else {
     std::printf("replay through kvpoold at %s: %u worker processes, %s\n", socket.c_str(), workers,
                 ordered ? "in trace order" : "concurrent");
-    std::printf("  capacity %u blocks (%u pages of %u tokens)\n", d.replay.capacity_blocks,
-                d.replay.capacity_pages, page_tokens);
+    std::printf("  capacity %u blocks (%u pages of %u tokens), %s policy\n",
+                d.replay.capacity_blocks, d.replay.capacity_pages, page_tokens,
+                d.replay.policy.c_str());
     std::printf("  hit rate %.4f through the daemon, %.4f in process%s\n", d.replay.hit_rate(),
                 p.hit_rate(), d.replay.hit_pages == p.hit_pages ? " (equal)" : " (differs)");
     std::printf("  %llu requests in %.3f s: %.0f requests/s (in process: %.0f requests/s)\n",

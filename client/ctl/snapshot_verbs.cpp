@@ -50,6 +50,7 @@ int status_verb(const Globals& g) {
   const stats::PoolStats& p = *s.find_pool(g.pool);
   const std::string name(s.pool_name(static_cast<size_t>(&p - s.pools.data())));
   const std::string backend(p.backend);
+  const std::string policy(p.policy);
   if (g.json) {
     const std::string tenant =
         f.tenant.empty() ? "" : ",\"tenant\":\"" + json_escape(f.tenant) + "\"";
@@ -58,8 +59,8 @@ int status_verb(const Globals& g) {
         "\"pool\":\"%s\",\"backend\":\"%s\"%s,\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,"
         "\"tokens_per_page\":%u,\"dtype\":\"%s\",\"page_bytes\":%llu,\"pool_bytes\":%llu,"
         "\"segments\":%u,\"device\":%d,\"pages\":{\"total\":%u,\"free\":%u,\"in_use\":%u,"
-        "\"cached\":%u},\"indexed_blocks\":%u,"
-        "\"sessions\":%u,\"pool_sessions\":%u}\n",
+        "\"cached\":%u},\"indexed_blocks\":%u,\"policy\":\"%s\",\"pinned\":%u,"
+        "\"pinned_cached\":%u,\"sessions\":%u,\"pool_sessions\":%u}\n",
         kSchema, json_escape(g.socket).c_str(), source_name(f),
         static_cast<unsigned long long>(s.daemon.pid),
         static_cast<double>(s.daemon.uptime_ms) / 1e3, json_escape(name).c_str(),
@@ -67,7 +68,8 @@ int status_verb(const Globals& g) {
         p.tokens_per_page, dtype_text(p.dtype).c_str(),
         static_cast<unsigned long long>(p.page_stride),
         static_cast<unsigned long long>(p.segment_bytes), p.segments, p.device, p.total, p.free,
-        p.in_use, p.cached, p.indexed, s.daemon.sessions, p.sessions);
+        p.in_use, p.cached, p.indexed, json_escape(policy).c_str(), p.pinned, p.pinned_cached,
+        s.daemon.sessions, p.sessions);
     return 0;
   }
   auto pct = [&](uint32_t n) { return p.total ? 100.0 * n / p.total : 0.0; };
@@ -86,6 +88,9 @@ int status_verb(const Globals& g) {
   std::printf("  pages     %s free (%.1f%%), %s in use (%.1f%%), %s cached (%.1f%%)\n",
               count_text(p.free, g.raw).c_str(), pct(p.free), count_text(p.in_use, g.raw).c_str(),
               pct(p.in_use), count_text(p.cached, g.raw).c_str(), pct(p.cached));
+  std::printf("  eviction  %s policy, %s pages pinned (%s of them cached)\n",
+              display_text(policy).c_str(), count_text(p.pinned, g.raw).c_str(),
+              count_text(p.pinned_cached, g.raw).c_str());
   std::printf("  sessions  %u worker(s)\n", s.daemon.sessions);
   return 0;
 }

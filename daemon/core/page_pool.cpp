@@ -127,6 +127,22 @@ void PagePool::cache(PageId page) {
   x.first = false;
 }
 
+void PagePool::set_policy(std::unique_ptr<EvictionPolicy> next) {
+  KVPOOL_CHECK(next != nullptr);
+  std::vector<PageId> order;
+  order.reserve(cached_ - pinned_cached_);
+  policy_->for_each_queued([&](PageId p) { order.push_back(p); });
+  next->attach(num_pages());
+  run_ = 0;
+  for (const PageId page : order) {
+    const PageMeta& m = pages_[page];
+    const PageExtra& x = extra_[page];
+    next->on_cached(page, PageFacts{contents_key(m.ns, m.hash), x.hits, x.priority, true, 0});
+  }
+  policy_ = std::move(next);
+  checked("set_policy");
+}
+
 uint64_t PagePool::now_ms() const {
   if (clock_ms_) return clock_ms_();
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(

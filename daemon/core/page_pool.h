@@ -31,10 +31,10 @@
 // duplicates would pass it fails with quota_exceeded and changes nothing. alloc() is bounded by
 // its size, retain() only adds references to pages already held.
 //
-// Hints and pins: alloc, retain, lookup and publish may carry PageHints for the pages the caller ends up
-// holding. The priority class is kept per page (the highest given since alloc) and passed to the
-// policy. A pin is mechanism, not policy: a pinned page that becomes CACHED is held out of the
-// policy (never a victim, only flush() drops it) until its pin expires, then it is queued like
+// Hints and pins: alloc, retain, lookup and publish may carry PageHints for the pages the caller
+// ends up holding. The priority class is kept per page (the highest given since alloc) and passed
+// to the policy. A pin is mechanism, not policy: a pinned page that becomes CACHED is held out of
+// the policy (never a victim, only flush() drops it) until its pin expires, then it is queued like
 // any page. Pins are charged to an account (the daemon's tenant): a call that would leave an
 // account with more than its `pin_limit` pinned pages fails with pin_limit_exceeded and changes
 // nothing. A page has one pin; a later expiry replaces it and moves the charge. Pins expire
@@ -113,7 +113,7 @@ struct PoolOptions {
 // The hints of one call and whom its pins are charged to.
 struct CallHints {
   PageHints hints;
-  uint32_t pin_account = 0;       // e.g. the daemon's tenant index
+  uint32_t pin_account = 0;         // e.g. the daemon's tenant index
   uint32_t pin_limit = UINT32_MAX;  // pages the account may have pinned at once
 };
 
@@ -182,9 +182,13 @@ class PagePool {
   uint32_t owner_pages(OwnerId owner) const;        // distinct pages held; 0 if unknown
   // Pin expiry (the pool's clock, ms) of a page, 0 when unpinned; its priority class.
   uint64_t pinned_until(PageId page) const { return extra_[page].pin_until; }  // valid_page
-  Priority priority(PageId page) const { return extra_[page].priority; }      // valid_page
+  Priority priority(PageId page) const { return extra_[page].priority; }       // valid_page
   uint32_t pinned_by(uint32_t account) const;  // pages the account has pinned now
   const EvictionPolicy& policy() const { return *policy_; }
+  // Hands every queued page to `next` (attached here) in the order the old policy lists them
+  // (eviction order, for the policies the core ships), as first cachings with what the pool
+  // knows of them; the old policy's history (its ghost set) is lost. O(cached pages).
+  void set_policy(std::unique_ptr<EvictionPolicy> next);
   // The key a page is indexed under; false when it carries no hash. Precondition: valid_page.
   bool indexed_key(PageId page, Namespace& ns, BlockHash& hash) const;
   uint32_t indexed() const { return index_.size(); }

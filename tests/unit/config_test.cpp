@@ -99,10 +99,12 @@ TEST(ConfigTest, DefaultConfig) {
   EXPECT_EQ(c.max_sessions, 1024u);
   EXPECT_EQ(c.max_pages_per_session, 0u);
   EXPECT_EQ(c.max_pages_per_tenant, 0u);
+  EXPECT_EQ(c.max_pin_ttl_ms, 600000u);
+  EXPECT_EQ(c.max_pinned_pages_per_tenant, 0u);
   ASSERT_EQ(c.pools.size(), 1u);
   const PoolConfig& p = c.pools[0];
   EXPECT_EQ(p.name, "default");
-  EXPECT_EQ(p.policy, "lru");
+  EXPECT_EQ(p.policy, "prefix");
   EXPECT_EQ(p.geometry, (Geometry{32, 8, 128, 16, KvDtype::bf16}));
   EXPECT_EQ(page_data_bytes(p.geometry), 2u << 20);
   EXPECT_EQ(p.capacity, (Capacity{Capacity::Unit::bytes, 256u << 20, 0.0}));
@@ -156,6 +158,8 @@ limits:
   max_sessions: 16
   max_pages_per_session: 1000
   max_pages_per_tenant: 5000
+  max_pin_ttl_ms: 30000
+  max_pinned_pages_per_tenant: 64
 pools:
   - name: llama
     policy: lru
@@ -167,6 +171,7 @@ pools:
       tokens_per_page: 16
       dtype: bf16
   - name: small
+    policy: s3fifo
     capacity: "4096 pages"
     geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 32, dtype: fp8}
   - name: frac
@@ -196,12 +201,15 @@ logging:
   EXPECT_EQ(c.max_sessions, 16u);
   EXPECT_EQ(c.max_pages_per_session, 1000u);
   EXPECT_EQ(c.max_pages_per_tenant, 5000u);
+  EXPECT_EQ(c.max_pin_ttl_ms, 30000u);
+  EXPECT_EQ(c.max_pinned_pages_per_tenant, 64u);
   ASSERT_EQ(c.pools.size(), 3u);
   EXPECT_EQ(c.pools[0], (PoolConfig{"llama", Geometry{32, 8, 128, 16, KvDtype::bf16},
                                     Capacity{Capacity::Unit::bytes, 1u << 30, 0.0}, "lru"}));
   EXPECT_EQ(c.pools[1], (PoolConfig{"small", Geometry{4, 2, 64, 32, KvDtype::fp8_e4m3},
-                                    Capacity{Capacity::Unit::pages, 4096, 0.0}, "lru"}));
+                                    Capacity{Capacity::Unit::pages, 4096, 0.0}, "s3fifo"}));
   EXPECT_EQ(c.pools[2].name, "frac");
+  EXPECT_EQ(c.pools[2].policy, "prefix");
   EXPECT_EQ(c.pools[2].geometry.dtype, KvDtype::int8);
   EXPECT_EQ(c.pools[2].capacity.unit, Capacity::Unit::fraction);
   EXPECT_DOUBLE_EQ(c.pools[2].capacity.fraction, 0.4);
@@ -235,7 +243,7 @@ TEST(ConfigTest, PoolDefaultsAndPoolsReplaceTheDefaultPool) {
 )");
   ASSERT_EQ(c.pools.size(), 1u);
   EXPECT_EQ(c.pools[0].name, "only");
-  EXPECT_EQ(c.pools[0].policy, "lru");
+  EXPECT_EQ(c.pools[0].policy, "prefix");
   EXPECT_EQ(c.pools[0].capacity, default_config().pools[0].capacity);
 }
 
@@ -388,7 +396,8 @@ TEST(ConfigErrorTest, OutOfRangeChoices) {
   expect_error("backend: cuda\n", 1, "backend", "auto, host, cuda-vmm, cuda-ipc");
   expect_error("logging:\n  level: verbose\n", 2, "logging.level", "debug, info, warn, error");
   expect_error(with_pools("    policy: fifo\n"), 10, "pools[0].policy",
-               "\"fifo\" is not one of lru");
+               "\"fifo\" is not one of prefix, lru, s3fifo");
+  expect_error("limits:\n  max_pin_ttl_ms: 86400001\n", 2, "limits.max_pin_ttl_ms", "86400000");
 }
 
 TEST(ConfigErrorTest, Geometry) {

@@ -150,6 +150,12 @@ std::vector<Request> sample_requests() {
   v.emplace_back(PublishRequest{{PublishItem{3, BlockHash{4, 5}}}});
   v.emplace_back(PublishRequest{{PublishItem{0, BlockHash{1, 1}}, PublishItem{kNoPage, {}},
                                  PublishItem{77, BlockHash{UINT64_MAX, 0}}}});
+  // With hints: the count carries kHintsFlag and the hints follow the items.
+  v.emplace_back(AllocRequest{3, PageHints{Priority::system, 0}});
+  v.emplace_back(AllocRequest{0, PageHints{Priority::none, 60000}});
+  v.emplace_back(RetainRequest{{4, 5}, PageHints{Priority::conversation, UINT32_MAX}});
+  v.emplace_back(LookupRequest{{BlockHash{1, 2}}, PageHints{Priority::one_off, 1}});
+  v.emplace_back(PublishRequest{{PublishItem{3, BlockHash{4, 5}}}, PageHints{Priority::system, 7}});
   v.emplace_back(StatsRequest{});
   v.emplace_back(EvictRequest{0});
   v.emplace_back(EvictRequest{UINT32_MAX});
@@ -705,6 +711,35 @@ TEST(ProtocolDecodeRequest, LengthMustMatchThePayload) {
   EXPECT_TRUE(fails_with(Errc::malformed_frame, decode_request(h, payload)));
   h.length = static_cast<uint32_t>(payload.size() - 1);
   EXPECT_TRUE(fails_with(Errc::malformed_frame, decode_request(h, payload)));
+}
+
+TEST(ProtocolDecodeRequest, HintsAreOptionalAndChecked) {
+  // Without the flag a request is what it was before hints: no trailer, default hints.
+  auto plain = decode_request_bytes(req_op(Opcode::alloc), Builder().u32(2).bytes());
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(std::get<AllocRequest>(plain.value()).hints.empty());
+  EXPECT_EQ(encode(1, Request{AllocRequest{2}}).size(), kHeaderBytes + 4);
+  // With it, the trailer must be there, whole, and name a known class.
+  auto hinted = decode_request_bytes(req_op(Opcode::alloc),
+                                     Builder().u32(2 | kHintsFlag).u8(3).u32(500).bytes());
+  ASSERT_TRUE(hinted.ok());
+  EXPECT_EQ(std::get<AllocRequest>(hinted.value()).hints, (PageHints{Priority::system, 500}));
+  auto missing = decode_request_bytes(req_op(Opcode::alloc), Builder().u32(2 | kHintsFlag).bytes());
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, missing));
+  EXPECT_NE(missing.error().message.find("hints.priority"), std::string::npos)
+      << missing.error().message;
+  for (const Opcode op : {Opcode::alloc, Opcode::retain, Opcode::lookup, Opcode::publish}) {
+    auto bad = decode_request_bytes(req_op(op), Builder().u32(kHintsFlag).u8(4).u32(0).bytes());
+    ASSERT_TRUE(fails_with(Errc::malformed_frame, bad)) << static_cast<int>(op);
+    EXPECT_EQ(bad.error().status.value(), 4u);
+    EXPECT_NE(bad.error().message.find("hints.priority 4 is not a priority class"),
+              std::string::npos)
+        << bad.error().message;
+  }
+  // The flag is not part of the count: a count above kMaxBatch is still refused.
+  auto big = decode_request_bytes(req_op(Opcode::retain),
+                                  Builder().u32((kMaxBatch + 1) | kHintsFlag).bytes());
+  EXPECT_TRUE(fails_with(Errc::malformed_frame, big));
 }
 
 TEST(ProtocolDecodeRequest, CountNamesTheCause) {
