@@ -30,7 +30,7 @@ uint32_t checked_pages(uint32_t n) {
 PagePool::PagePool(PoolOptions options)
     : pages_(checked_pages(options.num_pages)),
       index_(options.num_pages, options.index_seed != 0 ? options.index_seed : random_seed()),
-      extra_(options.num_pages),
+      pin_(options.num_pages),
       clock_ms_(std::move(options.clock_ms)),
       policy_(options.policy ? std::move(options.policy) : make_policy("lru")),
       expensive_checks_(options.expensive_checks),
@@ -97,34 +97,33 @@ PageId PagePool::find_cached(Namespace ns, const BlockHash& hash) const {
 }
 
 void PagePool::ref_page(PageId page) {
-  const uint32_t w = pages_[page].word;
-  PageExtra& x = extra_[page];
+  PageMeta& m = pages_[page];
+  const uint32_t w = m.word;
   if ((w & kRefMask) == 0) {
     // Only a CACHED page can gain its first reference here; FREE pages go through alloc.
     KVPOOL_DCHECK(w == kHashed);
     --cached_;
     ++in_use_;
-    if (x.pin_until != 0) {
+    if (m.pinned) {
       --pinned_cached_;
     } else {
       policy_->on_reuse(page);
     }
   }
-  if (x.hits != UINT8_MAX) ++x.hits;
-  pages_[page].word = w + 1;
+  if (m.hits != UINT8_MAX) ++m.hits;
+  m.word = w + 1;
 }
 
 void PagePool::cache(PageId page) {
   ++cached_;
-  PageExtra& x = extra_[page];
-  if (x.pin_until != 0) {
+  PageMeta& m = pages_[page];
+  if (m.pinned) {
     ++pinned_cached_;
     return;
   }
-  const PageMeta& m = pages_[page];
   policy_->on_cached(page,
-                     PageFacts{contents_key(m.ns, m.hash), x.hits, x.priority, x.first, run_++});
-  x.first = false;
+                     PageFacts{contents_key(m.ns, m.hash), m.hits, m.priority, m.first, run_++});
+  m.first = false;
 }
 
 void PagePool::set_policy(std::unique_ptr<EvictionPolicy> next) {
@@ -136,8 +135,7 @@ void PagePool::set_policy(std::unique_ptr<EvictionPolicy> next) {
   run_ = 0;
   for (const PageId page : order) {
     const PageMeta& m = pages_[page];
-    const PageExtra& x = extra_[page];
-    next->on_cached(page, PageFacts{contents_key(m.ns, m.hash), x.hits, x.priority, true, 0});
+    next->on_cached(page, PageFacts{contents_key(m.ns, m.hash), m.hits, m.priority, true, 0});
   }
   policy_ = std::move(next);
   checked("set_policy");
@@ -151,15 +149,14 @@ uint64_t PagePool::now_ms() const {
 }
 
 void PagePool::unpin(PageId page) {
-  PageExtra& x = extra_[page];
-  KVPOOL_CHECK(pins_.erase({x.pin_until, page}) == 1);
-  --pinned_per_account_[x.pin_account];
-  x.pin_until = 0;
-  x.pin_account = 0;
+  Pin& pin = pin_[page];
+  KVPOOL_CHECK(pages_[page].pinned && pins_.erase({pin.until, page}) == 1);
+  --pinned_per_account_[pin.account];
+  pin = Pin{};
+  pages_[page].pinned = false;
 }
 
-void PagePool::expire_pins() {
-  if (pins_.empty()) return;
+void PagePool::expire_due_pins() {
   const uint64_t now = now_ms();
   run_ = 0;
   while (!pins_.empty() && pins_.begin()->first <= now) {
@@ -192,22 +189,21 @@ uint64_t PagePool::new_pins(const CallHints& hints, std::span<const PageId> page
   for (const PageId page : pages) {
     if (mark_[page] == epoch_) continue;
     mark_[page] = epoch_;
-    const PageExtra& x = extra_[page];
-    if (x.pin_until == 0 || x.pin_account != hints.pin_account) ++n;
+    if (!pages_[page].pinned || pin_[page].account != hints.pin_account) ++n;
   }
   return n;
 }
 
 void PagePool::apply_hints(PageId page, const CallHints& hints, uint64_t now) {
-  PageExtra& x = extra_[page];
-  KVPOOL_DCHECK((pages_[page].word & kRefMask) != 0);
-  x.priority = std::max(x.priority, hints.hints.priority);
+  PageMeta& m = pages_[page];
+  KVPOOL_DCHECK((m.word & kRefMask) != 0);
+  m.priority = std::max(m.priority, hints.hints.priority);
   if (hints.hints.pin_ttl_ms == 0) return;
   const uint64_t until = now + hints.hints.pin_ttl_ms;
-  if (until <= x.pin_until) return;
-  if (x.pin_until != 0) unpin(page);
-  x.pin_until = until;
-  x.pin_account = hints.pin_account;
+  if (m.pinned && until <= pin_[page].until) return;
+  if (m.pinned) unpin(page);
+  m.pinned = true;
+  pin_[page] = Pin{until, hints.pin_account};
   if (pinned_per_account_.size() <= hints.pin_account) {
     pinned_per_account_.resize(size_t{hints.pin_account} + 1, 0);
   }
@@ -225,8 +221,9 @@ void PagePool::unref_page(PageId page, uint32_t n) {
     cache(page);
   } else {
     // An unpublished page has nothing worth keeping: its pin and class go with it.
-    if (extra_[page].pin_until != 0) unpin(page);
-    extra_[page] = PageExtra{};
+    PageMeta& m = pages_[page];
+    if (m.pinned) unpin(page);
+    m.forget_facts();
     free_.push_back(page);
   }
 }
@@ -238,12 +235,11 @@ void PagePool::uncache(PageId page, IndexObserver::Removal why) {
   if (observer_ != nullptr) observer_->removed(m.ns, m.hash, page, why);
   m.word = 0;
   --cached_;
-  PageExtra& x = extra_[page];
-  if (x.pin_until != 0) {
+  if (m.pinned) {
     unpin(page);
     --pinned_cached_;
   }
-  x = PageExtra{};
+  m.forget_facts();
 }
 
 Status PagePool::alloc(OwnerId owner, std::span<PageId> out, const CallHints& hints) {
@@ -253,7 +249,9 @@ Status PagePool::alloc(OwnerId owner, std::span<PageId> out, const CallHints& hi
   if (n > pages_.size()) return {Errc::exceeds_capacity, kNoItem, n};
   expire_pins();
   if (n > free_.size() + cached_ - pinned_cached_) return {Errc::out_of_pages, kNoItem, n};
-  if (Status s = check_pin_limit(hints, n); !s.ok()) return s;
+  if (hints.hints.pin_ttl_ms != 0) {
+    if (Status s = check_pin_limit(hints, n); !s.ok()) return s;
+  }
 
   // FREE pages first (top of the stack first), then victims in the policy's order.
   const size_t from_free = std::min(n, free_.size());
@@ -444,7 +442,7 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     m.ns = ns;
     m.hash = items[i].hash;
     m.word |= kHashed;
-    extra_[page].first = true;
+    m.first = true;
     if (observer_ != nullptr) observer_->stored(ns, m.hash, page);
     out[i] = {PublishResult::Kind::stored, page};
     ++counters_.published;

@@ -4,7 +4,8 @@
 // Page states (DESIGN §3), kept in one word per page: bit 31 = "carries a hash", bits 0..30 = the
 // reference count. FREE = word 0 (on the free stack); IN_USE = count > 0; CACHED = count 0 with the
 // hash bit (queued in the eviction policy, findable in the index). The word sits next to the
-// page's (namespace, hash) so that a state change and the key it needs share one cache line.
+// page's (namespace, hash) and the facts its policy is told, 32 bytes per page, so that a state
+// change and what it needs share one cache line.
 //
 // Invariants, verified by check_invariants():
 //   I1  free + in_use + cached = total, and the maintained counters agree with the page words;
@@ -164,7 +165,9 @@ class PagePool {
   // Operator actions --------------------------------------------------------------------------
   // Pins whose time has come are dropped and their CACHED pages go to the policy. The pool does
   // this itself before it counts evictable pages or pins; call it before reading stats().
-  void expire_pins();
+  void expire_pins() {
+    if (!pins_.empty()) expire_due_pins();
+  }
   // Drops up to n CACHED pages in the policy's order; returns how many.
   uint32_t evict(uint32_t n);
   // Drops every CACHED page, pinned ones too; pages in use (hashed or not) are untouched.
@@ -181,8 +184,10 @@ class PagePool {
   uint32_t held(OwnerId owner, PageId page) const;  // 0 for an unknown owner or page
   uint32_t owner_pages(OwnerId owner) const;        // distinct pages held; 0 if unknown
   // Pin expiry (the pool's clock, ms) of a page, 0 when unpinned; its priority class.
-  uint64_t pinned_until(PageId page) const { return extra_[page].pin_until; }  // valid_page
-  Priority priority(PageId page) const { return extra_[page].priority; }       // valid_page
+  uint64_t pinned_until(PageId page) const {  // valid_page
+    return pages_[page].pinned ? pin_[page].until : 0;
+  }
+  Priority priority(PageId page) const { return pages_[page].priority; }  // valid_page
   uint32_t pinned_by(uint32_t account) const;  // pages the account has pinned now
   const EvictionPolicy& policy() const { return *policy_; }
   // Hands every queued page to `next` (attached here) in the order the old policy lists them
@@ -204,12 +209,23 @@ class PagePool {
   static constexpr uint32_t kHashed = uint32_t{1} << 31;
   static constexpr uint32_t kRefMask = kHashed - 1;
 
-  struct PageMeta {
+  // What the pool knows of a page, in one half cache line: a state change, the key it needs and
+  // the facts the policy is told share it.
+  struct alignas(32) PageMeta {
     uint32_t word = 0;  // refcount | kHashed
     Namespace ns = 0;   // valid when kHashed is set
     BlockHash hash;     // valid when kHashed is set
+    uint8_t hits = 0;   // lookup hits and duplicates since alloc, saturating (PageFacts)
+    Priority priority = Priority::none;  // the highest hint since alloc
+    bool first = false;                  // not yet CACHED since it got its hash
+    bool pinned = false;                 // pin_[page] holds its pin
+    void forget_facts() {
+      hits = 0;
+      priority = Priority::none;
+      first = false;
+    }
   };
-  static_assert(sizeof(PageMeta) == 24);
+  static_assert(sizeof(PageMeta) == 32);
 
   struct OwnerSlot {
     uint32_t generation = 0;
@@ -225,6 +241,7 @@ class PagePool {
   void uncache(PageId page, IndexObserver::Removal why);
   // Drops up to n victims onto the free stack.
   uint32_t drop_victims(uint32_t n, IndexObserver::Removal why);
+  void expire_due_pins();
   // Hands a page that just became CACHED to the policy, or holds it out while pinned.
   void cache(PageId page);
   uint64_t now_ms() const;
@@ -241,19 +258,16 @@ class PagePool {
   // KVPOOL_EXPENSIVE_CHECKS builds: check_invariants() after a mutation, abort naming `op`.
   void checked(const char* op) const;
 
-  // Per page, away from the hot PageMeta: what the policy is told and the pin.
-  struct PageExtra {
-    uint64_t pin_until = 0;  // 0 = no pin
-    uint32_t pin_account = 0;
-    uint8_t hits = 0;  // lookup hits and duplicates since alloc, saturating
-    Priority priority = Priority::none;
-    bool first = false;  // not yet CACHED since it got its hash
+  // A page's pin, read only when PageMeta::pinned says there is one.
+  struct Pin {
+    uint64_t until = 0;  // the pool's clock, ms
+    uint32_t account = 0;
   };
 
   std::vector<PageMeta> pages_;
   std::vector<PageId> free_;  // stack of FREE pages
   PrefixIndex index_;
-  std::vector<PageExtra> extra_;
+  std::vector<Pin> pin_;
   std::set<std::pair<uint64_t, PageId>> pins_;  // (expiry, page) of every pinned page
   std::vector<uint32_t> pinned_per_account_;
   uint32_t pinned_cached_ = 0;

@@ -126,14 +126,17 @@ std::string PagePool::check_invariants() const {
   uint64_t n_pinned_cached = 0;
   std::vector<uint64_t> per_account(pinned_per_account_.size(), 0);
   for (PageId p = 0; p < total; ++p) {
-    const PageExtra& x = extra_[p];
-    if (x.pin_until == 0) continue;
+    if (!pages_[p].pinned) {
+      if (pin_[p].until != 0) return page_msg(p, "I6: unpinned with a pin expiry");
+      continue;
+    }
+    const Pin& x = pin_[p];
     ++n_pinned;
     if (state(p) == PageState::free) return page_msg(p, "I6: free but pinned");
     if (state(p) == PageState::cached) ++n_pinned_cached;
-    if (pins_.count({x.pin_until, p}) != 1) return page_msg(p, "I6: pinned, not in the pin set");
-    if (x.pin_account >= per_account.size()) return page_msg(p, "I6: pinned to an unknown account");
-    ++per_account[x.pin_account];
+    if (pins_.count({x.until, p}) != 1) return page_msg(p, "I6: pinned, not in the pin set");
+    if (x.account >= per_account.size()) return page_msg(p, "I6: pinned to an unknown account");
+    ++per_account[x.account];
   }
   if (pins_.size() != n_pinned) {
     return "I6: pin set holds " + std::to_string(pins_.size()) + " pages, " +
@@ -158,7 +161,7 @@ std::string PagePool::check_invariants() const {
       err = "I4: policy queues invalid id " + std::to_string(p);
     else if (state(p) != PageState::cached)
       err = page_msg(p, "I4: queued but not cached");
-    else if (extra_[p].pin_until != 0)
+    else if (pages_[p].pinned)
       err = page_msg(p, "I4: queued while pinned");
     else if (seen[p]++ != 0)
       err = page_msg(p, "I4: queued twice");

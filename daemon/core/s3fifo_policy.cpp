@@ -27,8 +27,7 @@ void S3FifoPolicy::on_cached(PageId page, const PageFacts& facts) {
 
 PageId S3FifoPolicy::victim() {
   for (;;) {
-    if (!queues_.empty(kSmall) &&
-        (queues_.size(kSmall) >= small_target_ || queues_.empty(kMain))) {
+    if (!queues_.empty(kSmall) && (queues_.size(kSmall) >= small_target_ || queues_.empty(kMain))) {
       const PageId page = queues_.pop_front(kSmall);
       PageState& s = state_[page];
       if (s.freq > 0) {
