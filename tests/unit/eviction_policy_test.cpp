@@ -176,6 +176,17 @@ TEST(GhostSet, DefaultConstructedRemembersNothing) {
   EXPECT_FALSE(g.take(key_of(3)));
 }
 
+TEST(GhostSet, EachBucketForgetsInFifoOrder) {
+  // Capacity 3: one bucket of 7 ways, so every key shares it.
+  GhostSet g(3);
+  ASSERT_EQ(g.slots(), 7u);
+  for (uint64_t i = 0; i < 8; ++i)
+    g.insert(key_of(i));
+  EXPECT_FALSE(g.take(key_of(0))) << "the oldest key makes room for the 8th";
+  for (uint64_t i = 1; i < 8; ++i)
+    EXPECT_TRUE(g.take(key_of(i))) << "key " << i;
+}
+
 TEST(GhostSet, ATakeFreesAWayThatTheNextInsertFills) {
   GhostSet g(3);  // one bucket of 7 ways
   for (uint64_t i = 0; i < 7; ++i)
@@ -184,6 +195,24 @@ TEST(GhostSet, ATakeFreesAWayThatTheNextInsertFills) {
   g.insert(key_of(7));  // into the freed way: nothing forgotten
   for (uint64_t i = 0; i < 8; ++i)
     EXPECT_EQ(g.take(key_of(i)), i != 3) << "key " << i;
+}
+
+TEST(GhostSet, RemembersAboutTheLastCapacityKeys) {
+  constexpr uint64_t kCap = 1000;
+  GhostSet g(kCap);
+  EXPECT_GE(g.slots(), 2 * kCap);
+  for (uint64_t i = 0; i < 3 * kCap; ++i)
+    g.insert(key_of(i));
+  // The newest `kCap` keys: nearly all remembered.
+  uint64_t recent = 0;
+  for (uint64_t i = 2 * kCap; i < 3 * kCap; ++i)
+    recent += g.take(key_of(i)) ? 1u : 0u;
+  EXPECT_GE(recent, kCap * 95 / 100);
+  // Never inserted: only a rare tag collision reads as remembered.
+  uint64_t strangers = 0;
+  for (uint64_t i = 100 * kCap; i < 101 * kCap; ++i)
+    strangers += g.take(key_of(i)) ? 1u : 0u;
+  EXPECT_LE(strangers, kCap / 100);
 }
 
 TEST(GhostSet, ForgetsOldKeysFarPastCapacity) {
