@@ -346,6 +346,42 @@ TEST(S3FifoPolicy, HitPageAtTheSmallHeadMovesToMainInsteadOfBeingEvicted) {
   EXPECT_EQ(p.victim(), 3u);
 }
 
+TEST(S3FifoPolicy, PageMovedToMainIsNotEvictedByTheCallThatMovedIt) {
+  // Small at its target, main empty: the hit page at small's head moves to main and the unhit
+  // page behind it is the victim, not the page just moved.
+  S3FifoPolicy p;
+  p.attach(20);
+  p.on_cached(0, facts(0, 1));
+  p.on_cached(1, facts(1));
+  EXPECT_EQ(p.victim(), 1u);
+  EXPECT_EQ(queued(p), Pages{0});
+  EXPECT_EQ(p.victim(), 0u);
+}
+
+TEST(S3FifoPolicy, HitsWhileInUseCountWhenThePageIsReleasedAgain) {
+  S3FifoPolicy p;
+  p.attach(20);
+  p.on_cached(0, facts(0));
+  p.on_cached(1, facts(1));
+  p.on_reuse(0);
+  EXPECT_EQ(queued(p), Pages{1});
+  p.on_cached(0, facts(0, 1, Priority::none, false));  // one hit since: back to small's tail
+  p.on_cached(2, facts(2));
+  EXPECT_EQ(queued(p), (Pages{1, 0, 2}));
+  ASSERT_EQ(p.victim(), 1u);
+  ASSERT_EQ(p.victim(), 2u);  // 0 went to main on the way
+  ASSERT_EQ(queued(p), Pages{0});
+  // A main page released again stays in main; with no hits since, it is evicted unhit.
+  p.on_reuse(0);
+  p.on_cached(0, facts(0, 1, Priority::none, false));
+  p.on_cached(3, facts(3));
+  p.on_cached(4, facts(4));
+  EXPECT_EQ(queued(p), (Pages{3, 4, 0}));
+  EXPECT_EQ(p.victim(), 3u);
+  EXPECT_EQ(p.victim(), 0u);
+  EXPECT_EQ(p.victim(), 4u);
+}
+
 TEST(S3FifoPolicy, KeyEvictedFromSmallComesBackToMain) {
   S3FifoPolicy p;
   p.attach(20);
