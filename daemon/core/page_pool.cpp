@@ -169,15 +169,16 @@ Status PagePool::check_pin_limit(const CallHints& hints, uint64_t adding) const 
   return {};
 }
 
-uint64_t PagePool::new_pins(const CallHints& hints, std::span<const PageId> pages) {
+uint64_t PagePool::new_pins(const CallHints& hints, std::span<const PageId> pages, uint64_t now) {
   if (hints.hints.pin_ttl_ms == 0) return 0;
+  const uint64_t until = now + hints.hints.pin_ttl_ms;
   ++epoch_;
   uint64_t n = 0;
   for (const PageId page : pages) {
     if (mark_[page] == epoch_) continue;
     mark_[page] = epoch_;
     const PageExtra& x = extra_[page];
-    if (x.pin_until == 0 || x.pin_account != hints.pin_account) ++n;
+    if (x.pin_until == 0 || (x.pin_account != hints.pin_account && until > x.pin_until)) ++n;
   }
   return n;
 }
@@ -277,12 +278,13 @@ Status PagePool::retain(OwnerId owner, std::span<const PageId> pages, const Call
       return {Errc::refcount_overflow, item, page};
     }
   }
+  uint64_t now = 0;
   if (!hints.hints.empty()) {
     expire_pins();
-    if (Status s = check_pin_limit(hints, new_pins(hints, pages)); !s.ok()) return s;
+    if (hints.hints.pin_ttl_ms != 0) now = now_ms();
+    if (Status s = check_pin_limit(hints, new_pins(hints, pages, now)); !s.ok()) return s;
   }
   // Held pages are IN_USE, so no state changes: only counts move.
-  const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
   for (const PageId page : pages) {
     l->add(page);
     ++pages_[page].word;
@@ -398,16 +400,18 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
       ++new_pages;
     }
   }
+  uint64_t now = 0;
   if (hints.hints.pin_ttl_ms != 0) {
     // The pages the caller will end up with: its own, or the page already carrying the hash.
     expire_pins();
+    now = now_ms();
     pin_scratch_.clear();
     for (const PublishItem& item : items) {
       const PageId existing =
           (pages_[item.page].word & kHashed) ? kNoPage : find_cached(ns, item.hash);
       pin_scratch_.push_back(existing != kNoPage ? existing : item.page);
     }
-    if (Status s = check_pin_limit(hints, new_pins(hints, pin_scratch_)); !s.ok()) return s;
+    if (Status s = check_pin_limit(hints, new_pins(hints, pin_scratch_, now)); !s.ok()) return s;
   }
   for (size_t i = 0; i < items.size(); ++i) {
     const PageId page = items[i].page;
@@ -434,7 +438,6 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     ++counters_.published;
   }
   if (!hints.hints.empty()) {
-    const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
     for (size_t i = 0; i < items.size(); ++i)
       apply_hints(out[i].page, hints, now);
   }

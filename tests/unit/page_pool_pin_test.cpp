@@ -456,6 +456,22 @@ TEST_F(PagePoolPin, PinLimitRefusesLookupConservativelyAndPublishChangingNothing
   EXPECT_EQ(pool_->pinned_by(2), 2u);
 }
 
+TEST_F(PagePoolPin, PinLimitCountsOnlyChargesThatMove) {
+  make(8);
+  const Pages p = alloc(a_, 1, pin(1000, 1));  // account 1 until 2000
+  alloc(a_, 1, pin(10, 0));                    // account 0 is at its limit of 1
+  // A shorter pin by account 0 leaves p's charge with account 1: nothing to refuse.
+  ASSERT_TRUE(ok(retain(a_, p, pin(100, 0, 1))));
+  EXPECT_EQ(pool_->pinned_by(0), 1u);
+  EXPECT_EQ(pool_->pinned_by(1), 1u);
+  EXPECT_EQ(pool_->pinned_until(p[0]), 2000u);
+  ASSERT_TRUE(ok(publish(a_, {{p[0], 1}}, pin(100, 0, 1))));
+  EXPECT_EQ(pool_->pinned_by(0), 1u);
+  // A longer one would move it: refused.
+  EXPECT_TRUE(is(retain(a_, p, pin(2000, 0, 1)), limit_exceeded(2)));
+  EXPECT_EQ(pool_->pinned_by(1), 1u);
+}
+
 TEST_F(PagePoolPin, FlushDropsPinnedCachedPagesEvictDoesNot) {
   make(6);
   const Pages pinned = cache_chain(a_, 1, 2, pin(100, 1));
