@@ -402,7 +402,8 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
   }
   uint64_t now = 0;
   if (hints.hints.pin_ttl_ms != 0) {
-    // The pages the caller will end up with: its own, or the page already carrying the hash.
+    // The pages the caller will end up with: its own, the page already carrying the hash, or
+    // the page an earlier item of the batch stores it on.
     expire_pins();
     now = now_ms();
     pin_scratch_.clear();
@@ -410,6 +411,26 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
       const PageId existing =
           (pages_[item.page].word & kHashed) ? kNoPage : find_cached(ns, item.hash);
       pin_scratch_.push_back(existing != kNoPage ? existing : item.page);
+    }
+    // An item whose hash an earlier item of the batch stores ends up with that item's page (a
+    // duplicate): sorted by (hash, item), each such item takes the page of its group's first.
+    item_scratch_.clear();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (pin_scratch_[i] == items[i].page && (pages_[items[i].page].word & kHashed) == 0) {
+        item_scratch_.push_back(static_cast<uint32_t>(i));
+      }
+    }
+    std::sort(item_scratch_.begin(), item_scratch_.end(), [&](uint32_t a, uint32_t b) {
+      const BlockHash& x = items[a].hash;
+      const BlockHash& y = items[b].hash;
+      if (x.lo != y.lo) return x.lo < y.lo;
+      if (x.hi != y.hi) return x.hi < y.hi;
+      return a < b;
+    });
+    for (size_t j = 1; j < item_scratch_.size(); ++j) {
+      if (items[item_scratch_[j]].hash == items[item_scratch_[j - 1]].hash) {
+        pin_scratch_[item_scratch_[j]] = pin_scratch_[item_scratch_[j - 1]];
+      }
     }
     if (Status s = check_pin_limit(hints, new_pins(hints, pin_scratch_, now)); !s.ok()) return s;
   }

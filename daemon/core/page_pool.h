@@ -273,6 +273,7 @@ class PagePool {
   std::vector<Ledger::Entry> undo_;
   std::vector<uint64_t> mark_;  // per page: last batch epoch that listed it
   std::vector<PageId> pin_scratch_;
+  std::vector<uint32_t> item_scratch_;  // publish: item indices sorted by hash
   uint64_t epoch_ = 0;
 };
 

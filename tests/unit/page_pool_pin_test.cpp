@@ -472,6 +472,20 @@ TEST_F(PagePoolPin, PinLimitCountsOnlyChargesThatMove) {
   EXPECT_EQ(pool_->pinned_by(1), 1u);
 }
 
+TEST_F(PagePoolPin, PublishPinLimitCountsAHashListedTwiceOnce) {
+  make(8);
+  const Pages p = alloc(a_, 2);
+  // The second item duplicates the first: the caller ends up with p[0] twice, one pin.
+  std::vector<PublishResult> out;
+  ASSERT_TRUE(ok(publish(a_, {{p[0], 5}, {p[1], 5}}, pin(100, 0, 1), &out)));
+  EXPECT_EQ(out[0].kind, Kind::stored);
+  EXPECT_EQ(out[1].kind, Kind::duplicate);
+  EXPECT_EQ(out[1].page, p[0]);
+  EXPECT_EQ(pool_->pinned_by(0), 1u);
+  EXPECT_EQ(pool_->pinned_until(p[0]), 1100u);
+  EXPECT_EQ(pool_->pinned_until(p[1]), 0u);
+}
+
 TEST_F(PagePoolPin, FlushDropsPinnedCachedPagesEvictDoesNot) {
   make(6);
   const Pages pinned = cache_chain(a_, 1, 2, pin(100, 1));
