@@ -5,8 +5,9 @@
 // Algorithm: a table of 16-byte buckets, each 7 tags of 16 bits and a cursor, with about twice
 // as many tag slots as the capacity asked for. A key picks its bucket with its low bits and its
 // tag with bits 47..62 (0 is reserved for "empty"; bit 63 is left to the caller). insert() fills
-// an empty way of the bucket, else overwrites the way under the cursor and advances it, so each
-// bucket forgets in FIFO order and the set holds about the last `capacity` keys inserted. take()
+// the first empty way of the bucket, else overwrites the way under the cursor and advances it, so
+// a bucket that take() did not touch forgets in FIFO order (it fills ways 0..6, then the cursor
+// starts at way 0) and the set holds about the last `capacity` keys inserted. take()
 // removes a key and says whether it was there. Both touch one bucket (one cache line), O(1), no
 // allocation after the constructor; about 4.6 bytes per key of capacity.
 //
@@ -36,12 +37,13 @@ class GhostSet {
   }
 
   void insert(uint64_t key) {
+    if (buckets_.empty()) return;
     Bucket& b = buckets_[key & mask_];
     const uint16_t t = tag(key);
     uint32_t empty = kWays;
     for (uint32_t w = 0; w < kWays; ++w) {
       if (b.tags[w] == t) return;
-      if (b.tags[w] == 0) empty = w;
+      if (b.tags[w] == 0 && empty == kWays) empty = w;
     }
     if (empty != kWays) {
       b.tags[empty] = t;

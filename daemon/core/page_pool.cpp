@@ -182,14 +182,16 @@ Status PagePool::check_pin_limit(const CallHints& hints, uint64_t adding) const 
   return {};
 }
 
-uint64_t PagePool::new_pins(const CallHints& hints, std::span<const PageId> pages) {
+uint64_t PagePool::new_pins(const CallHints& hints, std::span<const PageId> pages, uint64_t now) {
   if (hints.hints.pin_ttl_ms == 0) return 0;
+  const uint64_t until = now + hints.hints.pin_ttl_ms;
   ++epoch_;
   uint64_t n = 0;
   for (const PageId page : pages) {
     if (mark_[page] == epoch_) continue;
     mark_[page] = epoch_;
-    if (!pages_[page].pinned || pin_[page].account != hints.pin_account) ++n;
+    const PageMeta& m = pages_[page];
+    if (!m.pinned || (pin_[page].account != hints.pin_account && until > pin_[page].until)) ++n;
   }
   return n;
 }
@@ -291,12 +293,13 @@ Status PagePool::retain(OwnerId owner, std::span<const PageId> pages, const Call
       return {Errc::refcount_overflow, item, page};
     }
   }
+  uint64_t now = 0;
   if (!hints.hints.empty()) {
     expire_pins();
-    if (Status s = check_pin_limit(hints, new_pins(hints, pages)); !s.ok()) return s;
+    if (hints.hints.pin_ttl_ms != 0) now = now_ms();
+    if (Status s = check_pin_limit(hints, new_pins(hints, pages, now)); !s.ok()) return s;
   }
   // Held pages are IN_USE, so no state changes: only counts move.
-  const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
   for (const PageId page : pages) {
     l->add(page);
     ++pages_[page].word;
@@ -412,16 +415,39 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
       ++new_pages;
     }
   }
+  uint64_t now = 0;
   if (hints.hints.pin_ttl_ms != 0) {
-    // The pages the caller will end up with: its own, or the page already carrying the hash.
+    // The pages the caller will end up with: its own, the page already carrying the hash, or
+    // the page an earlier item of the batch stores it on.
     expire_pins();
+    now = now_ms();
     pin_scratch_.clear();
     for (const PublishItem& item : items) {
       const PageId existing =
           (pages_[item.page].word & kHashed) ? kNoPage : find_cached(ns, item.hash);
       pin_scratch_.push_back(existing != kNoPage ? existing : item.page);
     }
-    if (Status s = check_pin_limit(hints, new_pins(hints, pin_scratch_)); !s.ok()) return s;
+    // An item whose hash an earlier item of the batch stores ends up with that item's page (a
+    // duplicate): sorted by (hash, item), each such item takes the page of its group's first.
+    item_scratch_.clear();
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (pin_scratch_[i] == items[i].page && (pages_[items[i].page].word & kHashed) == 0) {
+        item_scratch_.push_back(static_cast<uint32_t>(i));
+      }
+    }
+    std::sort(item_scratch_.begin(), item_scratch_.end(), [&](uint32_t a, uint32_t b) {
+      const BlockHash& x = items[a].hash;
+      const BlockHash& y = items[b].hash;
+      if (x.lo != y.lo) return x.lo < y.lo;
+      if (x.hi != y.hi) return x.hi < y.hi;
+      return a < b;
+    });
+    for (size_t j = 1; j < item_scratch_.size(); ++j) {
+      if (items[item_scratch_[j]].hash == items[item_scratch_[j - 1]].hash) {
+        pin_scratch_[item_scratch_[j]] = pin_scratch_[item_scratch_[j - 1]];
+      }
+    }
+    if (Status s = check_pin_limit(hints, new_pins(hints, pin_scratch_, now)); !s.ok()) return s;
   }
   for (size_t i = 0; i < items.size(); ++i) {
     const PageId page = items[i].page;
@@ -448,7 +474,6 @@ Status PagePool::publish(OwnerId owner, Namespace ns, std::span<const PublishIte
     ++counters_.published;
   }
   if (!hints.hints.empty()) {
-    const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
     for (size_t i = 0; i < items.size(); ++i)
       apply_hints(out[i].page, hints, now);
   }

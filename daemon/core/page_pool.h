@@ -247,8 +247,10 @@ class PagePool {
   uint64_t now_ms() const;
   // The error for a call that would pin `adding` more pages of an account, or ok.
   Status check_pin_limit(const CallHints& hints, uint64_t adding) const;
-  // Pages of `pages` (deduplicated) a pin by `hints` would newly charge to its account.
-  uint64_t new_pins(const CallHints& hints, std::span<const PageId> pages);
+  // Pages of `pages` (deduplicated) a pin by `hints` at `now` would newly charge to its account:
+  // unpinned ones, and ones another account pinned until before the new expiry (a pin that ends
+  // no later changes nothing, so its charge stays where it is).
+  uint64_t new_pins(const CallHints& hints, std::span<const PageId> pages, uint64_t now);
   // Applies the hints of a call to a page the caller now holds.
   void apply_hints(PageId page, const CallHints& hints, uint64_t now);
   void unpin(PageId page);
@@ -289,6 +291,7 @@ class PagePool {
   std::vector<Ledger::Entry> undo_;
   std::vector<uint64_t> mark_;  // per page: last batch epoch that listed it
   std::vector<PageId> pin_scratch_;
+  std::vector<uint32_t> item_scratch_;  // publish: item indices sorted by hash
   uint64_t epoch_ = 0;
 };
 

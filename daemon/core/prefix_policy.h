@@ -15,7 +15,7 @@
 // Why this order: on request traces, a block seen once is reused far less often than one seen
 // twice (Mooncake's trace: 45% against 80%), and most of what LRU loses is re-used blocks pushed
 // out by long one-off requests. Probation absorbs those; protected keeps what proved useful, and
-// the ghost set (4× the pool's pages) recognises a block that comes back after its eviction. See
+// the ghost set (2× the pool's pages) recognises a block that comes back after its eviction. See
 // bench/RESULTS.md "Eviction policies" for the measurements behind the choice.
 //
 // Tails before heads: a block is only worth keeping while its whole prefix is. A released chain
@@ -25,7 +25,7 @@
 // (the set is approximate) evicts a head while its tail stays, unreachable behind it.
 //
 // Every call is O(1) amortized (a cap moves at most one page per call on_cached made), no
-// allocation after attach(). Memory per page: 12 bytes of links, 8 of state, ~18 of ghost set.
+// allocation after attach(). Memory per page: 12 bytes of links, 8 of state, ~9 of ghost set.
 #pragma once
 
 #include <vector>

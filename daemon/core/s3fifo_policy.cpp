@@ -26,28 +26,29 @@ void S3FifoPolicy::on_cached(PageId page, const PageFacts& facts) {
 }
 
 PageId S3FifoPolicy::victim() {
-  for (;;) {
-    if (!queues_.empty(kSmall) && (queues_.size(kSmall) >= small_target_ || queues_.empty(kMain))) {
-      const PageId page = queues_.pop_front(kSmall);
+  // The queue is chosen once per call, as the paper's evictS does: a hit page that moves from S
+  // to M must not turn this call to M, where (M being empty or short) it may be the head and go
+  // at once while S keeps its unhit pages.
+  if (!queues_.empty(kSmall) && (queues_.size(kSmall) >= small_target_ || queues_.empty(kMain))) {
+    for (PageId page = queues_.pop_front(kSmall); page != kNoPage;
+         page = queues_.pop_front(kSmall)) {
       PageState& s = state_[page];
-      if (s.freq > 0) {
-        s.freq = 0;
-        s.queue = kMain;
-        queues_.push_back(kMain, page);
-        continue;
+      if (s.freq == 0) {
+        ghost_.insert(s.key);
+        return page;
       }
-      ghost_.insert(s.key);
-      return page;
+      s.freq = 0;
+      s.queue = kMain;
+      queues_.push_back(kMain, page);
     }
+  }
+  for (;;) {
     const PageId page = queues_.pop_front(kMain);
     if (page == kNoPage) return kNoPage;
     PageState& s = state_[page];
-    if (s.freq > 0) {
-      --s.freq;
-      queues_.push_back(kMain, page);
-      continue;
-    }
-    return page;
+    if (s.freq == 0) return page;
+    --s.freq;
+    queues_.push_back(kMain, page);
   }
 }
 

@@ -5,11 +5,13 @@
 // frequency, raised by the hits it gets.
 //   - A page cached for the first time with its contents goes to M when its key is in G (it was
 //     evicted from S and asked for again), else to S.
-//   - victim(): while S holds at least its target (or M is empty), take S's oldest: with a
-//     frequency above 0 it moves to M (frequency reset), else it is the victim and its key
-//     goes to G. Otherwise take M's oldest: with a frequency above 0 it goes back to M's tail
-//     with one less, else it is the victim. Each page moves at most 4 times per pass: O(1)
-//     amortized.
+//   - victim(): when S holds at least its target (or M is empty), take S's oldest until one is
+//     the victim: with a frequency above 0 it moves to M (frequency reset), else it is the
+//     victim and its key goes to G. Otherwise (or when all of S moved) take M's oldest: with a
+//     frequency above 0 it goes back to M's tail with one less, else it is the victim. The
+//     queue is chosen once per call, as in the paper: a page just moved to M is not evicted by
+//     the call that moved it while S holds an unhit page. Each page moves at most 4 times per
+//     pass: O(1) amortized.
 // Adaptation to a pool: the pool takes a page out of the queues while it is in use (it must not
 // be a victim), so a page released again re-enters at the tail of the queue it was in, adding the
 // hits it got meanwhile; the original leaves a hit object in place. Tails still go before heads:

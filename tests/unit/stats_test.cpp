@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 
@@ -119,6 +120,7 @@ TEST(StatsSeqlock, ReadersSeeOnlyWholeSnapshots) {
 
   // A writer that keeps every counter of a snapshot equal; readers must never see them differ.
   std::atomic<bool> stop{false};
+  std::atomic<uint64_t> writes{0};
   std::thread writer([&] {
     Snapshot w = sample(1);
     std::vector<std::byte> b;
@@ -126,6 +128,11 @@ TEST(StatsSeqlock, ReadersSeeOnlyWholeSnapshots) {
       w.daemon.uptime_ms = w.daemon.reloads = w.pools[0].allocated = w.pools[0].flushed = i;
       encode(w, b);
       seqlock_write(segment.data(), b);
+      writes.store(i, std::memory_order_relaxed);
+      // A pause, as the daemon's publisher makes (it writes every 10 ms): a writer that rewrites
+      // the 15 KB snapshot back to back leaves a reader on a 2-core machine almost no window to
+      // copy it whole, and each read then gives up after kReadAttempts (minutes per test).
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
   });
   int reads = 0;
@@ -141,6 +148,7 @@ TEST(StatsSeqlock, ReadersSeeOnlyWholeSnapshots) {
   stop = true;
   writer.join();
   EXPECT_GT(reads, 1000);
+  EXPECT_GT(writes.load(), 100u);  // the reads ran while the snapshot was being rewritten
 }
 
 TEST(StatsPrometheus, TextParsesStrictlyAndEscapesLabels) {
