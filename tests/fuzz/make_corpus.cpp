@@ -142,6 +142,17 @@ int main(int argc, char** argv) {
                      ReleaseRequest{p012}, EvictRequest{1}, FlushRequest{}, SubscribeRequest{1}}));
   put("snapshot", stream(kRoot, {hello(), SnapshotRequest{}}));
 
+  // Hints: priority classes and pins on every call that takes them, then what is refused: a
+  // pin longer than limits.max_pin_ttl_ms, more pins than the tenant's share of the pool.
+  put("hints-and-pins",
+      stream(kRoot,
+             {hello(), AllocRequest{3, PageHints{Priority::conversation, 1000}},
+              PublishRequest{publish_items(p012, 0), PageHints{Priority::system, 0}},
+              RetainRequest{{0, 1}, PageHints{Priority::none, 5000}}, ReleaseRequest{p012},
+              ReleaseRequest{{0, 1}}, LookupRequest{chain(0, 3), PageHints{Priority::one_off, 10}},
+              AllocRequest{2, PageHints{Priority::none, 4000000}},
+              AllocRequest{15, PageHints{Priority::one_off, 100}}, FlushRequest{}}));
+
   // Order and session state.
   put("before-hello", stream(kRoot, {AllocRequest{1}, StatsRequest{}, hello(), StatsRequest{}}));
   put("hello-twice", stream(kRoot, {hello(), hello("bf16")}));
