@@ -267,10 +267,13 @@ BENCHMARK(BM_CloseOwner)->Arg(1)->Arg(4096)->Arg(1 << 16)->UseManualTime()->Iter
 //                hits (policy on_reuse), release 16 tail first (on_cached).
 // per_page_op = time / pages handled by alloc + publish + release (Evict) or lookup + release
 // (Hit): the mechanism's cost plus the policy's.
-std::unique_ptr<PagePool> full_pool(std::string_view policy, OwnerId& o,
-                                    benchmark::State& state) {
+// A full pool under the policy the benchmark's Arg names (labelled with it).
+std::unique_ptr<PagePool> full_pool(OwnerId& o, benchmark::State& state) {
+  const std::string_view policy = kvpool::core::policy_names()[static_cast<size_t>(state.range(0))];
+  state.SetLabel(std::string(policy));
   auto owned =
-      std::make_unique<PagePool>(PoolOptions{kPoolPages, kvpool::core::make_policy(policy), 1});
+      std::make_unique<PagePool>(PoolOptions{kPoolPages, kvpool::core::make_policy(policy), 1,
+                                             /*expensive_checks=*/false});
   PagePool& pool = *owned;
   o = pool.open_owner();
   std::vector<PageId> pages(16);
@@ -286,10 +289,8 @@ std::unique_ptr<PagePool> full_pool(std::string_view policy, OwnerId& o,
 }
 
 void BM_PolicyEvict(benchmark::State& state) {
-  const std::string_view name = kvpool::core::policy_names()[static_cast<size_t>(state.range(0))];
-  state.SetLabel(std::string(name));
   OwnerId o = 0;
-  const std::unique_ptr<PagePool> owned = full_pool(name, o, state);
+  const std::unique_ptr<PagePool> owned = full_pool(o, state);
   PagePool& pool = *owned;
   std::vector<PageId> pages(16);
   std::vector<BlockHash> chain(16);
@@ -313,10 +314,8 @@ void BM_PolicyEvict(benchmark::State& state) {
 BENCHMARK(BM_PolicyEvict)->DenseRange(0, 2);
 
 void BM_PolicyHit(benchmark::State& state) {
-  const std::string_view name = kvpool::core::policy_names()[static_cast<size_t>(state.range(0))];
-  state.SetLabel(std::string(name));
   OwnerId o = 0;
-  const std::unique_ptr<PagePool> owned = full_pool(name, o, state);
+  const std::unique_ptr<PagePool> owned = full_pool(o, state);
   PagePool& pool = *owned;
   std::vector<PageId> pages(16);
   std::vector<BlockHash> chain(16);

@@ -19,9 +19,14 @@
 #include "daemon/core/page_pool.h"
 #include "daemon/core/prefix_policy.h"
 #include "tests/unit/recording_policy.h"
+#include "tests/unit/status_assertions.h"
 
 namespace kvpool::core {
 namespace {
+
+using kvpool::testing::describe;
+using kvpool::testing::is;
+using kvpool::testing::ok;
 
 using test::cached_call;
 using test::PolicyCall;
@@ -42,17 +47,6 @@ uint64_t key(uint64_t id) {
   return contents_key(kNs, H(id));
 }
 
-std::string describe(const Status& s) {
-  return s.message() + " [item " + std::to_string(s.item()) + ", value " +
-         std::to_string(s.value()) + "]";
-}
-::testing::AssertionResult is(const Status& got, const Status& want) {
-  if (got == want) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << describe(got) << ", want " << describe(want);
-}
-::testing::AssertionResult ok(const Status& got) {
-  return is(got, Status{});
-}
 Status limit_exceeded(uint64_t after) {
   return Status(Errc::pin_limit_exceeded, kNoItem, after);
 }

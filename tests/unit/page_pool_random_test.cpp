@@ -39,9 +39,14 @@
 #include "daemon/core/page_pool.h"
 #include "daemon/core/prefix_policy.h"
 #include "tests/unit/recording_policy.h"
+#include "tests/unit/status_assertions.h"
 
 namespace kvpool::core {
 namespace {
+
+using kvpool::testing::describe;
+using kvpool::testing::is;
+using kvpool::testing::ok;
 
 using test::cached_call;
 using test::PolicyCall;
@@ -64,11 +69,6 @@ uint32_t hash_id(uint32_t seq, uint32_t block) {
 }
 BlockHash hash_of(uint32_t id) {
   return BlockHash{uint64_t{id} * 0x9E3779B97F4A7C15ull + 0x51ED, uint64_t{id} << 7};
-}
-
-std::string describe(const Status& s) {
-  return s.message() + " [item " + std::to_string(s.item()) + ", value " +
-         std::to_string(s.value()) + "]";
 }
 
 std::vector<uint64_t> flat(const PoolCounters& c) {

@@ -1,4 +1,5 @@
 #include "daemon/core/page_pool.h"
+#include "tests/unit/status_assertions.h"
 
 #include <gtest/gtest.h>
 
@@ -14,6 +15,10 @@
 namespace kvpool::core {
 namespace {
 
+using kvpool::testing::describe;
+using kvpool::testing::is;
+using kvpool::testing::ok;
+
 using Kind = PublishResult::Kind;
 
 // Test hashes: distinct ids give distinct hashes.
@@ -26,20 +31,6 @@ PoolOptions opts(uint32_t pages) {
   o.num_pages = pages;
   o.index_seed = 42;
   return o;
-}
-
-std::string describe(const Status& s) {
-  return s.message() + " [item " + std::to_string(s.item()) + ", value " +
-         std::to_string(s.value()) + "]";
-}
-
-::testing::AssertionResult is(const Status& got, const Status& want) {
-  if (got == want) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "got " << describe(got) << ", want " << describe(want);
-}
-
-::testing::AssertionResult ok(const Status& got) {
-  return is(got, Status{});
 }
 
 // The pages in the eviction queue, first victim first.
