@@ -14,6 +14,9 @@ packages=(
   libboost-dev          # Asio (daemon event loop), Interprocess (host shared memory)
   libyaml-cpp-dev       # kvpoold configuration
   clang libclang-rt-14-dev  # the fuzz tree: libFuzzer and clang's sanitizer runtimes
+  libzmq3-dev libmsgpack-cxx-dev  # KV events for routers: ZeroMQ PUB, msgpack batches
+  python3-dev pybind11-dev  # the Python module
+  python3-pytest python3-numpy python3-torch python3-zmq python3-msgpack  # its tests, example
 )
 
 missing=()
