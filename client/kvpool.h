@@ -97,6 +97,36 @@ int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
 int kvpool_copy(kvpool_conn* c, const kvpool_page_id* src, const kvpool_page_id* dst, size_t n);
 int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
 
+/* The name of an error code ("out_of_pages", ...); "unknown_error" for a value that is none. */
+const char* kvpool_error_name(int code);
+
+/* Block hashing, exactly as kvpool's own workers hash (common/block_hash.h), so a worker in any
+ * language names blocks as every other worker of the pool does: SHA-256 truncated to 128 bits,
+ * chained from a root that names the model, its geometry, adapter and salt. Thread-safe (each
+ * thread hashes with its own context). On failure the functions return an error code and
+ * kvpool_hash_last_error() (this thread's) names the cause. */
+typedef struct {
+  uint32_t layers;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+  uint32_t tokens_per_page;
+  uint8_t dtype; /* 0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8 */
+} kvpool_geometry;
+
+/* The root of a model's chains. adapter_id and salt may be NULL (none). */
+int kvpool_hash_root(const char* model_id, const kvpool_geometry* geometry,
+                     const char* adapter_id, const char* salt, kvpool_hash* out);
+/* The hash of one block of n tokens given its parent (the root for block 0); extra keys
+ * (multimodal content hashes, ...) may be NULL with extra_len 0. */
+int kvpool_hash_block(const kvpool_hash* parent, const uint32_t* tokens, size_t n,
+                      const void* extra, size_t extra_len, kvpool_hash* out);
+/* The hashes of every full block of tokens_per_block tokens, chained from root, into out (room
+ * for out_len); *written = how many. A trailing partial block is never hashed. */
+int kvpool_hash_chain(const kvpool_hash* root, const uint32_t* tokens, size_t n,
+                      uint32_t tokens_per_block, kvpool_hash* out, size_t out_len,
+                      size_t* written);
+const char* kvpool_hash_last_error(void);
+
 #ifdef __cplusplus
 }
 #endif

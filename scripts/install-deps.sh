@@ -15,7 +15,7 @@ packages=(
   libyaml-cpp-dev       # kvpoold configuration
   clang libclang-rt-14-dev  # the fuzz tree: libFuzzer and clang's sanitizer runtimes
   libzmq3-dev libmsgpack-cxx-dev  # KV events for routers: ZeroMQ PUB, msgpack batches
-  python3-dev pybind11-dev  # the Python module
+  python3-dev pybind11-dev libdlpack-dev  # the Python module (DLPack: zero-copy tensors)
   python3-pytest python3-numpy python3-torch python3-zmq python3-msgpack  # its tests, example
 )
 

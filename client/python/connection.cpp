@@ -1,0 +1,213 @@
+// kvpool.attach() and Connection: the pool calls of client/connection.h for Python.
+//
+// Page lists come in as any sequence of ints (a list, a numpy array: converted once, in C) and go
+// out as lists of ints. Hints are keyword arguments: priority ('one_off', 'conversation',
+// 'system') and pin_ttl_ms. Every call releases the GIL for its round trip.
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "client/python/bindings.h"
+#include "client/python/py_connection.h"
+
+namespace kvpool::python {
+
+namespace {
+
+using Pages = py::array_t<PageId, py::array::c_style | py::array::forcecast>;
+
+std::span<const PageId> pages_of(const Pages& p, const char* what) {
+  if (p.ndim() != 1) {
+    throw py::value_error(std::string(what) + " must be a one-dimensional sequence of page ids");
+  }
+  return {p.data(), static_cast<size_t>(p.size())};
+}
+
+PageHints hints_of(const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
+  PageHints h;
+  h.pin_ttl_ms = pin_ttl_ms;
+  if (!priority || priority->empty() || *priority == "none") return h;
+  if (*priority == "one_off") {
+    h.priority = Priority::one_off;
+  } else if (*priority == "conversation") {
+    h.priority = Priority::conversation;
+  } else if (*priority == "system") {
+    h.priority = Priority::system;
+  } else {
+    throw py::value_error("priority '" + *priority +
+                          "' is not one of none, one_off, conversation, system");
+  }
+  return h;
+}
+
+py::list to_list(const std::vector<PageId>& pages) {
+  py::list out(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i)
+    out[i] = py::int_(pages[i]);
+  return out;
+}
+
+py::dict stats_dict(const wire::StatsReply& s) {
+  py::dict d;
+  d["total"] = s.total;
+  d["free"] = s.free;
+  d["in_use"] = s.in_use;
+  d["cached"] = s.cached;
+  d["sessions"] = s.sessions;
+  d["lookups"] = s.lookups;
+  d["lookup_blocks"] = s.lookup_blocks;
+  d["hit_blocks"] = s.hit_blocks;
+  d["allocated"] = s.allocated;
+  d["released"] = s.released;
+  d["published"] = s.published;
+  d["duplicates"] = s.duplicates;
+  d["evicted"] = s.evicted;
+  d["flushed"] = s.flushed;
+  d["session_held_pages"] = s.session_held_pages;
+  return d;
+}
+
+}  // namespace
+
+void bind_connection(py::module_& m) {
+  py::class_<wire::PoolInfo>(m, "PoolInfo", "The pool a connection is attached to.")
+      .def_readonly("name", &wire::PoolInfo::pool_name)
+      .def_readonly("backend", &wire::PoolInfo::backend)
+      .def_readonly("tenant", &wire::PoolInfo::tenant)
+      .def_readonly("geometry", &wire::PoolInfo::geometry)
+      .def_readonly("num_pages", &wire::PoolInfo::num_pages)
+      .def_readonly("page_stride", &wire::PoolInfo::page_stride)
+      .def_readonly("mapped_bytes", &wire::PoolInfo::segment_bytes)
+      .def("__repr__", [](const wire::PoolInfo& p) {
+        return "PoolInfo(name='" + p.pool_name + "', backend='" + p.backend +
+               "', num_pages=" + std::to_string(p.num_pages) + ")";
+      });
+
+  py::class_<PublishResult>(m, "PublishResult")
+      .def_readonly("page", &PublishResult::page,
+                    "stored: the page given; duplicate: the page that already had the hash, "
+                    "now held by this session")
+      .def_property_readonly(
+          "duplicate", [](const PublishResult& r) { return r.kind == PublishResult::Kind::duplicate; })
+      .def("__repr__", [](const PublishResult& r) {
+        return std::string("PublishResult(page=") + std::to_string(r.page) +
+               (r.kind == PublishResult::Kind::duplicate ? ", duplicate=True)" : ", duplicate=False)");
+      });
+
+  py::class_<PyConnection>(m, "Connection",
+                           "A worker's session with kvpoold: pages held by it are released when "
+                           "it closes, however the process ends.")
+      .def_property_readonly("pool", [](PyConnection& c) { return c.get().conn->pool(); })
+      .def_property_readonly("session_id", [](PyConnection& c) { return c.get().conn->session_id(); })
+      .def_property_readonly("device", [](PyConnection& c) { return c.get().conn->device(); },
+                             "CUDA ordinal of the pool's memory in this process; -1: host memory")
+      .def_property_readonly("closed", [](const PyConnection& c) { return c.ref == nullptr; })
+      .def(
+          "alloc",
+          [](PyConnection& c, uint32_t n, const std::optional<std::string>& priority,
+             uint32_t pin_ttl_ms) {
+            const PageHints h = hints_of(priority, pin_ttl_ms);
+            return to_list(c.call([&](client::Connection& k) { return k.alloc(n, h); }));
+          },
+          py::arg("n"), py::kw_only(), py::arg("priority") = py::none(), py::arg("pin_ttl_ms") = 0,
+          "Allocates n pages, now held by this session.")
+      .def(
+          "retain",
+          [](PyConnection& c, const Pages& pages, const std::optional<std::string>& priority,
+             uint32_t pin_ttl_ms) {
+            const PageHints h = hints_of(priority, pin_ttl_ms);
+            const auto p = pages_of(pages, "pages");
+            c.call([&](client::Connection& k) { return k.retain(p, h); });
+          },
+          py::arg("pages"), py::kw_only(), py::arg("priority") = py::none(),
+          py::arg("pin_ttl_ms") = 0, "Takes one more reference to each page.")
+      .def(
+          "release",
+          [](PyConnection& c, const Pages& pages) {
+            const auto p = pages_of(pages, "pages");
+            c.call([&](client::Connection& k) { return k.release(p); });
+          },
+          py::arg("pages"),
+          "Drops one reference to each page; the last reference of a published page caches it.")
+      .def(
+          "lookup",
+          [](PyConnection& c, const std::vector<BlockHash>& chain,
+             const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
+            const PageHints h = hints_of(priority, pin_ttl_ms);
+            return to_list(c.call([&](client::Connection& k) { return k.lookup(chain, h); }));
+          },
+          py::arg("chain"), py::kw_only(), py::arg("priority") = py::none(),
+          py::arg("pin_ttl_ms") = 0,
+          "The pages of the longest cached prefix of chain, each now held by this session.")
+      .def(
+          "publish",
+          [](PyConnection& c, const Pages& pages, const std::vector<BlockHash>& hashes,
+             const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
+            const PageHints h = hints_of(priority, pin_ttl_ms);
+            const auto p = pages_of(pages, "pages");
+            if (p.size() != hashes.size()) {
+              throw py::value_error("publish: " + std::to_string(p.size()) + " pages but " +
+                                    std::to_string(hashes.size()) + " hashes");
+            }
+            std::vector<PublishItem> items(p.size());
+            for (size_t i = 0; i < p.size(); ++i)
+              items[i] = PublishItem{p[i], hashes[i]};
+            return c.call([&](client::Connection& k) { return k.publish(items, h); });
+          },
+          py::arg("pages"), py::arg("hashes"), py::kw_only(), py::arg("priority") = py::none(),
+          py::arg("pin_ttl_ms") = 0,
+          "Names written pages by their block hashes so every worker can find them.")
+      .def(
+          "copy",
+          [](PyConnection& c, const Pages& src, const Pages& dst) {
+            const auto s = pages_of(src, "src");
+            const auto d = pages_of(dst, "dst");
+            if (s.size() != d.size()) throw py::value_error("copy: src and dst differ in length");
+            std::vector<wire::PageCopy> pairs(s.size());
+            for (size_t i = 0; i < s.size(); ++i)
+              pairs[i] = wire::PageCopy{s[i], d[i]};
+            return c.call([&](client::Connection& k) { return k.copy(pairs); });
+          },
+          py::arg("src"), py::arg("dst"),
+          "The daemon copies whole pages src[i] -> dst[i]; returns when the bytes are in place.")
+      .def("stats",
+           [](PyConnection& c) {
+             return stats_dict(c.call([](client::Connection& k) { return k.stats(); }));
+           })
+      .def(
+          "evict",
+          [](PyConnection& c, uint32_t n) {
+            return c.call([&](client::Connection& k) { return k.evict(n); });
+          },
+          py::arg("n"), "Admin: drops up to n cached pages in eviction order.")
+      .def("flush",
+           [](PyConnection& c) { return c.call([](client::Connection& k) { return k.flush(); }); },
+           "Admin: drops every cached page.")
+      .def("close", &PyConnection::close,
+           "Drops this handle; the session ends when no view or SequenceCache uses it either.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyConnection& c, const py::args&) { c.close(); });
+
+  m.def(
+      "attach",
+      [](const std::optional<std::string>& socket, const std::string& worker,
+         const std::string& pool, bool map_memory) {
+        const std::string path = socket.value_or(client::default_socket_path());
+        const auto memory = map_memory ? client::Connection::Memory::map
+                                       : client::Connection::Memory::none;
+        auto r = [&] {
+          py::gil_scoped_release nogil;
+          return client::Connection::attach(path, worker, pool, memory);
+        }();
+        auto shared = std::make_shared<SharedConnection>();
+        shared->conn = value_or_raise(std::move(r));
+        return PyConnection{std::move(shared)};
+      },
+      py::arg("socket") = py::none(), py::arg("worker") = "python", py::arg("pool") = "",
+      py::arg("map_memory") = true,
+      "Connects to kvpoold (socket: $KVPOOL_SOCKET or the daemon's default) and attaches to a "
+      "pool (the default pool when empty), mapping its memory unless map_memory is False.");
+  m.def("default_socket_path", &client::default_socket_path);
+}
+
+}  // namespace kvpool::python

@@ -1,0 +1,86 @@
+// EventStream for Python: the daemon's prefix-index events (client/event_stream.h), as a
+// KV-aware router follows them over the socket. (Routers written for vLLM can instead subscribe
+// to the daemon's ZeroMQ endpoint, which publishes the same changes in vLLM's format.)
+
+#include <pybind11/stl.h>
+
+#include "client/event_stream.h"
+#include "client/python/bindings.h"
+
+namespace kvpool::python {
+
+namespace {
+
+const char* kind_name(uint8_t kind) {
+  switch (kind) {
+    case wire::Event::kStored:
+      return "stored";
+    case wire::Event::kRemoved:
+      return "removed";
+    case wire::Event::kCleared:
+      return "cleared";
+    case wire::Event::kGap:
+      return "gap";
+    default:
+      return "unknown";
+  }
+}
+
+const char* cause_name(uint8_t cause) {
+  switch (cause) {
+    case wire::Event::kEvicted:
+      return "evicted";
+    case wire::Event::kFlushed:
+      return "flushed";
+    default:
+      return "";
+  }
+}
+
+}  // namespace
+
+void bind_events(py::module_& m) {
+  py::class_<wire::Event>(m, "Event",
+                          "kind: stored | removed | cleared | gap. stored/removed carry hash, "
+                          "page and tenant; cleared and gap carry count.")
+      .def_readonly("seq", &wire::Event::seq)
+      .def_property_readonly("kind", [](const wire::Event& e) { return kind_name(e.kind); })
+      .def_property_readonly("cause", [](const wire::Event& e) { return cause_name(e.cause); })
+      .def_readonly("page", &wire::Event::page)
+      .def_readonly("count", &wire::Event::count)
+      .def_readonly("hash", &wire::Event::hash)
+      .def_readonly("tenant", &wire::Event::tenant)
+      .def("__repr__", [](const wire::Event& e) {
+        return "Event(seq=" + std::to_string(e.seq) + ", kind='" + kind_name(e.kind) + "')";
+      });
+
+  py::class_<client::EventStream>(m, "EventStream")
+      .def(py::init([](const std::optional<std::string>& socket, const std::string& pool,
+                       uint64_t from_seq) {
+             const std::string path = socket.value_or(client::default_socket_path());
+             auto r = [&] {
+               py::gil_scoped_release nogil;
+               return client::EventStream::open(path, pool, from_seq);
+             }();
+             return value_or_raise(std::move(r));
+           }),
+           py::arg("socket") = py::none(), py::arg("pool") = "", py::arg("from_seq") = 0,
+           "Subscribes to a pool's index events: from_seq 0 = new events only.")
+      .def_property_readonly("stream_id",
+                             [](const client::EventStream& s) { return s.subscribed().stream_id; })
+      .def_property_readonly("next_seq",
+                             [](const client::EventStream& s) { return s.subscribed().next_seq; })
+      .def(
+          "next",
+          [](client::EventStream& s, int timeout_ms) {
+            auto r = [&] {
+              py::gil_scoped_release nogil;
+              return s.next(timeout_ms);
+            }();
+            return value_or_raise(std::move(r)).events;
+          },
+          py::arg("timeout_ms") = -1,
+          "The next batch of events (a list; empty when timeout_ms passed first).");
+}
+
+}  // namespace kvpool::python

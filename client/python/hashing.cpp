@@ -1,0 +1,144 @@
+// BlockHash, Geometry and BlockHasher: Python workers name blocks exactly as C++ and C workers
+// do (common/block_hash.h), so a prefix one of them computed is found by all.
+
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "client/python/bindings.h"
+#include "common/block_hash.h"
+
+namespace kvpool::python {
+
+namespace {
+
+using Tokens = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
+
+std::span<const uint32_t> tokens_of(const Tokens& t) {
+  if (t.ndim() != 1) throw py::value_error("tokens must be a one-dimensional sequence of ints");
+  return {t.data(), static_cast<size_t>(t.size())};
+}
+
+py::bytes hash_bytes(const BlockHash& h) {
+  // lo then hi, little-endian: the byte order of kvpool_hash in the C API and on the wire.
+  char out[16];
+  for (int i = 0; i < 8; ++i) {
+    out[i] = static_cast<char>(h.lo >> (8 * i));
+    out[8 + i] = static_cast<char>(h.hi >> (8 * i));
+  }
+  return {out, sizeof(out)};
+}
+
+BlockHash hash_from_bytes(const py::bytes& b) {
+  const std::string s = b;
+  if (s.size() != 16) {
+    throw py::value_error("a block hash is 16 bytes, got " + std::to_string(s.size()));
+  }
+  BlockHash h;
+  for (size_t i = 8; i-- > 0;) {
+    h.lo = (h.lo << 8) | static_cast<uint8_t>(s[i]);
+    h.hi = (h.hi << 8) | static_cast<uint8_t>(s[8 + i]);
+  }
+  return h;
+}
+
+KvDtype dtype_from(const std::string& name) {
+  auto d = parse_dtype(name);
+  if (!d) throw py::value_error("dtype '" + name + "' is not one of fp16, bf16, fp8_e4m3, int8");
+  return *d;
+}
+
+HashAlgorithm algorithm_from(const std::string& name) {
+  for (auto a : {HashAlgorithm::sha256, HashAlgorithm::sha512_256, HashAlgorithm::blake2s256,
+                 HashAlgorithm::blake2b512}) {
+    if (hash_algorithm_name(a) == name) return a;
+  }
+  throw py::value_error("hash algorithm '" + name +
+                        "' is not one of sha256, sha512_256, blake2s256, blake2b512");
+}
+
+}  // namespace
+
+void bind_hashing(py::module_& m) {
+  py::class_<BlockHash>(m, "BlockHash",
+                        "A block's 128-bit name: the hash of its tokens and of every block before "
+                        "it, rooted in the model's identity.")
+      .def(py::init<>())
+      .def(py::init([](uint64_t lo, uint64_t hi) { return BlockHash{lo, hi}; }), py::arg("lo"),
+           py::arg("hi"))
+      .def_static("from_bytes", &hash_from_bytes, py::arg("data"),
+                  "From 16 bytes: lo then hi, little-endian.")
+      .def_readwrite("lo", &BlockHash::lo)
+      .def_readwrite("hi", &BlockHash::hi)
+      .def("__bytes__", &hash_bytes)
+      .def("hex", [](const BlockHash& h) { return to_hex(h); })
+      .def("__eq__", [](const BlockHash& a, const BlockHash& b) { return a == b; })
+      .def("__hash__",
+           [](const BlockHash& h) { return static_cast<py::ssize_t>(h.lo ^ (h.hi * 31)); })
+      .def("__repr__", [](const BlockHash& h) { return "BlockHash(" + to_hex(h) + ")"; })
+      .def(py::pickle([](const BlockHash& h) { return py::make_tuple(h.lo, h.hi); },
+                      [](const py::tuple& t) {
+                        return BlockHash{t[0].cast<uint64_t>(), t[1].cast<uint64_t>()};
+                      }));
+
+  py::class_<Geometry>(m, "Geometry", "A model's KV geometry, as a pool serves it.")
+      .def(py::init([](uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
+                       uint32_t tokens_per_page, const std::string& dtype) {
+             Geometry g{layers, kv_heads, head_dim, tokens_per_page, dtype_from(dtype)};
+             if (std::string why = validate(g); !why.empty()) throw py::value_error(why);
+             return g;
+           }),
+           py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"),
+           py::arg("tokens_per_page"), py::arg("dtype") = "fp16")
+      .def_readonly("layers", &Geometry::layers)
+      .def_readonly("kv_heads", &Geometry::kv_heads)
+      .def_readonly("head_dim", &Geometry::head_dim)
+      .def_readonly("tokens_per_page", &Geometry::tokens_per_page)
+      .def_property_readonly("dtype", [](const Geometry& g) { return std::string(dtype_name(g.dtype)); })
+      .def_property_readonly("page_data_bytes", [](const Geometry& g) { return page_data_bytes(g); })
+      .def("__eq__", [](const Geometry& a, const Geometry& b) { return a == b; })
+      .def("__repr__", [](const Geometry& g) {
+        return "Geometry(layers=" + std::to_string(g.layers) + ", kv_heads=" +
+               std::to_string(g.kv_heads) + ", head_dim=" + std::to_string(g.head_dim) +
+               ", tokens_per_page=" + std::to_string(g.tokens_per_page) + ", dtype='" +
+               std::string(dtype_name(g.dtype)) + "')";
+      });
+
+  py::class_<BlockHasher, std::shared_ptr<BlockHasher>>(
+      m, "BlockHasher", "Computes block-hash chains. Not thread-safe: one per thread.")
+      .def(py::init([](const std::string& algorithm) {
+             return std::make_shared<BlockHasher>(algorithm_from(algorithm));
+           }),
+           py::arg("algorithm") = "sha256")
+      .def(
+          "root",
+          [](BlockHasher& h, const std::string& model_id, const Geometry& g,
+             const std::string& adapter_id, const std::string& salt) {
+            return h.root(ModelIdentity{model_id, g, adapter_id, salt});
+          },
+          py::arg("model_id"), py::arg("geometry"), py::arg("adapter_id") = "",
+          py::arg("salt") = "", "The root every chain of this model starts from.")
+      .def(
+          "block",
+          [](BlockHasher& h, const BlockHash& parent, const Tokens& tokens, const py::bytes& extra) {
+            const std::string e = extra;
+            return h.block(parent, tokens_of(tokens),
+                           std::as_bytes(std::span(e.data(), e.size())));
+          },
+          py::arg("parent"), py::arg("tokens"), py::arg("extra") = py::bytes(),
+          "The hash of one block given its parent (the root for block 0).")
+      .def(
+          "chain",
+          [](BlockHasher& h, const BlockHash& root, const Tokens& tokens, uint32_t tokens_per_block) {
+            if (tokens_per_block == 0) throw py::value_error("tokens_per_block must be > 0");
+            const auto t = tokens_of(tokens);
+            std::vector<BlockHash> out(t.size() / tokens_per_block);
+            h.chain(root, t, tokens_per_block, out);
+            return out;
+          },
+          py::arg("root"), py::arg("tokens"), py::arg("tokens_per_block"),
+          "The hashes of every full block of tokens (a trailing partial block is not hashed).");
+}
+
+}  // namespace kvpool::python

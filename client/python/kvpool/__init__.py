@@ -1,0 +1,56 @@
+"""kvpool: a worker's client of kvpoold, the KV-cache page pool daemon.
+
+Attach to the daemon, share KV pages with every other worker of the pool, and see them without a
+copy as numpy arrays (host pools) or torch tensors (any pool, through DLPack)::
+
+    import kvpool
+    conn = kvpool.attach(worker="engine-0")          # $KVPOOL_SOCKET or the daemon's default
+    hasher = kvpool.BlockHasher()
+    root = hasher.root("my-model", conn.pool.geometry)
+    chain = hasher.chain(root, prompt_tokens, conn.pool.geometry.tokens_per_page)
+    cached = conn.lookup(chain)                      # pages of the longest cached prefix
+    fresh = conn.alloc(len(chain) - len(cached))     # pages for the rest: write K/V, then
+    conn.publish(fresh, chain[len(cached):])         # name them so every worker finds them
+    k_cache, v_cache = kvpool.kv_cache_view(conn, layer=0)   # vLLM's per-layer shape
+
+Errors the daemon reports raise kvpool.Error (code, name, message).
+"""
+
+from ._kvpool import (
+    BlockHash,
+    BlockHasher,
+    Connection,
+    Error,
+    Event,
+    EventStream,
+    Geometry,
+    PoolInfo,
+    PoolView,
+    PublishResult,
+    SequenceCache,
+    attach,
+    default_socket_path,
+    error_name,
+)
+from .layers import element_dtype, kv_cache_view, kv_cache_views, page_bytes
+
+__all__ = [
+    "BlockHash",
+    "BlockHasher",
+    "Connection",
+    "Error",
+    "Event",
+    "EventStream",
+    "Geometry",
+    "PoolInfo",
+    "PoolView",
+    "PublishResult",
+    "SequenceCache",
+    "attach",
+    "default_socket_path",
+    "element_dtype",
+    "error_name",
+    "kv_cache_view",
+    "kv_cache_views",
+    "page_bytes",
+]

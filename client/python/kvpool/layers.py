@@ -1,0 +1,76 @@
+"""Per-layer KV tensors over a pool, in the shape engines' attention backends read.
+
+vLLM's FlashAttention backend keeps one tensor per layer of shape
+``[2, num_blocks, block_size, num_kv_heads, head_size]`` (K at index 0, V at 1). kv_cache_view()
+returns exactly that shape over the pool's own memory, without a copy, for either layout:
+
+* ``layer_major`` pools store it contiguously (page p of layer l at a fixed stride), so the view
+  is a dense tensor, as FlashInfer/FlashAttention kernels require;
+* ``page_major`` pools (a page holds every layer, each K and V tile ``[kv_heads][tokens][dim]``)
+  give a strided view of the same shape: right for torch code, not for kernels that assume a
+  dense layout.
+
+8-bit pools (fp8_e4m3, int8) are viewed as their raw bytes (uint8 / int8); their scales live in
+the pool's side region (see docs/ARCHITECTURE.md).
+"""
+
+_ELEMENT = {"fp16": "float16", "bf16": "bfloat16", "fp8_e4m3": "uint8", "int8": "int8"}
+_SIZE = {"float16": 2, "bfloat16": 2, "uint8": 1, "int8": 1}
+
+
+def element_dtype(conn):
+    """The element type of the pool's K/V as PoolView names it (float16, bfloat16, uint8, int8)."""
+    return _ELEMENT[conn.pool.geometry.dtype]
+
+
+def _as(view, framework):
+    if framework == "view":
+        return view
+    if framework == "torch":
+        import torch
+
+        return torch.from_dlpack(view)
+    if framework == "numpy":
+        import numpy
+
+        return numpy.asarray(view)
+    raise ValueError(f"framework {framework!r} is not one of torch, numpy, view")
+
+
+def kv_cache_view(conn, layer, framework="torch"):
+    """Layer `layer` of the pool as one tensor ``[2, num_pages, tokens_per_page, kv_heads,
+    head_dim]``: ``t[0, p, i, h, d]`` is K of token i of page p, head h, element d; ``t[1]`` is V.
+    Writing to it writes the pool. framework: "torch" (any pool), "numpy" (host pools), "view"."""
+    pool = conn.pool
+    g = pool.geometry
+    if not 0 <= layer < g.layers:
+        raise IndexError(f"layer {layer} of a pool with {g.layers} layers")
+    dtype = element_dtype(conn)
+    size = _SIZE[dtype]
+    pages, tokens, heads, dim = pool.num_pages, g.tokens_per_page, g.kv_heads, g.head_dim
+    shape = (2, pages, tokens, heads, dim)
+    if getattr(pool, "layout", "page_major") == "layer_major":
+        plane = pages * tokens * heads * dim
+        strides = (plane, tokens * heads * dim, heads * dim, dim, 1)
+        offset = layer * 2 * plane * size
+    else:
+        tile = tokens * dim
+        strides = (heads * tile, pool.page_stride // size, dim, tile, 1)
+        offset = 2 * layer * heads * tile * size
+    return _as(conn.view(dtype, shape, strides, offset), framework)
+
+
+def kv_cache_views(conn, framework="torch"):
+    """kv_cache_view() of every layer, in layer order."""
+    return [kv_cache_view(conn, layer, framework) for layer in range(conn.pool.geometry.layers)]
+
+
+def page_bytes(conn, page, framework="numpy"):
+    """The raw bytes of one page's K/V data (page_data_bytes of them), as uint8."""
+    pool = conn.pool
+    if not 0 <= page < pool.num_pages:
+        raise IndexError(f"page {page} of a pool of {pool.num_pages} pages")
+    if getattr(pool, "layout", "page_major") == "layer_major":
+        raise ValueError("a layer-major pool's page is not contiguous: use kv_cache_view()")
+    n = pool.geometry.page_data_bytes
+    return _as(conn.view("uint8", (n,), (1,), page * pool.page_stride), framework)
