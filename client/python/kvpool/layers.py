@@ -33,6 +33,8 @@ def _as(view, framework):
     if framework == "numpy":
         import numpy
 
+        if view.dtype == "bfloat16":
+            raise TypeError("numpy has no bfloat16: use framework='torch'")
         return numpy.asarray(view)
     raise ValueError(f"framework {framework!r} is not one of torch, numpy, view")
 

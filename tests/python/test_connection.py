@@ -1,0 +1,166 @@
+"""Connections against a real kvpoold: the pool calls, sharing across processes, errors."""
+
+import multiprocessing
+
+import numpy as np
+import pytest
+
+import kvpool
+
+
+def chain_of(conn, tokens, model="m"):
+    hasher = kvpool.BlockHasher()
+    root = hasher.root(model, conn.pool.geometry)
+    return hasher.chain(root, tokens, conn.pool.geometry.tokens_per_page)
+
+
+def test_attach_describes_the_pool(conn):
+    assert conn.pool.name == "default"
+    assert conn.pool.backend == "host"
+    assert conn.pool.num_pages == 32
+    assert conn.pool.geometry == kvpool.Geometry(2, 2, 8, 4, "fp16")
+    assert conn.device == -1
+    assert conn.session_id > 0
+
+
+def test_published_pages_are_found_by_another_connection(daemon, conn):
+    chain = chain_of(conn, list(range(100, 112)))
+    pages = conn.alloc(3)
+    assert len(set(pages)) == 3
+    results = conn.publish(pages, chain)
+    assert [r.page for r in results] == pages
+    assert not any(r.duplicate for r in results)
+    other = kvpool.attach(daemon.socket, worker="other")
+    found = other.lookup(chain + chain_of(conn, list(range(200, 204))))
+    assert found == pages  # the cached prefix only, in chain order
+    other.release(found)
+    conn.release(pages)
+    other.close()
+
+
+def test_a_second_publish_of_a_hash_is_a_duplicate(daemon, conn):
+    chain = chain_of(conn, [7, 7, 7, 7], model="dup")
+    first = conn.alloc(1)
+    conn.publish(first, chain)
+    other = kvpool.attach(daemon.socket, worker="other")
+    mine = other.alloc(1)
+    [r] = other.publish(mine, chain)
+    assert r.duplicate and r.page == first[0]
+    other.release(mine + [r.page])
+    conn.release(first)
+    other.close()
+
+
+def _write_and_publish(socket, tokens, value):
+    c = kvpool.attach(socket, worker="writer")
+    [page] = c.alloc(1)
+    kvpool.page_bytes(c, page)[:] = value
+    c.publish([page], chain_of(c, tokens))
+    c.release([page])  # cached: it outlives this process
+
+
+def test_another_process_writes_what_this_one_reads_without_copy(daemon, conn):
+    tokens = [31, 32, 33, 34]
+    p = multiprocessing.get_context("spawn").Process(target=_write_and_publish,
+                                                     args=(daemon.socket, tokens, 0x5A))
+    p.start()
+    p.join(30)
+    assert p.exitcode == 0
+    [page] = conn.lookup(chain_of(conn, tokens))
+    assert np.all(kvpool.page_bytes(conn, page) == 0x5A)
+    conn.release([page])
+
+
+def test_pages_are_released_when_the_connection_closes(daemon):
+    c = kvpool.attach(daemon.socket, worker="short")
+    c.alloc(5)
+    assert c.stats()["session_held_pages"] == 5
+    c.close()
+    assert c.closed
+    with pytest.raises(ValueError, match="closed"):
+        c.alloc(1)
+    probe = kvpool.attach(daemon.socket, worker="probe")
+    assert probe.stats()["in_use"] == 0
+    probe.close()
+
+
+def test_daemon_errors_raise_kvpool_error_with_code_and_name(conn):
+    with pytest.raises(kvpool.Error) as e:
+        conn.release([10_000])
+    assert e.value.name == "invalid_page"
+    assert e.value.code == 2
+    assert "10000" in e.value.message
+    [page] = conn.alloc(1)
+    conn.release([page])
+    with pytest.raises(kvpool.Error) as e:
+        conn.release([page])  # a double release changes nothing
+    assert e.value.name == "not_held"
+    with pytest.raises(kvpool.Error) as e:
+        conn.alloc(33)
+    assert e.value.name == "exceeds_capacity"
+    assert conn.stats()["session_held_pages"] == 0
+
+
+def test_bad_arguments_raise_before_anything_is_sent(conn):
+    with pytest.raises(ValueError, match="priority"):
+        conn.alloc(1, priority="urgent")
+    with pytest.raises(ValueError, match="2 pages but 1 hashes"):
+        conn.publish([0, 1], chain_of(conn, [1, 2, 3, 4]))
+    with pytest.raises(ValueError, match="one-dimensional"):
+        conn.release(np.zeros((2, 2), dtype=np.uint32))
+    assert conn.stats()["session_held_pages"] == 0
+
+
+def test_hints_pin_a_page_past_eviction(conn):
+    chain = chain_of(conn, [9, 9, 9, 9], model="pinned")
+    pages = conn.alloc(1, priority="system", pin_ttl_ms=60_000)
+    conn.publish(pages, chain)
+    conn.release(pages)
+    conn.evict(32)
+    found = conn.lookup(chain)
+    assert found == pages
+    conn.release(found)
+    conn.flush()
+
+
+def test_daemon_side_copy(conn):
+    src, dst = conn.alloc(2)
+    kvpool.page_bytes(conn, src)[:] = np.arange(256, dtype=np.uint8).repeat(2)[: conn.pool.geometry.page_data_bytes]
+    assert conn.copy([src], [dst]) == 1
+    assert np.array_equal(kvpool.page_bytes(conn, dst), kvpool.page_bytes(conn, src))
+    conn.release([src, dst])
+
+
+def test_sequence_cache_reuses_another_sequences_prefix(daemon, conn):
+    hasher = kvpool.BlockHasher()
+    root = hasher.root("seq", conn.pool.geometry)
+    prompt = list(range(1000, 1010))  # two full blocks of 4 and two tokens
+    first = kvpool.SequenceCache(conn, hasher, root)
+    assert first.begin(prompt) == 0
+    assert first.publish_full() == 0
+    assert first.published_blocks == 2
+    other = kvpool.attach(daemon.socket, worker="other")
+    second = kvpool.SequenceCache(other, kvpool.BlockHasher(), root)
+    assert second.begin(prompt) == 8
+    assert second.block_table[:2] == first.block_table[:2]
+    page, offset = second.append(5)
+    assert offset == 2 and page == second.block_table[2]
+    second.release()
+    first.release()
+    assert other.stats()["session_held_pages"] == 0
+    other.close()
+
+
+def test_event_stream_reports_stored_blocks(daemon, conn):
+    stream = kvpool.EventStream(daemon.socket)
+    chain = chain_of(conn, [4, 4, 4, 4, 5, 5, 5, 5], model="events")
+    pages = conn.alloc(2)
+    conn.publish(pages, chain)
+    seen = []
+    while len(seen) < 2:
+        batch = stream.next(timeout_ms=5000)
+        assert batch, "no events within 5 s"
+        seen += [e for e in batch if e.kind == "stored"]
+    assert [e.hash for e in seen] == chain
+    assert [e.page for e in seen] == pages
+    conn.release(pages)

@@ -1,0 +1,106 @@
+"""Block hashing: Python, the C API of libkvpool.so (through ctypes) and the daemon agree."""
+
+import ctypes
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import kvpool
+
+
+class CHash(ctypes.Structure):
+    _fields_ = [("lo", ctypes.c_uint64), ("hi", ctypes.c_uint64)]
+
+
+class CGeometry(ctypes.Structure):
+    _fields_ = [("layers", ctypes.c_uint32), ("kv_heads", ctypes.c_uint32),
+                ("head_dim", ctypes.c_uint32), ("tokens_per_page", ctypes.c_uint32),
+                ("dtype", ctypes.c_uint8)]
+
+
+@pytest.fixture(scope="module")
+def libkvpool():
+    return ctypes.CDLL(os.environ["KVPOOL_LIB"])
+
+
+GEOMETRY = kvpool.Geometry(layers=4, kv_heads=8, head_dim=128, tokens_per_page=16, dtype="bf16")
+
+
+def test_python_and_c_api_hash_the_same_chain(libkvpool):
+    tokens = list(range(5, 5 + 16 * 3 + 7))
+    hasher = kvpool.BlockHasher()
+    root = hasher.root("llama-3-8b", GEOMETRY, adapter_id="lora-a", salt="s")
+    chain = hasher.chain(root, tokens, 16)
+    assert len(chain) == 3
+
+    c_root = CHash()
+    geometry = CGeometry(4, 8, 128, 16, 1)
+    assert libkvpool.kvpool_hash_root(b"llama-3-8b", ctypes.byref(geometry), b"lora-a", b"s",
+                                      ctypes.byref(c_root)) == 0
+    assert (c_root.lo, c_root.hi) == (root.lo, root.hi)
+    c_tokens = (ctypes.c_uint32 * len(tokens))(*tokens)
+    out = (CHash * 8)()
+    written = ctypes.c_size_t()
+    assert libkvpool.kvpool_hash_chain(ctypes.byref(c_root), c_tokens, len(tokens), 16, out, 8,
+                                       ctypes.byref(written)) == 0
+    assert written.value == 3
+    assert [(h.lo, h.hi) for h in out[:3]] == [(h.lo, h.hi) for h in chain]
+
+    block = CHash()
+    assert libkvpool.kvpool_hash_block(ctypes.byref(c_root), c_tokens, 16, None, 0,
+                                       ctypes.byref(block)) == 0
+    assert (block.lo, block.hi) == (chain[0].lo, chain[0].hi)
+
+
+def test_c_api_refuses_bad_input_and_names_the_cause(libkvpool):
+    libkvpool.kvpool_hash_last_error.restype = ctypes.c_char_p
+    libkvpool.kvpool_error_name.restype = ctypes.c_char_p
+    bad = CGeometry(4, 8, 128, 16, 9)
+    code = libkvpool.kvpool_hash_root(b"m", ctypes.byref(bad), None, None, ctypes.byref(CHash()))
+    assert libkvpool.kvpool_error_name(code) == b"invalid_argument"
+    assert b"dtype 9" in libkvpool.kvpool_hash_last_error()
+    zero_pages = CGeometry(4, 8, 128, 0, 0)
+    assert libkvpool.kvpool_hash_root(b"m", ctypes.byref(zero_pages), None, None,
+                                      ctypes.byref(CHash())) != 0
+    assert b"tokens_per_page" in libkvpool.kvpool_hash_last_error()
+
+
+def test_chain_matches_block_by_block_and_extra_keys_matter():
+    hasher = kvpool.BlockHasher()
+    root = hasher.root("m", GEOMETRY)
+    tokens = np.arange(48, dtype=np.uint32)
+    chain = hasher.chain(root, tokens, 16)
+    parent = root
+    for i, h in enumerate(chain):
+        parent = hasher.block(parent, tokens[16 * i:16 * (i + 1)])
+        assert parent == h
+    assert hasher.block(root, tokens[:16], extra=b"image-1") != chain[0]
+    assert hasher.chain(root, tokens[:15], 16) == []
+
+
+def test_roots_differ_by_model_geometry_adapter_and_salt():
+    hasher = kvpool.BlockHasher()
+    base = hasher.root("m", GEOMETRY)
+    other_geometry = kvpool.Geometry(4, 8, 128, 16, "fp16")
+    assert len({base, hasher.root("n", GEOMETRY), hasher.root("m", other_geometry),
+                hasher.root("m", GEOMETRY, adapter_id="a"),
+                hasher.root("m", GEOMETRY, salt="s")}) == 5
+
+
+def test_block_hash_bytes_round_trip_and_pickle():
+    h = kvpool.BlockHash(0x0102030405060708, 0x1112131415161718)
+    data = bytes(h)
+    assert data[:8] == bytes([8, 7, 6, 5, 4, 3, 2, 1])  # lo first, little-endian
+    assert kvpool.BlockHash.from_bytes(data) == h
+    assert pickle.loads(pickle.dumps(h)) == h
+    with pytest.raises(ValueError, match="16 bytes"):
+        kvpool.BlockHash.from_bytes(b"short")
+
+
+def test_geometry_is_validated():
+    with pytest.raises(ValueError, match="dtype"):
+        kvpool.Geometry(1, 1, 8, 4, "fp64")
+    with pytest.raises(ValueError):
+        kvpool.Geometry(0, 1, 8, 4)

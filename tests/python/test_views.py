@@ -1,0 +1,87 @@
+"""Zero-copy views of the pool's memory: numpy and torch see and change the pool's bytes."""
+
+import numpy as np
+import pytest
+import torch
+
+import kvpool
+
+
+def test_layer_view_has_vllm_shape_and_addresses_the_page_layout(conn):
+    g = conn.pool.geometry
+    k_v = kvpool.kv_cache_view(conn, layer=1)
+    assert tuple(k_v.shape) == (2, conn.pool.num_pages, g.tokens_per_page, g.kv_heads, g.head_dim)
+    assert k_v.dtype == torch.float16
+    [page] = conn.alloc(1)
+    raw = kvpool.page_bytes(conn, page).view(np.float16)
+    raw[:] = 0
+    k_v[0, page, 3, 1, 5] = 1.5  # K, token 3, head 1, element 5
+    k_v[1, page, 0, 0, 0] = -2.0  # V, token 0, head 0, element 0
+    tile = g.tokens_per_page * g.head_dim
+    k_at = (2 * 1 * g.kv_heads + 1) * tile + 3 * g.head_dim + 5  # page-major: [L][K|V][H][T][D]
+    v_at = (2 * 1 * g.kv_heads + g.kv_heads + 0) * tile
+    assert raw[k_at] == 1.5 and raw[v_at] == -2.0
+    assert np.count_nonzero(raw) == 2
+    conn.release([page])
+
+
+def test_numpy_and_torch_views_share_memory(conn):
+    views = kvpool.kv_cache_views(conn, framework="numpy")
+    tensors = kvpool.kv_cache_views(conn)
+    assert len(views) == conn.pool.geometry.layers
+    [page] = conn.alloc(1)
+    tensors[0][1, page].fill_(3.0)
+    assert np.all(views[0][1, page] == 3.0)
+    views[0][1, page] = 0
+    assert float(tensors[0][1, page].abs().sum()) == 0.0
+    conn.release([page])
+
+
+def test_views_keep_the_memory_mapped_after_close(daemon):
+    c = kvpool.attach(daemon.socket, worker="short")
+    [page] = c.alloc(1)
+    data = kvpool.page_bytes(c, page)
+    tensor = kvpool.kv_cache_view(c, 0)
+    c.close()
+    data[:] = 7  # still mapped: the views hold the session
+    assert int(tensor.view(torch.uint8).flatten()[0:1].numel()) == 1
+    assert data[0] == 7
+    del data, tensor
+    probe = kvpool.attach(daemon.socket, worker="probe")
+    assert probe.stats()["in_use"] == 0  # the last view went, so did the session
+    probe.close()
+
+
+def test_views_outside_the_mapping_are_refused(conn):
+    end = conn.pool.mapped_bytes
+    with pytest.raises(ValueError, match="past the mapping"):
+        conn.view("uint8", (2,), (1,), end - 1)
+    with pytest.raises(ValueError, match="past the mapping"):
+        conn.view("float16", (2, 1 << 62), (1, 1 << 62))
+    with pytest.raises(ValueError, match="negative"):
+        conn.view("uint8", (2,), (-1,), 8)
+    with pytest.raises(ValueError, match="dtype"):
+        conn.view("float64", (1,), (1,))
+    assert conn.view("uint8", (1,), (1,), end - 1).shape == (1,)
+
+
+def test_dlpack_capsule_describes_a_cpu_tensor(conn):
+    view = conn.view("float16", (4, 8), (8, 1), 0)
+    assert view.__dlpack_device__() == (1, 0)
+    t = torch.utils.dlpack.from_dlpack(view.__dlpack__())
+    assert t.shape == (4, 8) and t.data_ptr() == view.data_ptr
+    a = np.asarray(view)
+    assert a.ctypes.data == view.data_ptr and a.strides == (16, 2)
+
+
+def test_bfloat16_goes_through_dlpack_only(daemon):
+    from conftest import pool_config
+    from kvpool.local_daemon import LocalDaemon
+
+    with LocalDaemon(pool_config(dtype="bf16", pages=4)) as d:
+        c = kvpool.attach(d.socket)
+        k_v = kvpool.kv_cache_view(c, 0)
+        assert k_v.dtype == torch.bfloat16
+        with pytest.raises(TypeError, match="bfloat16"):
+            kvpool.kv_cache_view(c, 0, framework="numpy")
+        c.close()
