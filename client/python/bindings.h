@@ -54,5 +54,6 @@ void bind_connection(py::module_& m);
 void bind_memory(py::module_& m);
 void bind_sequence_cache(py::module_& m);
 void bind_events(py::module_& m);
+void bind_bench_hooks(py::module_& m);
 
 }  // namespace kvpool::python

@@ -11,4 +11,5 @@ PYBIND11_MODULE(_kvpool, m) {
   kvpool::python::bind_memory(m);
   kvpool::python::bind_sequence_cache(m);
   kvpool::python::bind_events(m);
+  kvpool::python::bind_bench_hooks(m);
 }
