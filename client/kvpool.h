@@ -114,8 +114,8 @@ typedef struct {
 } kvpool_geometry;
 
 /* The root of a model's chains. adapter_id and salt may be NULL (none). */
-int kvpool_hash_root(const char* model_id, const kvpool_geometry* geometry,
-                     const char* adapter_id, const char* salt, kvpool_hash* out);
+int kvpool_hash_root(const char* model_id, const kvpool_geometry* geometry, const char* adapter_id,
+                     const char* salt, kvpool_hash* out);
 /* The hash of one block of n tokens given its parent (the root for block 0); extra keys
  * (multimodal content hashes, ...) may be NULL with extra_len 0. */
 int kvpool_hash_block(const kvpool_hash* parent, const uint32_t* tokens, size_t n,
@@ -123,8 +123,7 @@ int kvpool_hash_block(const kvpool_hash* parent, const uint32_t* tokens, size_t 
 /* The hashes of every full block of tokens_per_block tokens, chained from root, into out (room
  * for out_len); *written = how many. A trailing partial block is never hashed. */
 int kvpool_hash_chain(const kvpool_hash* root, const uint32_t* tokens, size_t n,
-                      uint32_t tokens_per_block, kvpool_hash* out, size_t out_len,
-                      size_t* written);
+                      uint32_t tokens_per_block, kvpool_hash* out, size_t out_len, size_t* written);
 const char* kvpool_hash_last_error(void);
 
 #ifdef __cplusplus

@@ -88,19 +88,23 @@ void bind_connection(py::module_& m) {
                     "stored: the page given; duplicate: the page that already had the hash, "
                     "now held by this session")
       .def_property_readonly(
-          "duplicate", [](const PublishResult& r) { return r.kind == PublishResult::Kind::duplicate; })
+          "duplicate",
+          [](const PublishResult& r) { return r.kind == PublishResult::Kind::duplicate; })
       .def("__repr__", [](const PublishResult& r) {
         return std::string("PublishResult(page=") + std::to_string(r.page) +
-               (r.kind == PublishResult::Kind::duplicate ? ", duplicate=True)" : ", duplicate=False)");
+               (r.kind == PublishResult::Kind::duplicate ? ", duplicate=True)"
+                                                         : ", duplicate=False)");
       });
 
   py::class_<PyConnection>(m, "Connection",
                            "A worker's session with kvpoold: pages held by it are released when "
                            "it closes, however the process ends.")
       .def_property_readonly("pool", [](PyConnection& c) { return c.get().conn->pool(); })
-      .def_property_readonly("session_id", [](PyConnection& c) { return c.get().conn->session_id(); })
-      .def_property_readonly("device", [](PyConnection& c) { return c.get().conn->device(); },
-                             "CUDA ordinal of the pool's memory in this process; -1: host memory")
+      .def_property_readonly("session_id",
+                             [](PyConnection& c) { return c.get().conn->session_id(); })
+      .def_property_readonly(
+          "device", [](PyConnection& c) { return c.get().conn->device(); },
+          "CUDA ordinal of the pool's memory in this process; -1: host memory")
       .def_property_readonly("closed", [](const PyConnection& c) { return c.ref == nullptr; })
       .def(
           "alloc",
@@ -180,9 +184,10 @@ void bind_connection(py::module_& m) {
             return c.call([&](client::Connection& k) { return k.evict(n); });
           },
           py::arg("n"), "Admin: drops up to n cached pages in eviction order.")
-      .def("flush",
-           [](PyConnection& c) { return c.call([](client::Connection& k) { return k.flush(); }); },
-           "Admin: drops every cached page.")
+      .def(
+          "flush",
+          [](PyConnection& c) { return c.call([](client::Connection& k) { return k.flush(); }); },
+          "Admin: drops every cached page.")
       .def("close", &PyConnection::close,
            "Drops this handle; the session ends when no view or SequenceCache uses it either.")
       .def("__enter__", [](py::object self) { return self; })
@@ -193,8 +198,8 @@ void bind_connection(py::module_& m) {
       [](const std::optional<std::string>& socket, const std::string& worker,
          const std::string& pool, bool map_memory) {
         const std::string path = socket.value_or(client::default_socket_path());
-        const auto memory = map_memory ? client::Connection::Memory::map
-                                       : client::Connection::Memory::none;
+        const auto memory =
+            map_memory ? client::Connection::Memory::map : client::Connection::Memory::none;
         auto r = [&] {
           py::gil_scoped_release nogil;
           return client::Connection::attach(path, worker, pool, memory);

@@ -65,8 +65,10 @@ void bind_hashing(py::module_& m) {
                         "A block's 128-bit name: the hash of its tokens and of every block before "
                         "it, rooted in the model's identity.")
       .def(py::init<>())
-      .def(py::init([](uint64_t lo, uint64_t hi) { return BlockHash{lo, hi}; }), py::arg("lo"),
-           py::arg("hi"))
+      .def(py::init([](uint64_t lo, uint64_t hi) {
+             return BlockHash{lo, hi};
+           }),
+           py::arg("lo"), py::arg("hi"))
       .def_static("from_bytes", &hash_from_bytes, py::arg("data"),
                   "From 16 bytes: lo then hi, little-endian.")
       .def_readwrite("lo", &BlockHash::lo)
@@ -89,18 +91,21 @@ void bind_hashing(py::module_& m) {
              if (std::string why = validate(g); !why.empty()) throw py::value_error(why);
              return g;
            }),
-           py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"),
-           py::arg("tokens_per_page"), py::arg("dtype") = "fp16")
+           py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("tokens_per_page"),
+           py::arg("dtype") = "fp16")
       .def_readonly("layers", &Geometry::layers)
       .def_readonly("kv_heads", &Geometry::kv_heads)
       .def_readonly("head_dim", &Geometry::head_dim)
       .def_readonly("tokens_per_page", &Geometry::tokens_per_page)
-      .def_property_readonly("dtype", [](const Geometry& g) { return std::string(dtype_name(g.dtype)); })
-      .def_property_readonly("page_data_bytes", [](const Geometry& g) { return page_data_bytes(g); })
+      .def_property_readonly("dtype",
+                             [](const Geometry& g) { return std::string(dtype_name(g.dtype)); })
+      .def_property_readonly("page_data_bytes",
+                             [](const Geometry& g) { return page_data_bytes(g); })
       .def("__eq__", [](const Geometry& a, const Geometry& b) { return a == b; })
       .def("__repr__", [](const Geometry& g) {
-        return "Geometry(layers=" + std::to_string(g.layers) + ", kv_heads=" +
-               std::to_string(g.kv_heads) + ", head_dim=" + std::to_string(g.head_dim) +
+        return "Geometry(layers=" + std::to_string(g.layers) +
+               ", kv_heads=" + std::to_string(g.kv_heads) +
+               ", head_dim=" + std::to_string(g.head_dim) +
                ", tokens_per_page=" + std::to_string(g.tokens_per_page) + ", dtype='" +
                std::string(dtype_name(g.dtype)) + "')";
       });
@@ -121,16 +126,17 @@ void bind_hashing(py::module_& m) {
           py::arg("salt") = "", "The root every chain of this model starts from.")
       .def(
           "block",
-          [](BlockHasher& h, const BlockHash& parent, const Tokens& tokens, const py::bytes& extra) {
+          [](BlockHasher& h, const BlockHash& parent, const Tokens& tokens,
+             const py::bytes& extra) {
             const std::string e = extra;
-            return h.block(parent, tokens_of(tokens),
-                           std::as_bytes(std::span(e.data(), e.size())));
+            return h.block(parent, tokens_of(tokens), std::as_bytes(std::span(e.data(), e.size())));
           },
           py::arg("parent"), py::arg("tokens"), py::arg("extra") = py::bytes(),
           "The hash of one block given its parent (the root for block 0).")
       .def(
           "chain",
-          [](BlockHasher& h, const BlockHash& root, const Tokens& tokens, uint32_t tokens_per_block) {
+          [](BlockHasher& h, const BlockHash& root, const Tokens& tokens,
+             uint32_t tokens_per_block) {
             if (tokens_per_block == 0) throw py::value_error("tokens_per_block must be > 0");
             const auto t = tokens_of(tokens);
             std::vector<BlockHash> out(t.size() / tokens_per_block);

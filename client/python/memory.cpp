@@ -116,7 +116,8 @@ PoolView make_view(PyConnection& c, const std::string& dtype, const std::vector<
     throw py::value_error("view: shape and strides must be non-empty and of equal length");
   }
   const uint64_t esize = type.bits / 8;
-  if (offset % esize != 0) throw py::value_error("view: offset is not a multiple of the element size");
+  if (offset % esize != 0)
+    throw py::value_error("view: offset is not a multiple of the element size");
   // The last element the view can reach must lie inside the mapping; every product and sum is
   // checked for overflow, so no shape can wrap around into a bound that passes.
   uint64_t last = offset / esize;
@@ -147,10 +148,11 @@ void bind_memory(py::module_& m) {
   py::class_<PoolView>(m, "PoolView",
                        "A typed window on the pool's memory: torch.from_dlpack(view), "
                        "numpy.asarray(view) (host pools), or __cuda_array_interface__ (GPU pools).")
-      .def_property_readonly("shape", [](const PoolView& v) { return py::tuple(py::cast(v.shape)); })
-      .def_property_readonly("strides",
-                             [](const PoolView& v) { return py::tuple(py::cast(v.strides)); },
-                             "in elements")
+      .def_property_readonly("shape",
+                             [](const PoolView& v) { return py::tuple(py::cast(v.shape)); })
+      .def_property_readonly(
+          "strides", [](const PoolView& v) { return py::tuple(py::cast(v.strides)); },
+          "in elements")
       .def_property_readonly("dtype", [](const PoolView& v) { return std::string(v.type.name); })
       .def_property_readonly("device", [](const PoolView& v) { return v.device; })
       .def_property_readonly("data_ptr",
@@ -163,21 +165,22 @@ void bind_memory(py::module_& m) {
              return v.device < 0 ? py::make_tuple(static_cast<int>(kDLCPU), 0)
                                  : py::make_tuple(static_cast<int>(kDLCUDA), v.device);
            })
-      .def_property_readonly("__array_interface__",
-                             [](const PoolView& v) {
-                               if (v.device >= 0) {
-                                 throw py::attribute_error(
-                                     "a GPU pool's memory is not host memory: use "
-                                     "torch.from_dlpack(view) or __cuda_array_interface__");
-                               }
-                               if (v.type.typestr == nullptr) {
-                                 throw py::attribute_error(
-                                     "numpy has no bfloat16: use torch.from_dlpack(view)");
-                               }
-                               return array_interface(v);
-                             })
+      .def_property_readonly(
+          "__array_interface__",
+          [](const PoolView& v) {
+            if (v.device >= 0) {
+              throw py::attribute_error(
+                  "a GPU pool's memory is not host memory: use "
+                  "torch.from_dlpack(view) or __cuda_array_interface__");
+            }
+            if (v.type.typestr == nullptr) {
+              throw py::attribute_error("numpy has no bfloat16: use torch.from_dlpack(view)");
+            }
+            return array_interface(v);
+          })
       .def_property_readonly("__cuda_array_interface__", [](const PoolView& v) {
-        if (v.device < 0) throw py::attribute_error("a host pool's memory: use numpy.asarray(view)");
+        if (v.device < 0)
+          throw py::attribute_error("a host pool's memory: use numpy.asarray(view)");
         if (v.type.typestr == nullptr) {
           throw py::attribute_error("bfloat16 has no array-interface type: use DLPack");
         }
@@ -185,11 +188,12 @@ void bind_memory(py::module_& m) {
       });
 
   auto connection = py::reinterpret_borrow<py::class_<PyConnection>>(m.attr("Connection"));
-  connection.def("view", &make_view, py::arg("dtype"), py::arg("shape"), py::arg("strides"),
-           py::arg("offset") = 0,
-           "A view of the pool's memory: dtype (float16, bfloat16, float32, int8, uint8), shape "
-           "and strides in elements, starting offset bytes into the mapping (page p starts at "
-           "p * pool.page_stride). Refused when any element would lie outside the mapping.");
+  connection.def(
+      "view", &make_view, py::arg("dtype"), py::arg("shape"), py::arg("strides"),
+      py::arg("offset") = 0,
+      "A view of the pool's memory: dtype (float16, bfloat16, float32, int8, uint8), shape "
+      "and strides in elements, starting offset bytes into the mapping (page p starts at "
+      "p * pool.page_stride). Refused when any element would lie outside the mapping.");
 }
 
 }  // namespace kvpool::python

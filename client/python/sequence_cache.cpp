@@ -39,13 +39,14 @@ void bind_sequence_cache(py::module_& m) {
       "One sequence's KV pages: begin(prompt) reuses the cached prefix and allocates the rest, "
       "append() gives each new token's slot, publish_full() shares full blocks, release() gives "
       "every page back tail first.")
-      .def(py::init([](PyConnection& c, std::shared_ptr<BlockHasher> hasher, const BlockHash& root) {
-             SharedConnection& s = c.get();
-             PySequenceCache out{c.ref, hasher, nullptr};
-             out.cache = std::make_unique<client::SequenceCache>(*s.conn, *hasher, root);
-             return out;
-           }),
-           py::arg("connection"), py::arg("hasher"), py::arg("root"))
+      .def(
+          py::init([](PyConnection& c, std::shared_ptr<BlockHasher> hasher, const BlockHash& root) {
+            SharedConnection& s = c.get();
+            PySequenceCache out{c.ref, hasher, nullptr};
+            out.cache = std::make_unique<client::SequenceCache>(*s.conn, *hasher, root);
+            return out;
+          }),
+          py::arg("connection"), py::arg("hasher"), py::arg("root"))
       .def(
           "begin",
           [](PySequenceCache& s, const Tokens& prompt) {
@@ -70,11 +71,12 @@ void bind_sequence_cache(py::module_& m) {
             return py::make_tuple(slot.page, slot.offset);
           },
           py::arg("pos"))
-      .def("publish_full",
-           [](PySequenceCache& s) {
-             return s.call([](client::SequenceCache& c) { return c.publish_full(); });
-           },
-           "Publishes every full block not yet published; returns how many were adopted.")
+      .def(
+          "publish_full",
+          [](PySequenceCache& s) {
+            return s.call([](client::SequenceCache& c) { return c.publish_full(); });
+          },
+          "Publishes every full block not yet published; returns how many were adopted.")
       .def("fork",
            [](PySequenceCache& s) {
              auto child = s.call([](client::SequenceCache& c) { return c.fork(); });
@@ -87,9 +89,7 @@ void bind_sequence_cache(py::module_& m) {
           },
           py::arg("window"))
       .def("release",
-           [](PySequenceCache& s) {
-             s.call([](client::SequenceCache& c) { return c.release(); });
-           })
+           [](PySequenceCache& s) { s.call([](client::SequenceCache& c) { return c.release(); }); })
       .def(
           "set_hints",
           [](PySequenceCache& s, uint8_t priority, uint32_t pin_ttl_ms) {
