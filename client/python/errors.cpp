@@ -26,6 +26,8 @@ void bind_errors(py::module_& m) {
       PyExc_RuntimeError, nullptr);
   if (error_type == nullptr) throw py::error_already_set();
   m.attr("Error") = py::reinterpret_borrow<py::object>(error_type);
+  // pybind11 takes a plain function pointer of this exact signature (exception_ptr by value).
+  // NOLINTNEXTLINE(performance-unnecessary-value-param)
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -39,14 +39,14 @@ void bind_sequence_cache(py::module_& m) {
       "One sequence's KV pages: begin(prompt) reuses the cached prefix and allocates the rest, "
       "append() gives each new token's slot, publish_full() shares full blocks, release() gives "
       "every page back tail first.")
-      .def(
-          py::init([](PyConnection& c, std::shared_ptr<BlockHasher> hasher, const BlockHash& root) {
-            SharedConnection& s = c.get();
-            PySequenceCache out{c.ref, hasher, nullptr};
-            out.cache = std::make_unique<client::SequenceCache>(*s.conn, *hasher, root);
-            return out;
-          }),
-          py::arg("connection"), py::arg("hasher"), py::arg("root"))
+      .def(py::init([](PyConnection& c, const std::shared_ptr<BlockHasher>& hasher,
+                       const BlockHash& root) {
+             SharedConnection& s = c.get();
+             PySequenceCache out{c.ref, hasher, nullptr};
+             out.cache = std::make_unique<client::SequenceCache>(*s.conn, *hasher, root);
+             return out;
+           }),
+           py::arg("connection"), py::arg("hasher"), py::arg("root"))
       .def(
           "begin",
           [](PySequenceCache& s, const Tokens& prompt) {
