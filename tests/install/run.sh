@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Installs a build tree into a scratch prefix and builds tests/install/consumer.c against it,
-# once with find_package(kvpool) and once with pkg-config; both run against a real kvpoold.
+# once with find_package(kvpool) and once with pkg-config; both run against a real kvpoold, and
+# so does the installed Python package (where the build has one).
 #   run.sh BUILD_DIR SCRATCH_DIR KVPOOLD
 set -euo pipefail
 build=$1 scratch=$2 kvpoold=$3
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$scratch"
 mkdir -p "$scratch"
-prefix=$scratch/prefix
-cmake --install "$build" --prefix "$prefix" >/dev/null
+# As a package build would: prefix /usr, staged under DESTDIR (the config goes to /etc/kvpool,
+# an absolute path, which must not touch this machine's /etc).
+DESTDIR=$scratch/root cmake --install "$build" --prefix /usr >/dev/null
+prefix=$scratch/root/usr
+test -f "$scratch/root/etc/kvpool/kvpoold.yaml"
 test -f "$prefix/include/kvpool/kvpool.h"
 libdir=$(dirname "$(find "$prefix" -name 'libkvpool.so' | head -n1)")
 
@@ -29,3 +33,17 @@ for _ in $(seq 200); do
 done
 LD_LIBRARY_PATH=$libdir "$scratch/cmake/consumer" "$scratch/kvpoold.sock"
 LD_LIBRARY_PATH=$libdir "$scratch/consumer-pc" "$scratch/kvpoold.sock"
+# The installed Python package, where the build has one: it attaches and finds what was published.
+site=$prefix/lib/python3/dist-packages
+if [[ -d $site/kvpool ]]; then
+  PYTHONPATH=$site /usr/bin/python3 - "$scratch/kvpoold.sock" <<'PY'
+import sys
+import kvpool
+conn = kvpool.attach(sys.argv[1], worker="installed")
+hasher = kvpool.BlockHasher()
+root = hasher.root("model", kvpool.Geometry(2, 2, 64, 16, "fp16"))
+found = conn.lookup(hasher.chain(root, list(range(32)), 16))
+assert len(found) == 2, found
+print("installed python package: found", len(found), "blocks")
+PY
+fi
