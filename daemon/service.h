@@ -74,6 +74,7 @@
 #include "daemon/core/page_pool.h"
 #include "daemon/events.h"
 #include "daemon/index_events.h"
+#include "daemon/kv_event_encoder.h"
 #include "daemon/latency.h"
 #include "daemon/memory_backend.h"
 #include "daemon/prefix_stats.h"
@@ -96,6 +97,10 @@ struct Pool {
   uint16_t index = 0;  // position in Service::pools()
   std::unique_ptr<PrefixStats> prefix_stats;
   std::unique_ptr<PoolIndexEvents> index_events;
+  // KV events for routers (events.zmq_endpoint): this pool's changes since the Server last
+  // handed them to the KvEventPublisher, and how they are described. Null when off.
+  std::unique_ptr<KvEventBatcher> kv_events;
+  KvEventFormat kv_format;
 };
 
 // Per-connection state the Service keeps; the Server holds one per connection.
