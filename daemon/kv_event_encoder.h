@@ -55,6 +55,13 @@ struct KvEventFormat {
 void encode_kv_event_batch(double ts, const std::vector<KvEvent>& events,
                            const KvEventFormat& format, std::string& out);
 
+// What the KvEventPublisher has done, for the stats snapshot.
+struct KvEventCounters {
+  uint64_t batches_published = 0;  // handed to libzmq
+  uint64_t batches_dropped = 0;    // refused by libzmq (not sent to anyone)
+  uint64_t replay_requests = 0;
+};
+
 // One pool's events since the last take(), merged as vLLM merges them.
 class KvEventBatcher {
  public:

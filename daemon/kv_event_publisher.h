@@ -51,12 +51,6 @@ class KvEventPublisher {
   static constexpr size_t kMaxReplayRequestsPerPoll = 16;
   static constexpr size_t kMaxReplayBytes = size_t{64} << 20;
 
-  struct Counters {
-    uint64_t batches_published = 0;  // handed to libzmq
-    uint64_t batches_dropped = 0;    // refused by libzmq (not sent to anyone)
-    uint64_t replay_requests = 0;
-  };
-
   // Binds events.zmq_endpoint (and zmq_replay_endpoint when set).
   static wire::Result<std::unique_ptr<KvEventPublisher>> start(const EventsConfig& config,
                                                                boost::asio::io_context& io);
@@ -68,7 +62,7 @@ class KvEventPublisher {
   void publish(const std::string& pool_name, const KvEventFormat& format,
                const std::vector<KvEvent>& events);
 
-  const Counters& counters() const { return counters_; }
+  const KvEventCounters& counters() const { return counters_; }
   uint64_t next_seq() const { return next_seq_; }
 
  private:
@@ -86,7 +80,7 @@ class KvEventPublisher {
   void* pub_ = nullptr;
   void* replay_ = nullptr;
   uint64_t next_seq_ = 0;
-  Counters counters_;
+  KvEventCounters counters_;
   std::deque<std::pair<uint64_t, std::string>> buffer_;  // (seq, payload), oldest first
   size_t buffer_bytes_ = 0;
   std::chrono::steady_clock::time_point last_drop_log_{};

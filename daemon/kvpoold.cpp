@@ -169,6 +169,7 @@ int run(int argc, char** argv) {
   }
   Server server(io, *service.value(), std::chrono::milliseconds(frame_timeout_ms));
   server.set_kv_event_publisher(kv_publisher.get());
+  if (kv_publisher) service.value()->set_kv_event_counters(&kv_publisher->counters());
   const auto listening = server.listen(config.socket_path, config.socket_mode, config.socket_group);
   if (!listening.ok()) {
     log_event(LogLevel::error, "listen_failed", {kv("error", listening.error().message)});
@@ -285,7 +286,7 @@ int run(int argc, char** argv) {
   publisher.stop();
   server.stop();
   if (kv_publisher) {
-    const KvEventPublisher::Counters& c = kv_publisher->counters();
+    const KvEventCounters& c = kv_publisher->counters();
     log_event(LogLevel::info, "kv_events_stopped",
               {kv("batches_published", c.batches_published),
                kv("batches_dropped", c.batches_dropped), kv("replay_requests", c.replay_requests)});

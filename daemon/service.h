@@ -251,6 +251,8 @@ class Service {
   // then publishes before the reply leaves).
   bool take_operator_change() { return std::exchange(operator_change_, false); }
   const EventLog& events() const { return *events_; }
+  // The KV event publisher's counters, shown in the stats snapshot (null = none). Not owned.
+  void set_kv_event_counters(const KvEventCounters* counters) { kv_counters_ = counters; }
   LatencyRecorder& request_latency() { return request_latency_; }
   ConnectionStats& connection_stats() { return connection_stats_; }
   // The daemon-wide stats snapshot: counters and pages by state per pool, sessions, events,
@@ -284,6 +286,7 @@ class Service {
   uint64_t reload_failures_ = 0;
   ConnectionStats connection_stats_;
   bool operator_change_ = false;
+  const KvEventCounters* kv_counters_ = nullptr;
 };
 
 }  // namespace kvpool::daemon

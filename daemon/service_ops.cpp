@@ -169,6 +169,10 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
   d.buffered_bytes = connection_stats_.buffered_bytes;
   d.sessions_refused = connection_stats_.sessions_refused;
   d.closed_by_limits = connection_stats_.closed_by_limits;
+  if (kv_counters_ != nullptr) {
+    d.kv_batches_published = kv_counters_->batches_published;
+    d.kv_batches_dropped = kv_counters_->batches_dropped;
+  }
   std::copy(std::begin(service_latency_.ops()), std::end(service_latency_.ops()), out.service);
   std::copy(std::begin(request_latency_.ops()), std::end(request_latency_.ops()), out.request);
   out.pools.assign(pools_.size(), stats::PoolStats{});

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "client/connection.h"
+#include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::testing {
@@ -233,6 +234,13 @@ TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
     const auto& stored = array(events.ptr[0], 8);
     EXPECT_EQ(bins(stored.ptr[1]), std::vector<std::string>{bin_of(hash_of(7))});
   }
+  // The stats snapshot counts the batches (kvpoolctl stats, Prometheus).
+  auto snap = w->snapshot();
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  stats::Snapshot s;
+  ASSERT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
+  EXPECT_EQ(s.daemon.kv_batches_published, 4u);
+  EXPECT_EQ(s.daemon.kv_batches_dropped, 0u);
   w.reset();
   EXPECT_EQ(d.stop(), 0);
   EXPECT_NE(d.log().find("event=kv_events_stopped"), std::string::npos) << d.log();
