@@ -58,8 +58,10 @@ constexpr std::string_view kLoggingKeys[] = {"level"};
 constexpr std::string_view kMetricsKeys[] = {"listen", "allow_non_loopback", "latency_histograms",
                                              "stats_segment"};
 constexpr std::string_view kEventsKeys[] = {
-    "ring_events",  "zmq_endpoint",        "zmq_topic",          "zmq_block_hash",
-    "zmq_send_hwm", "zmq_replay_endpoint", "zmq_replay_batches", "data_parallel_rank"};
+    "ring_events",        "zmq_endpoint",       "zmq_topic",
+    "zmq_block_hash",     "zmq_send_hwm",       "zmq_replay_endpoint",
+    "zmq_replay_batches", "data_parallel_rank", "zmq_payload"};
+constexpr std::string_view kZmqPayloads[] = {"array", "map"};
 constexpr std::string_view kZmqBlockHashes[] = {"bytes", "uint64"};
 constexpr uint64_t kMaxZmqBatches = 1000000;
 constexpr uint64_t kMaxRingEvents = uint64_t{1} << 24;
@@ -343,6 +345,7 @@ class Parser : private NodeReader {
     }
     if (auto* t = find(f, "zmq_topic")) e.zmq_topic = get_string(*t);
     if (auto* h = find(f, "zmq_block_hash")) e.zmq_block_hash = get_choice(*h, kZmqBlockHashes);
+    if (auto* p = find(f, "zmq_payload")) e.zmq_payload = get_choice(*p, kZmqPayloads);
     if (auto* h = find(f, "zmq_send_hwm")) {
       e.zmq_send_hwm = static_cast<uint32_t>(get_uint(*h, 1, kMaxZmqBatches));
     }

@@ -31,8 +31,9 @@
 //   metrics:  { listen: "HOST:PORT" | "", allow_non_loopback: BOOL, latency_histograms: BOOL,
 //               stats_segment: BOOL }
 //   events:   { ring_events: INT, zmq_endpoint: "tcp://HOST:PORT" | "ipc://PATH" | "",
-//               zmq_topic: STR, zmq_block_hash: bytes | uint64, zmq_send_hwm: INT,
-//               zmq_replay_endpoint: STR, zmq_replay_batches: INT, data_parallel_rank: INT }
+//               zmq_topic: STR, zmq_block_hash: bytes | uint64, zmq_payload: array | map,
+//               zmq_send_hwm: INT, zmq_replay_endpoint: STR, zmq_replay_batches: INT,
+//               data_parallel_rank: INT }
 //
 // Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
 #pragma once
@@ -95,11 +96,12 @@ struct EventsConfig {
   uint32_t ring_events = 65536;  // events kept for subscribers that fall behind or resume
   // KV events for routers in vLLM's ZeroMQ format (daemon/kv_event_publisher.h); "" = off.
   std::string zmq_endpoint;
-  std::string zmq_topic;                       // prefix of every topic; the pool's name follows
-  std::string zmq_block_hash = "bytes";        // bytes (16-byte bin) | uint64 (the low word)
-  uint32_t zmq_send_hwm = 10000;               // batches queued per subscriber before libzmq drops
-  std::string zmq_replay_endpoint;             // vLLM's replay ROUTER socket; "" = off
-  uint32_t zmq_replay_batches = 10000;         // recent batches kept for replay
+  std::string zmq_topic;                 // prefix of every topic; the pool's name follows
+  std::string zmq_block_hash = "bytes";  // bytes (16-byte bin) | uint64 (the low word)
+  std::string zmq_payload = "array";     // array (vLLM releases' array_like) | map (vLLM main)
+  uint32_t zmq_send_hwm = 10000;         // batches queued per subscriber before libzmq drops
+  std::string zmq_replay_endpoint;       // vLLM's replay ROUTER socket; "" = off
+  uint32_t zmq_replay_batches = 10000;   // recent batches kept for replay
   std::optional<uint32_t> data_parallel_rank;  // sent with every batch when set
   friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
 };

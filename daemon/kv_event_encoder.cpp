@@ -41,41 +41,70 @@ void pack_str(msgpack::packer<StringSink>& pk, std::string_view s) {
   pk.pack_str_body(s.data(), static_cast<uint32_t>(s.size()));
 }
 
+// Writes a struct as vLLM's msgspec does: an array of its values, or a map of its field names to
+// them. `key` is called before each value and writes the name in map layout only.
+class StructWriter {
+ public:
+  StructWriter(msgpack::packer<StringSink>& pk, KvPayloadLayout layout, uint32_t fields)
+      : pk_(pk), map_(layout == KvPayloadLayout::map) {
+    if (map_) {
+      pk_.pack_map(fields);
+    } else {
+      pk_.pack_array(fields);
+    }
+  }
+  msgpack::packer<StringSink>& key(std::string_view name) {
+    if (map_) pack_str(pk_, name);
+    return pk_;
+  }
+
+ private:
+  msgpack::packer<StringSink>& pk_;
+  bool map_;
+};
+
 }  // namespace
 
 void encode_kv_event_batch(double ts, const std::vector<KvEvent>& events,
                            const KvEventFormat& format, std::string& out) {
   StringSink sink{out};
   msgpack::packer<StringSink> pk(sink);
-  pk.pack_array(format.data_parallel_rank ? 3 : 2);
-  pk.pack_double(ts);
-  pk.pack_array(static_cast<uint32_t>(events.size()));
+  StructWriter batch(pk, format.layout, format.data_parallel_rank ? 3 : 2);
+  batch.key("ts").pack_double(ts);
+  batch.key("events").pack_array(static_cast<uint32_t>(events.size()));
   for (const KvEvent& e : events) {
+    // The tag: the first element of an array, the "type" entry of a map.
     switch (e.kind) {
-      case KvEvent::Kind::stored:
-        pk.pack_array(8);
-        pack_str(pk, "BlockStored");
-        pack_hashes(pk, e.hashes, format.hash_format);
-        pk.pack_nil();     // parent_block_hash: the daemon does not know a block's parent
-        pk.pack_array(0);  // token_ids: nor its tokens
-        pk.pack_uint32(format.block_size);
-        pk.pack_nil();  // lora_id: adapters are in the hash chain's root (common/block_hash.h)
-        pack_str(pk, format.medium);
-        pk.pack_nil();  // lora_name
+      case KvEvent::Kind::stored: {
+        StructWriter s(pk, format.layout, 8);
+        pack_str(s.key("type"), "BlockStored");
+        pack_hashes(s.key("block_hashes"), e.hashes, format.hash_format);
+        // The daemon knows neither a block's parent nor its tokens.
+        s.key("parent_block_hash").pack_nil();
+        s.key("token_ids").pack_array(0);
+        s.key("block_size").pack_uint32(format.block_size);
+        // Adapters are in the hash chain's root (common/block_hash.h), not named here.
+        s.key("lora_id").pack_nil();
+        pack_str(s.key("medium"), format.medium);
+        s.key("lora_name").pack_nil();
         break;
-      case KvEvent::Kind::removed:
-        pk.pack_array(3);
-        pack_str(pk, "BlockRemoved");
-        pack_hashes(pk, e.hashes, format.hash_format);
-        pack_str(pk, format.medium);
+      }
+      case KvEvent::Kind::removed: {
+        StructWriter s(pk, format.layout, 3);
+        pack_str(s.key("type"), "BlockRemoved");
+        pack_hashes(s.key("block_hashes"), e.hashes, format.hash_format);
+        pack_str(s.key("medium"), format.medium);
         break;
-      case KvEvent::Kind::cleared:
-        pk.pack_array(1);
-        pack_str(pk, "AllBlocksCleared");
+      }
+      case KvEvent::Kind::cleared: {
+        StructWriter s(pk, format.layout, 1);
+        pack_str(s.key("type"), "AllBlocksCleared");
         break;
+      }
     }
   }
-  if (format.data_parallel_rank) pk.pack_uint32(*format.data_parallel_rank);
+  if (format.data_parallel_rank)
+    batch.key("data_parallel_rank").pack_uint32(*format.data_parallel_rank);
 }
 
 }  // namespace kvpool::daemon

@@ -9,6 +9,16 @@
 //    lora_name]
 //   ["BlockRemoved", block_hashes, medium]
 //   ["AllBlocksCleared"]
+// That is KvPayloadLayout::array. vLLM's main branch has since dropped array_like (its structs
+// encode as maps); KvPayloadLayout::map writes that form for routers built against it:
+//   {"ts": ts, "events": [...], "data_parallel_rank": rank}   (the rank only when configured)
+//   {"type": "BlockStored", "block_hashes": ..., "parent_block_hash": nil, "token_ids": [],
+//    "block_size": ..., "lora_id": nil, "medium": ..., "lora_name": nil}
+//   {"type": "BlockRemoved", "block_hashes": ..., "medium": ...}
+//   {"type": "AllBlocksCleared"}
+// (msgspec's tag field "type" first, then the fields in declaration order; the fields with
+// defaults that kvpool leaves at them, such as extra_keys and group_idx, omitted as
+// omit_defaults=True omits them.)
 // vLLM's hashes are `bytes | int`. kvpool's are 128-bit; KvHashFormat::bytes sends each as a
 // 16-byte bin (lo as 8 little-endian bytes, then hi: the bytes of BlockHash in memory and in the
 // C API), KvHashFormat::uint64 sends the `lo` word as an unsigned integer for routers that take
@@ -36,6 +46,7 @@
 namespace kvpool::daemon {
 
 enum class KvHashFormat : uint8_t { bytes, uint64 };
+enum class KvPayloadLayout : uint8_t { array, map };
 
 struct KvEvent {
   enum class Kind : uint8_t { stored, removed, cleared };
@@ -46,12 +57,13 @@ struct KvEvent {
 // What every event of one pool's batches says besides its hashes.
 struct KvEventFormat {
   KvHashFormat hash_format = KvHashFormat::bytes;
+  KvPayloadLayout layout = KvPayloadLayout::array;
   uint32_t block_size = 0;                     // the pool's tokens_per_page
   std::string medium;                          // "GPU" or "CPU"
   std::optional<uint32_t> data_parallel_rank;  // sent only when set
 };
 
-// Appends the msgpack encoding of the batch [ts, events(, rank)] to `out`.
+// Appends the msgpack encoding of the batch (in format.layout) to `out`.
 void encode_kv_event_batch(double ts, const std::vector<KvEvent>& events,
                            const KvEventFormat& format, std::string& out);
 

@@ -38,6 +38,8 @@ void Service::init_operations() {
       pool->kv_events = std::make_unique<KvEventBatcher>();
       pool->kv_format.hash_format =
           ev.zmq_block_hash == "uint64" ? KvHashFormat::uint64 : KvHashFormat::bytes;
+      pool->kv_format.layout =
+          ev.zmq_payload == "map" ? KvPayloadLayout::map : KvPayloadLayout::array;
       pool->kv_format.block_size = pool->config.geometry.tokens_per_page;
       // vLLM's medium names where a block lives: the host backend keeps pages in CPU memory,
       // every other backend (cuda-*, fake-device) stands for device memory.

@@ -2,8 +2,9 @@
 // the daemon publishes while a worker (a Connection in this process) allocates, publishes,
 // releases, and an admin evicts and flushes. Every message is held to vLLM's format frame by
 // frame: topic, sequence number (8 bytes big-endian, 0, 1, 2, ...), msgpack KVEventBatch. Also:
-// integer hashes with a data-parallel rank, vLLM's replay socket, and a bind failure stopping the
-// start-up with a message that names the key, the endpoint and libzmq's reason.
+// integer hashes with a data-parallel rank, the map layout, vLLM's replay socket, and a bind
+// failure stopping the start-up with a message that names the key, the endpoint and libzmq's
+// reason.
 #include <zmq.h>
 
 #include <gtest/gtest.h>
@@ -271,6 +272,37 @@ TEST(KvEvents, IntegerHashesAndTheDataParallelRank) {
   EXPECT_EQ(hashes.ptr[0].type, msgpack::type::POSITIVE_INTEGER);
   EXPECT_EQ(hashes.ptr[0].via.u64, hash_of(0).lo);
   EXPECT_EQ(hashes.ptr[1].via.u64, hash_of(1).lo);
+}
+
+TEST(KvEvents, TheMapLayoutOfVllmMain) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n  zmq_payload: map\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  auto w = attach(d);
+  ASSERT_NE(w, nullptr);
+  auto page = w->alloc(1);
+  ASSERT_TRUE(page.ok());
+  const PublishItem item{page.value()[0], hash_of(3)};
+  ASSERT_TRUE(w->publish(std::span<const PublishItem>(&item, 1)).ok());
+  const msgpack::object_handle oh = next_batch(sub, "default", 0);
+  const msgpack::object& batch = oh.get();
+  ASSERT_EQ(batch.type, msgpack::type::MAP);
+  ASSERT_EQ(batch.via.map.size, 2u);
+  EXPECT_EQ(str(batch.via.map.ptr[0].key), "ts");
+  EXPECT_EQ(str(batch.via.map.ptr[1].key), "events");
+  const auto& events = array(batch.via.map.ptr[1].val, 1);
+  const msgpack::object& stored = events.ptr[0];
+  ASSERT_EQ(stored.type, msgpack::type::MAP);
+  ASSERT_EQ(stored.via.map.size, 8u);
+  EXPECT_EQ(str(stored.via.map.ptr[0].key), "type");
+  EXPECT_EQ(str(stored.via.map.ptr[0].val), "BlockStored");
+  EXPECT_EQ(str(stored.via.map.ptr[1].key), "block_hashes");
+  EXPECT_EQ(bins(stored.via.map.ptr[1].val), std::vector<std::string>{bin_of(hash_of(3))});
+  EXPECT_EQ(str(stored.via.map.ptr[6].key), "medium");
+  EXPECT_EQ(str(stored.via.map.ptr[6].val), "CPU");
 }
 
 TEST(KvEvents, ReplayAnswersFromASequenceNumberThenTheEndMarker) {

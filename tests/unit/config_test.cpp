@@ -295,6 +295,8 @@ TEST(ConfigTest, ZmqEventKeys) {
   Config c = parse_ok("");
   EXPECT_EQ(c.events.zmq_endpoint, "");  // off by default
   EXPECT_EQ(c.events.zmq_block_hash, "bytes");
+  EXPECT_EQ(c.events.zmq_payload, "array");
+  EXPECT_EQ(parse_ok("events: {zmq_payload: map}\n").events.zmq_payload, "map");
   EXPECT_FALSE(c.events.data_parallel_rank.has_value());
   c = parse_ok(
       "events:\n  zmq_endpoint: \"tcp://*:5557\"\n  zmq_topic: \"kv@\"\n"
@@ -334,6 +336,7 @@ TEST(ConfigErrorTest, MetricsAndEvents) {
   expect_error("events:\n  zmq_endpoint: \"tcp://\"\n", 2, "events.zmq_endpoint",
                "\"tcp://HOST:PORT\"");
   expect_error("events:\n  zmq_block_hash: int\n", 2, "events.zmq_block_hash", "uint64");
+  expect_error("events:\n  zmq_payload: json\n", 2, "events.zmq_payload", "map");
   expect_error("events:\n  zmq_send_hwm: 0\n", 2, "events.zmq_send_hwm", "at least 1");
   expect_error("events:\n  zmq_replay_endpoint: \"tcp://*:5558\"\n", 2,
                "events.zmq_replay_endpoint",

@@ -1,7 +1,8 @@
 // The msgpack batches of KV events for routers (daemon/kv_event_encoder.h), decoded with
 // msgpack-cxx's unpacker and held to vLLM's array_like layout element by element: the batch
 // [ts, events(, data_parallel_rank)], each event a tagged array with its fields in declaration
-// order, hashes as 16-byte bins (lo then hi, little-endian) or as the lo word.
+// order, hashes as 16-byte bins (lo then hi, little-endian) or as the lo word; and to the map
+// layout of vLLM's main branch, key by key.
 #include "daemon/kv_event_encoder.h"
 
 #include <gtest/gtest.h>
@@ -48,7 +49,7 @@ std::string bin_of(const BlockHash& h) {
 }
 
 KvEventFormat format(KvHashFormat hashes, std::optional<uint32_t> rank = std::nullopt) {
-  return KvEventFormat{hashes, 16, "GPU", rank};
+  return KvEventFormat{hashes, KvPayloadLayout::array, 16, "GPU", rank};
 }
 
 TEST(KvEventEncoder, AllThreeEventKindsWithByteHashes) {
@@ -120,6 +121,72 @@ TEST(KvEventEncoder, AnEmptyBatchIsAnEmptyEventArray) {
   encode_kv_event_batch(1.0, {}, format(KvHashFormat::bytes), out);
   const msgpack::object_handle oh = decode(out);
   as_array(as_array(oh.get(), 2).ptr[1], 0);
+}
+
+// vLLM main's layout: every struct a map, the tag under "type" first, fields in declaration
+// order, defaults omitted.
+std::vector<std::string> keys_of(const msgpack::object& o) {
+  std::vector<std::string> keys;
+  EXPECT_EQ(o.type, msgpack::type::MAP);
+  if (o.type != msgpack::type::MAP) return keys;
+  for (uint32_t i = 0; i < o.via.map.size; ++i)
+    keys.push_back(as_str(o.via.map.ptr[i].key));
+  return keys;
+}
+
+const msgpack::object& at(const msgpack::object& o, const std::string& key) {
+  for (uint32_t i = 0; i < o.via.map.size; ++i) {
+    if (as_str(o.via.map.ptr[i].key) == key) return o.via.map.ptr[i].val;
+  }
+  ADD_FAILURE() << "no key " << key;
+  return o;
+}
+
+TEST(KvEventEncoder, MapLayoutNamesEveryFieldAfterTheTypeTag) {
+  const std::vector<KvEvent> events = {{KvEvent::Kind::stored, {kA}},
+                                       {KvEvent::Kind::removed, {kA, kB}},
+                                       {KvEvent::Kind::cleared, {}}};
+  KvEventFormat f = format(KvHashFormat::bytes);
+  f.layout = KvPayloadLayout::map;
+  std::string out;
+  encode_kv_event_batch(3.5, events, f, out);
+  msgpack::object_handle oh = decode(out);
+  const msgpack::object& batch = oh.get();
+  EXPECT_EQ(keys_of(batch), (std::vector<std::string>{"ts", "events"}));  // no rank: omitted
+  EXPECT_DOUBLE_EQ(at(batch, "ts").via.f64, 3.5);
+  const auto& evs = as_array(at(batch, "events"), 3);
+
+  const msgpack::object& stored = evs.ptr[0];
+  EXPECT_EQ(keys_of(stored),
+            (std::vector<std::string>{"type", "block_hashes", "parent_block_hash", "token_ids",
+                                      "block_size", "lora_id", "medium", "lora_name"}));
+  EXPECT_EQ(as_str(at(stored, "type")), "BlockStored");
+  const auto& hashes = as_array(at(stored, "block_hashes"), 1);
+  ASSERT_EQ(hashes.ptr[0].type, msgpack::type::BIN);
+  EXPECT_EQ(std::string(hashes.ptr[0].via.bin.ptr, hashes.ptr[0].via.bin.size), bin_of(kA));
+  EXPECT_EQ(at(stored, "parent_block_hash").type, msgpack::type::NIL);
+  as_array(at(stored, "token_ids"), 0);
+  EXPECT_EQ(as_uint(at(stored, "block_size")), 16u);
+  EXPECT_EQ(at(stored, "lora_id").type, msgpack::type::NIL);
+  EXPECT_EQ(as_str(at(stored, "medium")), "GPU");
+  EXPECT_EQ(at(stored, "lora_name").type, msgpack::type::NIL);
+
+  const msgpack::object& removed = evs.ptr[1];
+  EXPECT_EQ(keys_of(removed), (std::vector<std::string>{"type", "block_hashes", "medium"}));
+  EXPECT_EQ(as_str(at(removed, "type")), "BlockRemoved");
+  as_array(at(removed, "block_hashes"), 2);
+  EXPECT_EQ(as_str(at(removed, "medium")), "GPU");
+
+  EXPECT_EQ(keys_of(evs.ptr[2]), std::vector<std::string>{"type"});
+  EXPECT_EQ(as_str(at(evs.ptr[2], "type")), "AllBlocksCleared");
+
+  // With a rank it is the third entry.
+  f.data_parallel_rank = 1;
+  out.clear();
+  encode_kv_event_batch(3.5, {}, f, out);
+  oh = decode(out);
+  EXPECT_EQ(keys_of(oh.get()), (std::vector<std::string>{"ts", "events", "data_parallel_rank"}));
+  EXPECT_EQ(as_uint(at(oh.get(), "data_parallel_rank")), 1u);
 }
 
 TEST(KvEventBatcher, MergesConsecutiveEventsOfOneKindInOrder) {
