@@ -19,7 +19,9 @@
 // newest events.zmq_replay_batches batches and at most kMaxReplayBytes. The protocol carries no
 // topic: replayed batches are those of every pool. The socket is polled every kReplayPoll on the
 // event loop (only when replay is on), at most kMaxReplayRequestsPerPoll requests a poll, so a
-// flood of requests cannot hold the loop.
+// flood of requests cannot hold the loop for long; one request costs one send (a copy into
+// libzmq) per buffered batch it asks for. Replies past the ROUTER's HWM for that peer are dropped
+// by libzmq (the end marker with them), as with vLLM's publisher; its client has a timeout.
 //
 // Thread-safety: the event-loop thread only (libzmq sockets are not thread-safe); libzmq's own
 // I/O thread does the network work. Error policy: start() returns an Error naming the endpoint
