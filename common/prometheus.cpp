@@ -168,6 +168,12 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
   out.family("kvpool_events_lost_total", "counter",
              "Events subscribers fell behind on (reported to them as gaps).");
   out.sample("kvpool_events_lost_total", "", d.events_lost);
+  out.family("kvpool_kv_event_batches_published_total", "counter",
+             "KV event batches published to routers over ZeroMQ (events.zmq_endpoint).");
+  out.sample("kvpool_kv_event_batches_published_total", "", d.kv_batches_published);
+  out.family("kvpool_kv_event_batches_dropped_total", "counter",
+             "KV event batches libzmq refused to send (subscribers see a sequence gap).");
+  out.sample("kvpool_kv_event_batches_dropped_total", "", d.kv_batches_dropped);
   out.family("kvpool_buffered_bytes", "gauge",
              "Bytes in all connections' input and output buffers (limits.max_buffered_bytes).");
   out.sample("kvpool_buffered_bytes", "", d.buffered_bytes);

@@ -33,7 +33,7 @@
 namespace kvpool::stats {
 
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
-inline constexpr uint32_t kLayoutVersion = 2;
+inline constexpr uint32_t kLayoutVersion = 3;
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
 inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
@@ -70,9 +70,11 @@ struct DaemonStats {
   uint64_t buffered_bytes = 0;    // all connections' input and output buffers
   uint64_t sessions_refused = 0;  // connections refused at accept (session limits, tenants)
   uint64_t closed_by_limits = 0;  // connections closed by a deadline, a timeout or the budget
-  uint64_t reserved[1] = {};
+  // KV events for routers over ZeroMQ (events.zmq_endpoint; zero when off). Layout version 3.
+  uint64_t kv_batches_published = 0;  // batches handed to libzmq
+  uint64_t kv_batches_dropped = 0;    // batches libzmq refused (not sent to any subscriber)
 };
-static_assert(sizeof(DaemonStats) == 136);
+static_assert(sizeof(DaemonStats) == 144);
 
 struct OpLatency {
   char name[16] = {};  // the operation ("" when the opcode names none); NUL-padded

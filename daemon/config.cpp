@@ -57,7 +57,13 @@ constexpr std::string_view kTenantKeys[] = {"name", "uids", "gids", "pools"};
 constexpr std::string_view kLoggingKeys[] = {"level"};
 constexpr std::string_view kMetricsKeys[] = {"listen", "allow_non_loopback", "latency_histograms",
                                              "stats_segment"};
-constexpr std::string_view kEventsKeys[] = {"ring_events"};
+constexpr std::string_view kEventsKeys[] = {
+    "ring_events",        "zmq_endpoint",       "zmq_topic",
+    "zmq_block_hash",     "zmq_send_hwm",       "zmq_replay_endpoint",
+    "zmq_replay_batches", "data_parallel_rank", "zmq_payload"};
+constexpr std::string_view kZmqPayloads[] = {"array", "map"};
+constexpr std::string_view kZmqBlockHashes[] = {"bytes", "uint64"};
+constexpr uint64_t kMaxZmqBatches = 1000000;
 constexpr uint64_t kMaxRingEvents = uint64_t{1} << 24;
 
 constexpr std::string_view kBackends[] = {"auto", "host", "cuda-vmm", "cuda-ipc", "fake-device"};
@@ -333,6 +339,46 @@ class Parser : private NodeReader {
     if (auto* r = find(f, "ring_events")) {
       config.events.ring_events = static_cast<uint32_t>(get_uint(*r, 16, kMaxRingEvents));
     }
+    EventsConfig& e = config.events;
+    if (auto* z = find(f, "zmq_endpoint")) {
+      e.zmq_endpoint = get_zmq_endpoint(*z);
+    }
+    if (auto* t = find(f, "zmq_topic")) e.zmq_topic = get_string(*t);
+    if (auto* h = find(f, "zmq_block_hash")) e.zmq_block_hash = get_choice(*h, kZmqBlockHashes);
+    if (auto* p = find(f, "zmq_payload")) e.zmq_payload = get_choice(*p, kZmqPayloads);
+    if (auto* h = find(f, "zmq_send_hwm")) {
+      e.zmq_send_hwm = static_cast<uint32_t>(get_uint(*h, 1, kMaxZmqBatches));
+    }
+    if (auto* b = find(f, "zmq_replay_batches")) {
+      e.zmq_replay_batches = static_cast<uint32_t>(get_uint(*b, 1, kMaxZmqBatches));
+    }
+    if (auto* r = find(f, "data_parallel_rank")) {
+      e.data_parallel_rank = static_cast<uint32_t>(get_uint(*r, 0, UINT32_MAX));
+    }
+    if (auto* z = find(f, "zmq_replay_endpoint")) {
+      e.zmq_replay_endpoint = get_zmq_endpoint(*z);
+      if (!e.zmq_replay_endpoint.empty() && e.zmq_endpoint.empty()) {
+        fail(*z, "replays what events.zmq_endpoint publishes, which is not set");
+      }
+      if (!e.zmq_replay_endpoint.empty() && e.zmq_replay_endpoint == e.zmq_endpoint) {
+        fail(*z, "must differ from events.zmq_endpoint");
+      }
+    }
+  }
+
+  // A ZeroMQ endpoint kvpoold binds: "tcp://HOST:PORT" or "ipc://PATH", or "" for none. libzmq
+  // checks the rest when it binds at start.
+  std::string get_zmq_endpoint(const Value& v) const {
+    std::string endpoint = get_string(v, "\"tcp://HOST:PORT\", \"ipc://PATH\" or \"\"");
+    if (endpoint.empty()) return endpoint;
+    const bool tcp = endpoint.starts_with("tcp://") && endpoint.size() > 6;
+    const bool ipc = endpoint.starts_with("ipc://") && endpoint.size() > 6;
+    if (!tcp && !ipc) {
+      fail(v, quoted(endpoint) +
+                  " is not a ZeroMQ endpoint kvpoold can bind: use \"tcp://HOST:PORT\" (e.g. "
+                  "\"tcp://*:5557\") or \"ipc://PATH\", or \"\" for none");
+    }
+    return endpoint;
   }
 
   void check_default_tenant(const Value& v, const Config& config) const {

@@ -30,12 +30,16 @@
 //   logging:  { level: debug | info | warn | error }
 //   metrics:  { listen: "HOST:PORT" | "", allow_non_loopback: BOOL, latency_histograms: BOOL,
 //               stats_segment: BOOL }
-//   events:   { ring_events: INT }
+//   events:   { ring_events: INT, zmq_endpoint: "tcp://HOST:PORT" | "ipc://PATH" | "",
+//               zmq_topic: STR, zmq_block_hash: bytes | uint64, zmq_payload: array | map,
+//               zmq_send_hwm: INT, zmq_replay_endpoint: STR, zmq_replay_batches: INT,
+//               data_parallel_rank: INT }
 //
 // Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -90,6 +94,15 @@ struct MetricsConfig {
 };
 struct EventsConfig {
   uint32_t ring_events = 65536;  // events kept for subscribers that fall behind or resume
+  // KV events for routers in vLLM's ZeroMQ format (daemon/kv_event_publisher.h); "" = off.
+  std::string zmq_endpoint;
+  std::string zmq_topic;                 // prefix of every topic; the pool's name follows
+  std::string zmq_block_hash = "bytes";  // bytes (16-byte bin) | uint64 (the low word)
+  std::string zmq_payload = "array";     // array (vLLM releases' array_like) | map (vLLM main)
+  uint32_t zmq_send_hwm = 10000;         // batches queued per subscriber before libzmq drops
+  std::string zmq_replay_endpoint;       // vLLM's replay ROUTER socket; "" = off
+  uint32_t zmq_replay_batches = 10000;   // recent batches kept for replay
+  std::optional<uint32_t> data_parallel_rank;  // sent with every batch when set
   friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
 };
 

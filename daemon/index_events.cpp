@@ -5,6 +5,7 @@ namespace kvpool::daemon {
 void PoolIndexEvents::stored(Namespace ns, const BlockHash& hash, PageId page) {
   prefix_stats_.stored(page, now_);
   log_.append(LoggedEvent{hash, 0, page, ns, pool_, wire::Event::kStored, wire::Event::kNone});
+  if (kv_events_ != nullptr) kv_events_->stored(hash);
 }
 
 void PoolIndexEvents::removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) {
@@ -14,6 +15,7 @@ void PoolIndexEvents::removed(Namespace ns, const BlockHash& hash, PageId page, 
     held_.push_back(e);
   } else {
     log_.append(e);
+    if (kv_events_ != nullptr) kv_events_->removed(hash);
   }
 }
 
@@ -27,9 +29,12 @@ void PoolIndexEvents::end_flush(bool index_empty) {
   if (index_empty) {
     log_.append(LoggedEvent{BlockHash{}, held_.size(), kNoPage, 0, pool_, wire::Event::kCleared,
                             wire::Event::kFlushed});
+    if (kv_events_ != nullptr) kv_events_->cleared();
   } else {
-    for (const LoggedEvent& e : held_)
+    for (const LoggedEvent& e : held_) {
       log_.append(e);
+      if (kv_events_ != nullptr) kv_events_->removed(e.hash);
+    }
   }
   held_.clear();
   held_.shrink_to_fit();  // a flush of a large pool should not pin its scratch

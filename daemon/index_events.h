@@ -7,6 +7,10 @@
 // needs: drop everything of this pool), else logged one by one (cause flushed) because blocks
 // still in use stayed indexed.
 //
+// With KV events for routers on (events.zmq_endpoint), each change also goes to the pool's
+// KvEventBatcher, in the same order and with the same flush rule (a flush that empties the
+// index is one AllBlocksCleared).
+//
 // Thread-safety: none; called on the event loop from inside pool operations.
 #pragma once
 
@@ -15,6 +19,7 @@
 
 #include "daemon/core/index_observer.h"
 #include "daemon/events.h"
+#include "daemon/kv_event_encoder.h"
 #include "daemon/prefix_stats.h"
 
 namespace kvpool::daemon {
@@ -22,8 +27,10 @@ namespace kvpool::daemon {
 class PoolIndexEvents final : public core::IndexObserver {
  public:
   // `now` is read at each event: the Service keeps it current (seconds since start + 1).
-  PoolIndexEvents(uint16_t pool, EventLog& log, PrefixStats& prefix_stats, const uint32_t& now)
-      : pool_(pool), log_(log), prefix_stats_(prefix_stats), now_(now) {}
+  // `kv_events`: the pool's batch for the ZeroMQ publisher, or null when that is off.
+  PoolIndexEvents(uint16_t pool, EventLog& log, PrefixStats& prefix_stats, const uint32_t& now,
+                  KvEventBatcher* kv_events = nullptr)
+      : pool_(pool), log_(log), prefix_stats_(prefix_stats), now_(now), kv_events_(kv_events) {}
 
   void stored(Namespace ns, const BlockHash& hash, PageId page) override;
   void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) override;
@@ -37,6 +44,7 @@ class PoolIndexEvents final : public core::IndexObserver {
   EventLog& log_;
   PrefixStats& prefix_stats_;
   const uint32_t& now_;
+  KvEventBatcher* kv_events_;
   bool flushing_ = false;
   std::vector<LoggedEvent> held_;  // a flush's removals, until end_flush
 };

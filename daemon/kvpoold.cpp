@@ -29,6 +29,7 @@
 #include "daemon/config.h"
 #include "daemon/config_check.h"
 #include "daemon/host_backend.h"
+#include "daemon/kv_event_publisher.h"
 #include "daemon/log.h"
 #include "daemon/metrics_http.h"
 #include "daemon/notify.h"
@@ -150,7 +151,25 @@ int run(int argc, char** argv) {
   service.value()->set_inline_copy_bytes(inline_copy_bytes.value);
 
   boost::asio::io_context io(1);
+  // KV events for routers (vLLM's ZeroMQ format): bound before the socket listens, so a bad
+  // endpoint stops the start-up with libzmq's reason before any worker attaches.
+  std::unique_ptr<KvEventPublisher> kv_publisher;
+  if (!config.events.zmq_endpoint.empty()) {
+    auto started = KvEventPublisher::start(config.events, io);
+    if (!started.ok()) {
+      log_event(LogLevel::error, "kv_events_failed", {kv("error", started.error().message)});
+      std::cerr << "kvpoold: " << started.error().message << "\n";
+      return 1;
+    }
+    kv_publisher = std::move(started.value());
+    log_event(LogLevel::info, "kv_events_publishing",
+              {kv("endpoint", config.events.zmq_endpoint),
+               kv("replay", config.events.zmq_replay_endpoint),
+               kv("block_hash", config.events.zmq_block_hash)});
+  }
   Server server(io, *service.value(), std::chrono::milliseconds(frame_timeout_ms));
+  server.set_kv_event_publisher(kv_publisher.get());
+  if (kv_publisher) service.value()->set_kv_event_counters(&kv_publisher->counters());
   const auto listening = server.listen(config.socket_path, config.socket_mode, config.socket_group);
   if (!listening.ok()) {
     log_event(LogLevel::error, "listen_failed", {kv("error", listening.error().message)});
@@ -266,6 +285,12 @@ int run(int argc, char** argv) {
   metrics.reset();
   publisher.stop();
   server.stop();
+  if (kv_publisher) {
+    const KvEventCounters& c = kv_publisher->counters();
+    log_event(LogLevel::info, "kv_events_stopped",
+              {kv("batches_published", c.batches_published),
+               kv("batches_dropped", c.batches_dropped), kv("replay_requests", c.replay_requests)});
+  }
   log_event(LogLevel::info, "stopped");
   return 0;
 }

@@ -133,6 +133,7 @@ void Server::accept() {
 
 void Server::closed(const std::shared_ptr<Connection>& c) {
   connections_.erase(c);
+  publish_kv_events();
   if (activity_ != nullptr) activity_->on_activity();
 }
 
@@ -146,6 +147,15 @@ void Server::pump_subscribers() {
       subscribers.push_back(c->shared_from_this());
     for (const auto& c : subscribers)
       c->pump_events();
+  }
+}
+
+void Server::publish_kv_events() {
+  if (kv_publisher_ == nullptr) return;
+  for (const auto& pool : service_.pools()) {
+    if (pool->kv_events && !pool->kv_events->empty()) {
+      kv_publisher_->publish(pool->config.name, pool->kv_format, pool->kv_events->take());
+    }
   }
 }
 
@@ -172,6 +182,7 @@ void Server::stop() {
   if (stopping_) return;
   stopping_ = true;
   activity_ = nullptr;  // whoever set it may be gone by now
+  kv_publisher_ = nullptr;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   accept_backoff_.cancel();

@@ -37,6 +37,9 @@
 // 256 KiB queued per subscriber: one that does not read stops receiving, its cursor falls
 // behind the ring and it later gets a gap event instead of what it missed, so it can neither
 // block the loop nor grow the daemon's memory. A subscribed connection takes no more requests.
+// KV events for routers: after each turn of requests (before their replies are sent, so a router
+// hears of a block no later than the worker that published it hears back) and when a session
+// closes, every pool's index changes go to the KvEventPublisher, when there is one.
 // The time from a read's completion to each of its replies being queued is recorded in the
 // Service's "request" latency histograms, and an activity hook (the stats publisher) runs after
 // every batch of requests, before their replies are sent, and at every session open and close.
@@ -54,6 +57,7 @@
 
 #include "daemon/config.h"
 #include "daemon/copy_worker.h"
+#include "daemon/kv_event_publisher.h"
 #include "daemon/service.h"
 
 namespace kvpool::daemon {
@@ -86,6 +90,8 @@ class Server {
   // Told after requests were handled (before their replies are sent) and when sessions open or
   // close; null = nobody. Not owned.
   void set_activity_listener(ActivityListener* listener) { activity_ = listener; }
+  // Where the pools' index changes go (events.zmq_endpoint); null = nowhere. Not owned.
+  void set_kv_event_publisher(KvEventPublisher* publisher) { kv_publisher_ = publisher; }
 
  private:
   class Connection;
@@ -95,6 +101,8 @@ class Server {
   void closed(const std::shared_ptr<Connection>& c);
   // Pushes new events to the subscribers.
   void pump_subscribers();
+  // Hands each pool's pending KV events to the KvEventPublisher as one batch.
+  void publish_kv_events();
   // Closes the connections holding the most buffered bytes until the total is within
   // limits.max_buffered_bytes.
   void enforce_buffer_budget();
@@ -112,6 +120,7 @@ class Server {
   std::set<Connection*> subscribers_;  // the connections in connections_ that are subscribed
   uint64_t pumped_seq_ = 0;            // the event sequence subscribers were last pumped up to
   ActivityListener* activity_ = nullptr;
+  KvEventPublisher* kv_publisher_ = nullptr;
 };
 
 }  // namespace kvpool::daemon

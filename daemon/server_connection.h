@@ -134,6 +134,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       // The activity hook runs before the replies leave, so that whoever reads the stats after
       // a reply (kvpoolctl flush && kvpoolctl status) finds what the hook published.
       if (server_.activity_ != nullptr) server_.activity_->on_activity();
+      server_.publish_kv_events();
       flush();
       server_.pump_subscribers();
       if (closed_) return;

@@ -74,6 +74,7 @@
 #include "daemon/core/page_pool.h"
 #include "daemon/events.h"
 #include "daemon/index_events.h"
+#include "daemon/kv_event_encoder.h"
 #include "daemon/latency.h"
 #include "daemon/memory_backend.h"
 #include "daemon/prefix_stats.h"
@@ -96,6 +97,10 @@ struct Pool {
   uint16_t index = 0;  // position in Service::pools()
   std::unique_ptr<PrefixStats> prefix_stats;
   std::unique_ptr<PoolIndexEvents> index_events;
+  // KV events for routers (events.zmq_endpoint): this pool's changes since the Server last
+  // handed them to the KvEventPublisher, and how they are described. Null when off.
+  std::unique_ptr<KvEventBatcher> kv_events;
+  KvEventFormat kv_format;
 };
 
 // Per-connection state the Service keeps; the Server holds one per connection.
@@ -246,6 +251,8 @@ class Service {
   // then publishes before the reply leaves).
   bool take_operator_change() { return std::exchange(operator_change_, false); }
   const EventLog& events() const { return *events_; }
+  // The KV event publisher's counters, shown in the stats snapshot (null = none). Not owned.
+  void set_kv_event_counters(const KvEventCounters* counters) { kv_counters_ = counters; }
   LatencyRecorder& request_latency() { return request_latency_; }
   ConnectionStats& connection_stats() { return connection_stats_; }
   // The daemon-wide stats snapshot: counters and pages by state per pool, sessions, events,
@@ -279,6 +286,7 @@ class Service {
   uint64_t reload_failures_ = 0;
   ConnectionStats connection_stats_;
   bool operator_change_ = false;
+  const KvEventCounters* kv_counters_ = nullptr;
 };
 
 }  // namespace kvpool::daemon

@@ -31,10 +31,23 @@ void Service::init_operations() {
   service_latency_ = LatencyRecorder(config_.metrics.latency_histograms);
   request_latency_ = LatencyRecorder(config_.metrics.latency_histograms);
   events_ = std::make_unique<EventLog>(config_.events.ring_events, random_id());
+  const EventsConfig& ev = config_.events;
   for (const auto& pool : pools_) {
     pool->prefix_stats = std::make_unique<PrefixStats>(pool->pages->num_pages());
-    pool->index_events =
-        std::make_unique<PoolIndexEvents>(pool->index, *events_, *pool->prefix_stats, now_s_);
+    if (!ev.zmq_endpoint.empty()) {
+      pool->kv_events = std::make_unique<KvEventBatcher>();
+      pool->kv_format.hash_format =
+          ev.zmq_block_hash == "uint64" ? KvHashFormat::uint64 : KvHashFormat::bytes;
+      pool->kv_format.layout =
+          ev.zmq_payload == "map" ? KvPayloadLayout::map : KvPayloadLayout::array;
+      pool->kv_format.block_size = pool->config.geometry.tokens_per_page;
+      // vLLM's medium names where a block lives: the host backend keeps pages in CPU memory,
+      // every other backend (cuda-*, fake-device) stands for device memory.
+      pool->kv_format.medium = backend_->name() == std::string_view("host") ? "CPU" : "GPU";
+      pool->kv_format.data_parallel_rank = ev.data_parallel_rank;
+    }
+    pool->index_events = std::make_unique<PoolIndexEvents>(
+        pool->index, *events_, *pool->prefix_stats, now_s_, pool->kv_events.get());
     pool->pages->set_observer(pool->index_events.get());
   }
 }
@@ -158,6 +171,10 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
   d.buffered_bytes = connection_stats_.buffered_bytes;
   d.sessions_refused = connection_stats_.sessions_refused;
   d.closed_by_limits = connection_stats_.closed_by_limits;
+  if (kv_counters_ != nullptr) {
+    d.kv_batches_published = kv_counters_->batches_published;
+    d.kv_batches_dropped = kv_counters_->batches_dropped;
+  }
   std::copy(std::begin(service_latency_.ops()), std::end(service_latency_.ops()), out.service);
   std::copy(std::begin(request_latency_.ops()), std::end(request_latency_.ops()), out.request);
   out.pools.assign(pools_.size(), stats::PoolStats{});

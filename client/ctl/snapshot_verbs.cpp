@@ -117,7 +117,8 @@ int stats_verb(const Globals& g, const std::string& format) {
         "\"query_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"allocated\":%llu,"
         "\"released\":%llu,\"published\":%llu,\"duplicates\":%llu,\"evicted\":%llu,"
         "\"flushed\":%llu,\"events\":{\"next_seq\":%llu,\"oldest_seq\":%llu,\"subscribers\":%u,"
-        "\"lost\":%llu},\"reloads\":{\"applied\":%llu,\"refused\":%llu},"
+        "\"lost\":%llu,\"zmq_published\":%llu,\"zmq_dropped\":%llu},\"reloads\":{\"applied\":%llu,"
+        "\"refused\":%llu},"
         "\"connections\":{\"buffered_bytes\":%llu,\"refused\":%llu,\"closed_by_limits\":%llu},"
         "\"latency_timed\":%s,\"latency\":%s}\n",
         kSchema, source_name(f), json_escape(name).c_str(), p.total, p.free, p.in_use, p.cached,
@@ -130,6 +131,8 @@ int stats_verb(const Globals& g, const std::string& format) {
         static_cast<unsigned long long>(d.event_next_seq),
         static_cast<unsigned long long>(d.event_oldest_seq), d.subscribers,
         static_cast<unsigned long long>(d.events_lost),
+        static_cast<unsigned long long>(d.kv_batches_published),
+        static_cast<unsigned long long>(d.kv_batches_dropped),
         static_cast<unsigned long long>(d.reloads - d.reload_failures),
         static_cast<unsigned long long>(d.reload_failures),
         static_cast<unsigned long long>(d.buffered_bytes),
@@ -159,6 +162,11 @@ int stats_verb(const Globals& g, const std::string& format) {
   std::printf("  events       next seq %llu, %u subscriber(s), %s lost to gaps\n",
               static_cast<unsigned long long>(d.event_next_seq), d.subscribers,
               count_text(d.events_lost, g.raw).c_str());
+  if (d.kv_batches_published + d.kv_batches_dropped > 0) {
+    std::printf("  zmq events   %s batches published, %s dropped\n",
+                count_text(d.kv_batches_published, g.raw).c_str(),
+                count_text(d.kv_batches_dropped, g.raw).c_str());
+  }
   if (!d.latency_enabled) {
     std::printf("  latency      not timed (metrics.latency_histograms: false)\n");
     return 0;

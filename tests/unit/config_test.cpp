@@ -291,6 +291,26 @@ TEST(ConfigTest, MetricsAndEventsKeys) {
   EXPECT_EQ(parse_ok("metrics:\n  listen: \"\"\n").metrics.listen, "");
 }
 
+TEST(ConfigTest, ZmqEventKeys) {
+  Config c = parse_ok("");
+  EXPECT_EQ(c.events.zmq_endpoint, "");  // off by default
+  EXPECT_EQ(c.events.zmq_block_hash, "bytes");
+  EXPECT_EQ(c.events.zmq_payload, "array");
+  EXPECT_EQ(parse_ok("events: {zmq_payload: map}\n").events.zmq_payload, "map");
+  EXPECT_FALSE(c.events.data_parallel_rank.has_value());
+  c = parse_ok(
+      "events:\n  zmq_endpoint: \"tcp://*:5557\"\n  zmq_topic: \"kv@\"\n"
+      "  zmq_block_hash: uint64\n  zmq_send_hwm: 100\n  zmq_replay_endpoint: \"ipc:///tmp/r\"\n"
+      "  zmq_replay_batches: 7\n  data_parallel_rank: 3\n");
+  EXPECT_EQ(c.events.zmq_endpoint, "tcp://*:5557");
+  EXPECT_EQ(c.events.zmq_topic, "kv@");
+  EXPECT_EQ(c.events.zmq_block_hash, "uint64");
+  EXPECT_EQ(c.events.zmq_send_hwm, 100u);
+  EXPECT_EQ(c.events.zmq_replay_endpoint, "ipc:///tmp/r");
+  EXPECT_EQ(c.events.zmq_replay_batches, 7u);
+  EXPECT_EQ(c.events.data_parallel_rank, std::optional<uint32_t>(3));
+}
+
 // Errors: "FILE:LINE: KEY: what is wrong" ----------------------------------------------------
 
 TEST(ConfigErrorTest, MetricsAndEvents) {
@@ -311,6 +331,20 @@ TEST(ConfigErrorTest, MetricsAndEvents) {
   expect_error("events:\n  ring_events: 8\n", 2, "events.ring_events", "at least 16");
   expect_error("events:\n  ring_events: 99999999999\n", 2, "events.ring_events", "at most");
   expect_error("events:\n  ring: 64\n", 2, "events.ring", "unknown key");
+  expect_error("events:\n  zmq_endpoint: \"http://x:1\"\n", 2, "events.zmq_endpoint",
+               "not a ZeroMQ endpoint");
+  expect_error("events:\n  zmq_endpoint: \"tcp://\"\n", 2, "events.zmq_endpoint",
+               "\"tcp://HOST:PORT\"");
+  expect_error("events:\n  zmq_block_hash: int\n", 2, "events.zmq_block_hash", "uint64");
+  expect_error("events:\n  zmq_payload: json\n", 2, "events.zmq_payload", "map");
+  expect_error("events:\n  zmq_send_hwm: 0\n", 2, "events.zmq_send_hwm", "at least 1");
+  expect_error("events:\n  zmq_replay_endpoint: \"tcp://*:5558\"\n", 2,
+               "events.zmq_replay_endpoint",
+               "replays what events.zmq_endpoint publishes, which is not set");
+  expect_error(
+      "events:\n  zmq_endpoint: \"tcp://*:5557\"\n  zmq_replay_endpoint: \"tcp://*:5557\"\n", 3,
+      "events.zmq_replay_endpoint", "must differ");
+  expect_error("events:\n  data_parallel_rank: -1\n", 2, "events.data_parallel_rank", "");
   expect_error("metric:\n  listen: \"\"\n", 1, "metric", "unknown key");
 }
 

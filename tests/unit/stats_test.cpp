@@ -166,6 +166,15 @@ TEST(StatsPrometheus, TextParsesStrictlyAndEscapesLabels) {
   EXPECT_EQ(p.value("kvpool_op_duration_seconds_bucket", {{"op", "alloc"}, {"le", "1.024e-06"}}),
             1);
   EXPECT_NE(text.find("pool=\"p\\\"o\\\\l\\n1\""), std::string::npos);
+  // KV events for routers: the publisher's counters (layout version 3).
+  Snapshot z = s;
+  z.daemon.kv_batches_published = 41;
+  z.daemon.kv_batches_dropped = 2;
+  const auto zp = testing::parse_prometheus(prometheus_text(z));
+  ASSERT_EQ(zp.error, "");
+  EXPECT_EQ(zp.types.at("kvpool_kv_event_batches_published_total"), "counter");
+  EXPECT_EQ(zp.value("kvpool_kv_event_batches_published_total", {}), 41);
+  EXPECT_EQ(zp.value("kvpool_kv_event_batches_dropped_total", {}), 2);
   // One pool only.
   const auto one = testing::parse_prometheus(prometheus_text(s, "default"));
   ASSERT_EQ(one.error, "");

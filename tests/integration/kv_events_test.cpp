@@ -1,0 +1,366 @@
+// KV events for routers through a real kvpoold: a ZeroMQ SUB socket in the test receives what
+// the daemon publishes while a worker (a Connection in this process) allocates, publishes,
+// releases, and an admin evicts and flushes. Every message is held to vLLM's format frame by
+// frame: topic, sequence number (8 bytes big-endian, 0, 1, 2, ...), msgpack KVEventBatch. Also:
+// integer hashes with a data-parallel rank, the map layout, vLLM's replay socket, and a bind
+// failure stopping the start-up with a message that names the key, the endpoint and libzmq's
+// reason.
+#include <zmq.h>
+
+#include <gtest/gtest.h>
+#define MSGPACK_NO_BOOST 1
+#include <msgpack.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/connection.h"
+#include "common/stats_layout.h"
+#include "tests/integration/daemon_harness.h"
+
+namespace kvpool::testing {
+namespace {
+
+using client::Connection;
+
+BlockHash hash_of(uint32_t i) {
+  return BlockHash{0xA5A5000000000000ull + i, 0x5A5A0000ull * (i + 1)};
+}
+
+std::string bin_of(const BlockHash& h) {
+  std::string b(16, '\0');
+  for (int i = 0; i < 8; ++i) {
+    b[static_cast<size_t>(i)] = static_cast<char>((h.lo >> (8 * i)) & 0xff);
+    b[static_cast<size_t>(8 + i)] = static_cast<char>((h.hi >> (8 * i)) & 0xff);
+  }
+  return b;
+}
+
+std::string seq_frame(int64_t seq) {
+  std::string b(8, '\0');
+  for (int i = 0; i < 8; ++i)
+    b[static_cast<size_t>(i)] = static_cast<char>((static_cast<uint64_t>(seq) >> (56 - 8 * i)));
+  return b;
+}
+
+std::string config(const std::string& events) {
+  return R"(backend: host
+pools:
+  - name: default
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}
+    capacity: 16 pages
+events:
+)" + events;
+}
+
+// A ZeroMQ context and one socket, closed without lingering.
+class ZmqSocket {
+ public:
+  ZmqSocket(int type, const std::string& endpoint) {
+    context_ = zmq_ctx_new();
+    socket_ = zmq_socket(context_, type);
+    const int linger = 0;
+    zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof linger);
+    const int timeout_ms = 5000;
+    zmq_setsockopt(socket_, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
+    if (type == ZMQ_SUB) zmq_setsockopt(socket_, ZMQ_SUBSCRIBE, "", 0);
+    EXPECT_EQ(zmq_connect(socket_, endpoint.c_str()), 0) << zmq_strerror(zmq_errno());
+  }
+  ~ZmqSocket() {
+    zmq_close(socket_);
+    zmq_ctx_term(context_);
+  }
+  void* get() const { return socket_; }
+
+  // The frames of the next message; empty when none came within the receive timeout.
+  std::vector<std::string> receive() {
+    std::vector<std::string> frames;
+    for (;;) {
+      zmq_msg_t msg;
+      zmq_msg_init(&msg);
+      if (zmq_msg_recv(&msg, socket_, 0) < 0) {
+        zmq_msg_close(&msg);
+        return {};
+      }
+      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
+      const bool more = zmq_msg_more(&msg) != 0;
+      zmq_msg_close(&msg);
+      if (!more) return frames;
+    }
+  }
+  // Whether a message is waiting within `ms`.
+  bool readable(int ms) {
+    zmq_pollitem_t item{socket_, 0, ZMQ_POLLIN, 0};
+    return zmq_poll(&item, 1, ms) == 1;
+  }
+
+ private:
+  void* context_ = nullptr;
+  void* socket_ = nullptr;
+};
+
+// A SUB socket's subscription reaches the publisher asynchronously (ZeroMQ's "slow joiner"):
+// give it time before anything is published, so that the test sees batch 0.
+void let_subscription_arrive() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+}
+
+msgpack::object_handle decode(const std::string& bytes) {
+  size_t offset = 0;
+  msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size(), offset);
+  EXPECT_EQ(offset, bytes.size());
+  return oh;
+}
+
+std::string str(const msgpack::object& o) {
+  EXPECT_EQ(o.type, msgpack::type::STR);
+  return o.type == msgpack::type::STR ? std::string(o.via.str.ptr, o.via.str.size) : "";
+}
+
+const msgpack::object_array& array(const msgpack::object& o, uint32_t size) {
+  EXPECT_EQ(o.type, msgpack::type::ARRAY);
+  EXPECT_EQ(o.via.array.size, size);
+  return o.via.array;
+}
+
+std::vector<std::string> bins(const msgpack::object& o) {
+  std::vector<std::string> out;
+  EXPECT_EQ(o.type, msgpack::type::ARRAY);
+  for (uint32_t i = 0; i < o.via.array.size; ++i) {
+    const msgpack::object& h = o.via.array.ptr[i];
+    EXPECT_EQ(h.type, msgpack::type::BIN);
+    if (h.type == msgpack::type::BIN) out.emplace_back(h.via.bin.ptr, h.via.bin.size);
+  }
+  return out;
+}
+
+// Receives the next message and checks its envelope: 3 frames, the topic, the sequence number.
+msgpack::object_handle next_batch(ZmqSocket& sub, const std::string& topic, int64_t seq) {
+  const std::vector<std::string> frames = sub.receive();
+  EXPECT_EQ(frames.size(), 3u) << "batch " << seq;
+  if (frames.size() != 3) return {};
+  EXPECT_EQ(frames[0], topic);
+  EXPECT_EQ(frames[1], seq_frame(seq)) << "batch " << seq;
+  return decode(frames[2]);
+}
+
+std::unique_ptr<Connection> attach(const Daemon& d) {
+  auto c = Connection::attach(d.socket(), "router-feed");
+  if (!c.ok()) {
+    ADD_FAILURE() << "attach: " << c.error().message;
+    return nullptr;
+  }
+  return std::move(c.value());
+}
+
+TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n  zmq_topic: \"kv@\"\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+
+  auto w = attach(d);
+  ASSERT_NE(w, nullptr);
+  // One publish of three blocks: one batch, one BlockStored with the three hashes in order.
+  auto pages = w->alloc(3);
+  ASSERT_TRUE(pages.ok()) << pages.error().message;
+  std::vector<PublishItem> items;
+  for (uint32_t i = 0; i < 3; ++i)
+    items.push_back({pages.value()[i], hash_of(i)});
+  ASSERT_TRUE(w->publish(items).ok());
+  {
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 0);
+    const auto& batch = array(oh.get(), 2);  // no data_parallel_rank configured
+    EXPECT_EQ(batch.ptr[0].type, msgpack::type::FLOAT64);
+    const double now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    EXPECT_NEAR(batch.ptr[0].via.f64, now, 30.0);
+    const auto& events = array(batch.ptr[1], 1);
+    const auto& stored = array(events.ptr[0], 8);
+    EXPECT_EQ(str(stored.ptr[0]), "BlockStored");
+    EXPECT_EQ(bins(stored.ptr[1]), (std::vector<std::string>{bin_of(hash_of(0)), bin_of(hash_of(1)),
+                                                             bin_of(hash_of(2))}));
+    EXPECT_EQ(stored.ptr[2].type, msgpack::type::NIL);
+    array(stored.ptr[3], 0);
+    EXPECT_EQ(stored.ptr[4].type, msgpack::type::POSITIVE_INTEGER);
+    EXPECT_EQ(stored.ptr[4].via.u64, 16u);  // tokens_per_page
+    EXPECT_EQ(stored.ptr[5].type, msgpack::type::NIL);
+    EXPECT_EQ(str(stored.ptr[6]), "CPU");  // the host backend
+    EXPECT_EQ(stored.ptr[7].type, msgpack::type::NIL);
+  }
+  // Releasing published pages caches them: the index does not change, nothing is sent.
+  ASSERT_TRUE(w->release(pages.value()).ok());
+  EXPECT_FALSE(sub.readable(200));
+
+  // Evicting one cached page removes its block.
+  auto evicted = w->evict(1);
+  ASSERT_TRUE(evicted.ok()) << evicted.error().message;
+  ASSERT_EQ(evicted.value(), 1u);
+  std::string removed_hash;
+  {
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 1);
+    const auto& events = array(array(oh.get(), 2).ptr[1], 1);
+    const auto& removed = array(events.ptr[0], 3);
+    EXPECT_EQ(str(removed.ptr[0]), "BlockRemoved");
+    const std::vector<std::string> hashes = bins(removed.ptr[1]);
+    ASSERT_EQ(hashes.size(), 1u);
+    removed_hash = hashes[0];
+    EXPECT_TRUE(removed_hash == bin_of(hash_of(0)) || removed_hash == bin_of(hash_of(1)) ||
+                removed_hash == bin_of(hash_of(2)));
+    EXPECT_EQ(str(removed.ptr[2]), "CPU");
+  }
+  // A flush that empties the index is one AllBlocksCleared, not a removal per block.
+  auto flushed = w->flush();
+  ASSERT_TRUE(flushed.ok()) << flushed.error().message;
+  EXPECT_EQ(flushed.value(), 2u);
+  {
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 2);
+    const auto& events = array(array(oh.get(), 2).ptr[1], 1);
+    EXPECT_EQ(str(array(events.ptr[0], 1).ptr[0]), "AllBlocksCleared");
+  }
+  // The next publish continues the sequence.
+  auto more = w->alloc(1);
+  ASSERT_TRUE(more.ok());
+  const PublishItem again{more.value()[0], hash_of(7)};
+  ASSERT_TRUE(w->publish(std::span<const PublishItem>(&again, 1)).ok());
+  {
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 3);
+    const auto& events = array(array(oh.get(), 2).ptr[1], 1);
+    const auto& stored = array(events.ptr[0], 8);
+    EXPECT_EQ(bins(stored.ptr[1]), std::vector<std::string>{bin_of(hash_of(7))});
+  }
+  // The stats snapshot counts the batches (kvpoolctl stats, Prometheus).
+  auto snap = w->snapshot();
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  stats::Snapshot s;
+  ASSERT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
+  EXPECT_EQ(s.daemon.kv_batches_published, 4u);
+  EXPECT_EQ(s.daemon.kv_batches_dropped, 0u);
+  w.reset();
+  EXPECT_EQ(d.stop(), 0);
+  EXPECT_NE(d.log().find("event=kv_events_stopped"), std::string::npos) << d.log();
+}
+
+TEST(KvEvents, IntegerHashesAndTheDataParallelRank) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint +
+                  "\"\n  zmq_block_hash: uint64\n  data_parallel_rank: 2\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  auto w = attach(d);
+  ASSERT_NE(w, nullptr);
+  auto pages = w->alloc(2);
+  ASSERT_TRUE(pages.ok());
+  const std::vector<PublishItem> items = {{pages.value()[0], hash_of(0)},
+                                          {pages.value()[1], hash_of(1)}};
+  ASSERT_TRUE(w->publish(items).ok());
+  const msgpack::object_handle oh = next_batch(sub, "default", 0);  // topic: the pool's name
+  const auto& batch = array(oh.get(), 3);
+  EXPECT_EQ(batch.ptr[2].type, msgpack::type::POSITIVE_INTEGER);
+  EXPECT_EQ(batch.ptr[2].via.u64, 2u);
+  const auto& stored = array(array(batch.ptr[1], 1).ptr[0], 8);
+  EXPECT_EQ(str(stored.ptr[0]), "BlockStored");
+  const auto& hashes = array(stored.ptr[1], 2);
+  EXPECT_EQ(hashes.ptr[0].type, msgpack::type::POSITIVE_INTEGER);
+  EXPECT_EQ(hashes.ptr[0].via.u64, hash_of(0).lo);
+  EXPECT_EQ(hashes.ptr[1].via.u64, hash_of(1).lo);
+}
+
+TEST(KvEvents, TheMapLayoutOfVllmMain) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n  zmq_payload: map\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  auto w = attach(d);
+  ASSERT_NE(w, nullptr);
+  auto page = w->alloc(1);
+  ASSERT_TRUE(page.ok());
+  const PublishItem item{page.value()[0], hash_of(3)};
+  ASSERT_TRUE(w->publish(std::span<const PublishItem>(&item, 1)).ok());
+  const msgpack::object_handle oh = next_batch(sub, "default", 0);
+  const msgpack::object& batch = oh.get();
+  ASSERT_EQ(batch.type, msgpack::type::MAP);
+  ASSERT_EQ(batch.via.map.size, 2u);
+  EXPECT_EQ(str(batch.via.map.ptr[0].key), "ts");
+  EXPECT_EQ(str(batch.via.map.ptr[1].key), "events");
+  const auto& events = array(batch.via.map.ptr[1].val, 1);
+  const msgpack::object& stored = events.ptr[0];
+  ASSERT_EQ(stored.type, msgpack::type::MAP);
+  ASSERT_EQ(stored.via.map.size, 8u);
+  EXPECT_EQ(str(stored.via.map.ptr[0].key), "type");
+  EXPECT_EQ(str(stored.via.map.ptr[0].val), "BlockStored");
+  EXPECT_EQ(str(stored.via.map.ptr[1].key), "block_hashes");
+  EXPECT_EQ(bins(stored.via.map.ptr[1].val), std::vector<std::string>{bin_of(hash_of(3))});
+  EXPECT_EQ(str(stored.via.map.ptr[6].key), "medium");
+  EXPECT_EQ(str(stored.via.map.ptr[6].val), "CPU");
+}
+
+TEST(KvEvents, ReplayAnswersFromASequenceNumberThenTheEndMarker) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  const std::string replay_endpoint = "ipc://" + dir.file("kv-replay");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n  zmq_replay_endpoint: \"" +
+                  replay_endpoint + "\"\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  // No subscriber: batches are still numbered and kept for replay.
+  auto w = attach(d);
+  ASSERT_NE(w, nullptr);
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto page = w->alloc(1);
+    ASSERT_TRUE(page.ok());
+    const PublishItem item{page.value()[0], hash_of(i)};
+    ASSERT_TRUE(w->publish(std::span<const PublishItem>(&item, 1)).ok());
+  }
+  // vLLM's request, as a DEALER sends it: (empty delimiter, start seq); the ROUTER adds the
+  // identity. Replies: (empty, seq, payload) for seq ≥ 1, then (empty, -1, "").
+  ZmqSocket replay(ZMQ_DEALER, replay_endpoint);
+  const std::string start = seq_frame(1);
+  ASSERT_EQ(zmq_send(replay.get(), "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(replay.get(), start.data(), start.size(), 0), 8);
+  for (int64_t seq = 1; seq <= 2; ++seq) {
+    const std::vector<std::string> frames = replay.receive();
+    ASSERT_EQ(frames.size(), 3u) << "replayed batch " << seq;
+    EXPECT_EQ(frames[0], "");
+    EXPECT_EQ(frames[1], seq_frame(seq));
+    const msgpack::object_handle oh = decode(frames[2]);
+    const auto& stored = array(array(array(oh.get(), 2).ptr[1], 1).ptr[0], 8);
+    EXPECT_EQ(bins(stored.ptr[1]),
+              std::vector<std::string>{bin_of(hash_of(static_cast<uint32_t>(seq)))});
+  }
+  const std::vector<std::string> end = replay.receive();
+  ASSERT_EQ(end.size(), 3u);
+  EXPECT_EQ(end[0], "");
+  EXPECT_EQ(end[1], seq_frame(-1));
+  EXPECT_EQ(end[2], "");
+}
+
+TEST(KvEvents, AnEndpointThatCannotBeBoundStopsTheStartUp) {
+  Daemon d(config("  zmq_endpoint: \"ipc:///nonexistent-kvpool-dir/kv-events\"\n"));
+  EXPECT_FALSE(d.start());
+  const std::string log = d.log();
+  EXPECT_NE(log.find("events.zmq_endpoint \"ipc:///nonexistent-kvpool-dir/kv-events\": cannot "
+                     "bind: No such file or directory"),
+            std::string::npos)
+      << log;
+}
+
+TEST(KvEvents, AnInvalidEndpointIsAConfigError) {
+  Daemon d(config("  zmq_endpoint: \"udp://127.0.0.1:5557\"\n"));
+  EXPECT_FALSE(d.start());
+  EXPECT_NE(d.log().find("events.zmq_endpoint: \"udp://127.0.0.1:5557\" is not a ZeroMQ endpoint"),
+            std::string::npos)
+      << d.log();
+}
+
+}  // namespace
+}  // namespace kvpool::testing
