@@ -56,11 +56,13 @@ class Router:
         topic, seq, payload = self.sub.recv_multipart()
         return topic.decode(), int.from_bytes(seq, "big"), payload
 
-    def join(self, conn, hasher, root):
+    def join(self, conn, hasher, root, published):
         for attempt in range(50):
             [page] = conn.alloc(1)
-            conn.publish([page], hasher.chain(root, [90_000 + attempt] * 4, 4))
+            chain = hasher.chain(root, [90_000 + attempt] * 4, 4)
+            conn.publish([page], chain)
             conn.release([page])
+            published.update(bytes(h) for h in chain)
             if self.sub.poll(200):
                 return self.next()
         raise AssertionError("the subscription never reached the daemon")
@@ -81,7 +83,8 @@ def test_router_decodes_stored_removed_and_cleared(tmp_path, payload):
         conn = kvpool.attach(daemon.socket, worker="events")
         hasher = kvpool.BlockHasher()
         root = hasher.root("m", conn.pool.geometry)
-        topic, first_seq, _ = router.join(conn, hasher, root)
+        published = set()  # every hash this test stored, probes included
+        topic, first_seq, _ = router.join(conn, hasher, root, published)
         assert topic == "kv@default"
         while router.sub.poll(300):  # probes published before the subscription took
             _, first_seq, _ = router.next()
@@ -100,13 +103,14 @@ def test_router_decodes_stored_removed_and_cleared(tmp_path, payload):
         assert stored["block_size"] == 4 and stored["medium"] == "CPU"
         assert stored["lora_id"] is None and stored["lora_name"] is None
 
+        published.update(bytes(h) for h in chain)
         conn.release(pages)
         assert conn.evict(1) == 1
         _, seq, body = router.next()
         [removed] = decode(body)[1]
         assert seq == first_seq + 2
         assert removed["type"] == "BlockRemoved" and len(removed["block_hashes"]) == 1
-        assert removed["block_hashes"][0] in [bytes(h) for h in chain]
+        assert removed["block_hashes"][0] in published
 
         conn.flush()
         _, seq, body = router.next()
