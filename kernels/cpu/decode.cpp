@@ -175,7 +175,8 @@ constexpr uint32_t kPrefetchPhases = 4;
 
 // The next page's K and V tiles (bytes each), prefetched `per_call` cache lines at a time, K
 // first; an empty NextPage prefetches nothing. A tile is rows of row_bytes, row_stride apart:
-// one run in page_major (row_stride == row_bytes), a row at a time in layer_major.
+// one run in page_major (row_stride == row_bytes), whole rows at a time in layer_major (a row
+// counter, no division per line).
 struct NextPage {
   const std::byte* k = nullptr;
   const std::byte* v = nullptr;
@@ -184,15 +185,19 @@ struct NextPage {
   uint64_t per_call = 0;
   uint64_t row_bytes = 0;
   uint64_t row_stride = 0;
+  uint64_t rows = 0;       // rows of K (and of V): bytes / row_bytes
+  uint64_t rows_done = 0;  // layer_major: rows of K, then of V, asked for so far
   void prefetch() {
     if (row_stride == row_bytes) {
       for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
         __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
       return;
     }
-    for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine) {
-      const uint64_t at = done < bytes ? done : done - bytes;
-      __builtin_prefetch((done < bytes ? k : v) + at / row_bytes * row_stride + at % row_bytes);
+    for (uint64_t lines = 0; lines < per_call && rows_done < 2 * rows; ++rows_done) {
+      const std::byte* row =
+          rows_done < rows ? k + rows_done * row_stride : v + (rows_done - rows) * row_stride;
+      for (uint64_t o = 0; o < row_bytes; o += kCacheLine, ++lines)
+        __builtin_prefetch(row + o);
     }
   }
 };
@@ -207,11 +212,13 @@ NextPage upcoming_page(const DecodeArgs& a, const KvStrides& strides, const Page
   if (dtype_is_quantized(g.dtype))
     __builtin_prefetch(detail::head_scales(a.kv, a.layer, page, head));
   const HeadTile tiles = detail::head_tile_addresses(a.kv, strides, a.layer, page, head);
+  const uint64_t rows = std::min<uint64_t>(g.tokens_per_page, end - t);
   return NextPage{.k = tiles.k,
                   .v = tiles.v,
-                  .bytes = std::min<uint64_t>(g.tokens_per_page, end - t) * row_bytes,
+                  .bytes = rows * row_bytes,
                   .row_bytes = row_bytes,
-                  .row_stride = tiles.row_stride};
+                  .row_stride = tiles.row_stride,
+                  .rows = rows};
 }
 
 // Computes item `it` into acc[group][D] and st[group] (unnormalised online-softmax states).
