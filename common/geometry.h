@@ -124,7 +124,8 @@ constexpr KvElementStrides kv_element_strides(const Geometry& g, KvLayout layout
   return KvElementStrides{2 * g.layers * block, 2 * block, tile, d, block};
 }
 
-// Layer-major element offsets from the pool's base, for a pool of num_pages pages.
+// Layer-major, for a pool of num_pages pages: the elements from one layer's K plane to the next
+// layer's, and the K and V element offsets from the pool's base.
 constexpr uint64_t layer_stride_elems(const Geometry& g, uint64_t num_pages) {
   return kv_element_strides(g, KvLayout::layer_major, num_pages).layer;
 }
