@@ -2,8 +2,11 @@
 //
 // Connection::attach() connects to the daemon's Unix socket, says hello, receives the pool's
 // memory (segment descriptors passed with the reply, or CUDA IPC handles) and maps it
-// (client/pool_mapping.h), so page p of the pool is at
-// page(p) = base() + p · page_stride in this process as in every other worker of the pool.
+// (client/pool_mapping.h), so the pool's bytes are at the same offsets from base() in this process
+// as in every other worker of the pool. Where a page's KV lies depends on the pool's layout()
+// (common/geometry.h): page_major, page p is page(p) = base() + p · page_stride, contiguous;
+// layer_major, its K and V of layer l are T · H · D elements in layer l's planes, which are
+// layer_stride() bytes apart (PoolKernels::paged_kv describes either for the kernels).
 // Every call is one request and one reply, batched: alloc(n), retain(ids), release(ids),
 // lookup(chain), publish(pairs), stats(). Expected failures (out of pages, not held, quota, the
 // daemon gone) come back as an Error value carrying the daemon's code and message; nothing
@@ -54,7 +57,14 @@ class Connection {
   // Where page 0 is in this process: host memory, or device memory of CUDA ordinal device().
   std::byte* base() const { return base_; }
   int device() const { return mapping_ ? mapping_->device() : -1; }
+  // page_major: page p's bytes. layer_major: base() + p · page_stride, which is not where a
+  // page's KV lies (use the layer_major offsets of common/geometry.h).
   std::byte* page(PageId p) const { return base_ + uint64_t{p} * pool_.page_stride; }
+  KvLayout layout() const { return pool_.layout; }
+  // Bytes from layer l's K plane to layer l + 1's in layer_major; 0 in page_major.
+  uint64_t layer_stride() const {
+    return layer_stride_bytes(pool_.geometry, pool_.layout, pool_.num_pages);
+  }
   // The scales of page p in 8-bit pools (layers · kv_heads · 2 floats, kernels/paged_kv.h), in the
   // side region after the last page; nullptr for 16-bit pools.
   float* page_scales(PageId p) const;

@@ -46,7 +46,9 @@ typedef struct {
   uint32_t num_pages;
   uint64_t page_stride;
   uint64_t segment_bytes;
-  int32_t device; /* CUDA ordinal in this process holding the pool; -1: host memory */
+  int32_t device;        /* CUDA ordinal in this process holding the pool; -1: host memory */
+  uint8_t layout;        /* 0 page_major, 1 layer_major */
+  uint64_t layer_stride; /* bytes from layer l to l+1 in layer_major, 0 otherwise */
 } kvpool_pool_info;
 
 typedef struct {

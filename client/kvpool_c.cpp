@@ -73,7 +73,9 @@ void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out) {
                           p.num_pages,
                           p.page_stride,
                           p.segment_bytes,
-                          c->conn->device()};
+                          c->conn->device(),
+                          static_cast<uint8_t>(c->conn->layout()),
+                          c->conn->layer_stride()};
 }
 
 int kvpool_set_hints(kvpool_conn* c, const kvpool_hints* hints) {

@@ -38,6 +38,8 @@ kernels::PagedKv PoolKernels::paged_kv() const {
   kv.page_stride = pool.page_stride;
   kv.geometry = pool.geometry;
   kv.scales = connection_.page_scales(0);
+  kv.layout = pool.layout;
+  kv.num_pages = pool.num_pages;
   return kv;
 }
 

@@ -1,7 +1,7 @@
 // PoolKernels: the kernels of kernels/ launched against a worker's attached pool.
 //
-// It fills each call's PagedKv (base, page stride, scales side region, geometry) from the
-// Connection and dispatches on where the pool lives:
+// It fills each call's PagedKv (base, page stride, scales side region, geometry, layout and the
+// layer_major planes' pages) from the Connection and dispatches on where the pool lives:
 //   host memory (host, fake-device)   the CPU kernels, synchronously; `stream` is ignored and
 //                                     every pointer in the args is host memory;
 //   device memory (cuda-vmm, cuda-ipc) the CUDA kernels, asynchronously on `stream` (a

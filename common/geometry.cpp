@@ -26,6 +26,22 @@ std::optional<KvDtype> parse_dtype(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view layout_name(KvLayout l) {
+  switch (l) {
+    case KvLayout::page_major:
+      return "page_major";
+    case KvLayout::layer_major:
+      return "layer_major";
+  }
+  return "unknown";
+}
+
+std::optional<KvLayout> parse_layout(std::string_view name) {
+  if (name == "page_major") return KvLayout::page_major;
+  if (name == "layer_major") return KvLayout::layer_major;
+  return std::nullopt;
+}
+
 std::string validate(const Geometry& g) {
   if (g.layers == 0) return "layers must be at least 1";
   if (g.kv_heads == 0) return "kv_heads must be at least 1";

@@ -1,11 +1,21 @@
-// Page geometry and KV-cache size arithmetic.
+// Page geometry, KV layouts and KV-cache size arithmetic.
 //
 // A pool serves one model geometry: L layers, H KV heads, head dim D, T tokens per page and a KV
-// dtype. One page holds, for each layer, K then V, each laid out [H][T][D] (one contiguous T×D tile
-// per KV head), so
+// dtype, and stores it in one of two layouts (KvLayout, a per-pool choice kept outside Geometry so
+// that geometry equality and the block-hash root do not depend on it). P = the pool's pages.
+//   page_major   page p is one contiguous run of page_data_bytes; inside it, for each layer, K
+//                then V, each [H][T][D] (one contiguous T×D tile per KV head: HND in a page).
+//   layer_major  for each layer l a K plane then a V plane, each [P][T][H][D] (NHD, token-major):
+//                vLLM's per-layer flash-attn cache [2][num_blocks][block_size][H][D]. K of
+//                (p, l, t, h, d) is at l·S + p·T·H·D + (t·H + h)·D + d, V at the same + P·T·H·D,
+//                with the layer stride S = 2·P·T·H·D elements. A page is 2·L runs of T·H·D.
+// Either way a pool's data is P · page_data_bytes, with
 //     page_data_bytes  = 2 · L · H · T · D · dtype_bytes
+// and every element has an affine offset (kv_element_strides): page·sp + layer·sl + head·sh +
+// token·st + (V ? sv : 0) + dim, so kernels pick the strides once per call and never branch on
+// the layout per element.
 // Quantised (8-bit) pools keep one float scale per (page, layer, KV head) for K and one for V in a
-// side region indexed by page id: page_scale_bytes = 2 · L · H · 4.
+// side region after the data, indexed by page id in both layouts: page_scale_bytes = 2 · L · H · 4.
 //
 // Every function here is pure, constexpr where it can be, and usable from host and device code.
 // Sizes are uint64_t; validate() rejects geometries whose page size would overflow or be zero, so
@@ -30,6 +40,15 @@ constexpr bool dtype_is_quantized(KvDtype d) {
 std::string_view dtype_name(KvDtype d);
 // Accepts "fp16", "bf16", "fp8" / "fp8_e4m3" / "fp8-e4m3", "int8".
 std::optional<KvDtype> parse_dtype(std::string_view name);
+
+// How a pool orders its KV elements (file comment). The values travel on the wire (PoolInfo).
+enum class KvLayout : uint8_t { page_major = 0, layer_major = 1 };
+inline constexpr KvLayout kMaxKvLayout = KvLayout::layer_major;
+
+// "page_major" / "layer_major".
+std::string_view layout_name(KvLayout l);
+// Accepts exactly the names layout_name gives.
+std::optional<KvLayout> parse_layout(std::string_view name);
 
 struct Geometry {
   uint32_t layers = 0;
@@ -67,7 +86,7 @@ constexpr uint64_t pool_bytes_for_tokens(const Geometry& g, uint64_t tokens) {
   return pages_for_tokens(g, tokens) * (page_data_bytes(g) + page_scale_bytes(g));
 }
 
-// Element offsets inside one page (in units of the KV dtype), for kernels and tests.
+// Page-major element offsets inside one page (in units of the KV dtype), for kernels and tests.
 // K of (layer, head, token, dim) and V of the same; token < tokens_per_page.
 constexpr uint64_t page_k_offset(const Geometry& g, uint32_t layer, uint32_t head, uint32_t token,
                                  uint32_t dim) {
@@ -78,6 +97,74 @@ constexpr uint64_t page_v_offset(const Geometry& g, uint32_t layer, uint32_t hea
                                  uint32_t dim) {
   const uint64_t tile = uint64_t{g.tokens_per_page} * g.head_dim;
   return page_k_offset(g, layer, head, token, dim) + uint64_t{g.kv_heads} * tile;
+}
+
+// Element strides of a whole pool of `num_pages` pages (units of the KV dtype): the K element
+// (page, layer, head, token, dim) is at page·page + layer·layer + head·head + token·token + dim
+// from the pool's base, the V element at the same + v. In page_major, `page` is the unpadded page
+// (page_data_bytes / dtype_bytes); num_pages only matters for layer_major.
+struct KvElementStrides {
+  uint64_t page = 0;
+  uint64_t layer = 0;
+  uint64_t head = 0;
+  uint64_t token = 0;
+  uint64_t v = 0;
+  friend constexpr bool operator==(const KvElementStrides&, const KvElementStrides&) = default;
+};
+
+constexpr KvElementStrides kv_element_strides(const Geometry& g, KvLayout layout,
+                                              uint64_t num_pages) {
+  const uint64_t d = g.head_dim;
+  const uint64_t tile = uint64_t{g.tokens_per_page} * d;  // one head's T × D
+  const uint64_t block = tile * g.kv_heads;               // one page's K (or V) of one layer
+  if (layout == KvLayout::layer_major) {
+    const uint64_t plane = num_pages * block;
+    return KvElementStrides{block, 2 * plane, d, uint64_t{g.kv_heads} * d, plane};
+  }
+  return KvElementStrides{2 * g.layers * block, 2 * block, tile, d, block};
+}
+
+// Layer-major, for a pool of num_pages pages: the elements from one layer's K plane to the next
+// layer's, and the K and V element offsets from the pool's base.
+constexpr uint64_t layer_stride_elems(const Geometry& g, uint64_t num_pages) {
+  return kv_element_strides(g, KvLayout::layer_major, num_pages).layer;
+}
+// Bytes from layer l's K plane to layer l + 1's (0 for page_major, where layers are in a page).
+constexpr uint64_t layer_stride_bytes(const Geometry& g, KvLayout layout, uint64_t num_pages) {
+  return layout == KvLayout::layer_major ? layer_stride_elems(g, num_pages) * dtype_bytes(g.dtype)
+                                         : 0;
+}
+constexpr uint64_t layer_major_k_offset(const Geometry& g, uint64_t num_pages, uint32_t page,
+                                        uint32_t layer, uint32_t head, uint32_t token,
+                                        uint32_t dim) {
+  const uint64_t t = g.tokens_per_page, h = g.kv_heads, d = g.head_dim;
+  return layer * layer_stride_elems(g, num_pages) + page * t * h * d + (token * h + head) * d + dim;
+}
+constexpr uint64_t layer_major_v_offset(const Geometry& g, uint64_t num_pages, uint32_t page,
+                                        uint32_t layer, uint32_t head, uint32_t token,
+                                        uint32_t dim) {
+  return layer_major_k_offset(g, num_pages, page, layer, head, token, dim) +
+         num_pages * g.tokens_per_page * g.kv_heads * g.head_dim;
+}
+
+// Either layout, from the pool's base: page_major pages are page_data_bytes apart (unpadded).
+constexpr uint64_t kv_k_offset(const Geometry& g, KvLayout layout, uint64_t num_pages,
+                               uint32_t page, uint32_t layer, uint32_t head, uint32_t token,
+                               uint32_t dim) {
+  if (layout == KvLayout::layer_major) {
+    return layer_major_k_offset(g, num_pages, page, layer, head, token, dim);
+  }
+  return page * (page_data_bytes(g) / dtype_bytes(g.dtype)) +
+         page_k_offset(g, layer, head, token, dim);
+}
+constexpr uint64_t kv_v_offset(const Geometry& g, KvLayout layout, uint64_t num_pages,
+                               uint32_t page, uint32_t layer, uint32_t head, uint32_t token,
+                               uint32_t dim) {
+  if (layout == KvLayout::layer_major) {
+    return layer_major_v_offset(g, num_pages, page, layer, head, token, dim);
+  }
+  return page * (page_data_bytes(g) / dtype_bytes(g.dtype)) +
+         page_v_offset(g, layer, head, token, dim);
 }
 
 }  // namespace kvpool

@@ -37,11 +37,11 @@
 //   u32 item, u64 value, string message            (the error, see common/status.h)
 // and otherwise the opcode's body:
 //   hello    u64 session_id, PoolInfo (u32 layers, u32 kv_heads, u32 head_dim,
-//            u32 tokens_per_page, u8 dtype, u32 num_pages, u64 page_stride, u64 segment_bytes,
-//            string pool_name, string backend, string tenant, i32 device, 16 bytes device
-//            uuid, u32 n ≤ kMaxSegments, n × (u64 bytes, u32 m ≤ kMaxHandleBytes, m bytes handle))
-//            — descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment, in
-//            segment order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
+//            u32 tokens_per_page, u8 dtype, u8 layout, u32 num_pages, u64 page_stride, u64
+//            segment_bytes, string pool_name, string backend, string tenant, i32 device, 16 bytes
+//            device uuid, u32 n ≤ kMaxSegments, n × (u64 bytes, u32 m ≤ kMaxHandleBytes, m bytes
+//            handle)) — descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment,
+//            in segment order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
 //   alloc    u32 n, n × u32 page
 //   retain   (empty)
 //   release  (empty)
@@ -88,7 +88,7 @@
 namespace kvpool::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
-inline constexpr uint16_t kProtocolVersion = 2;
+inline constexpr uint16_t kProtocolVersion = 3;  // 3: the layout byte in the hello reply
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -254,6 +254,7 @@ struct SegmentInfo {
 
 struct PoolInfo {
   Geometry geometry;
+  KvLayout layout = KvLayout::page_major;  // how the pool's memory orders KV (geometry.h)
   uint32_t num_pages = 0;
   uint64_t page_stride = 0;    // bytes from one page to the next in the mapping
   uint64_t segment_bytes = 0;  // bytes mapped in all: the sum of the segments' bytes

@@ -17,7 +17,7 @@ namespace {
 constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
 constexpr size_t kPublishResultBytes = kU8 + kU32;
 constexpr size_t kPoolInfoFixedBytes =
-    4 * kU32 + kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + kU32;  // … device, uuid, n segments
+    4 * kU32 + 2 * kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + kU32;  // … uuid, n segments
 constexpr size_t kSegmentFixedBytes = kU64 + kU32;
 constexpr size_t kPageCopyBytes = 2 * kU32;
 constexpr size_t kStatsBytes = 5 * kU32 + 9 * kU64 + kU32;
@@ -198,6 +198,7 @@ void put_body(Writer& w, const HelloReply& m) {
   w.put(p.geometry.head_dim);
   w.put(p.geometry.tokens_per_page);
   w.put(static_cast<uint8_t>(p.geometry.dtype));
+  w.put(static_cast<uint8_t>(p.layout));
   w.put(p.num_pages);
   w.put(p.page_stride);
   w.put(p.segment_bytes);
@@ -332,6 +333,7 @@ bool get_body(Reader&, StatsRequest&) {
 bool get_body(Reader& r, HelloReply& m) {
   PoolInfo& p = m.pool;
   uint8_t dtype = 0;
+  uint8_t layout = 0;
   if (!(r.get(m.session_id, "session_id") && r.get(p.geometry.layers, "layers") &&
         r.get(p.geometry.kv_heads, "kv_heads") && r.get(p.geometry.head_dim, "head_dim") &&
         r.get(p.geometry.tokens_per_page, "tokens_per_page") && r.get(dtype, "dtype"))) {
@@ -341,6 +343,11 @@ bool get_body(Reader& r, HelloReply& m) {
     return r.fail(dtype, cat({r.what(), ": dtype ", dtype, " is not a KvDtype"}));
   }
   p.geometry.dtype = static_cast<KvDtype>(dtype);
+  if (!r.get(layout, "layout")) return false;
+  if (layout > static_cast<uint8_t>(kMaxKvLayout)) {
+    return r.fail(layout, cat({r.what(), ": layout ", layout, " is not a KvLayout"}));
+  }
+  p.layout = static_cast<KvLayout>(layout);
   if (!(r.get(p.num_pages, "num_pages") && r.get(p.page_stride, "page_stride") &&
         r.get(p.segment_bytes, "segment_bytes") && r.str(p.pool_name, "pool_name") &&
         r.str(p.backend, "backend") && r.str(p.tenant, "tenant") && r.get(p.device, "device"))) {

@@ -33,7 +33,7 @@
 namespace kvpool::stats {
 
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
-inline constexpr uint32_t kLayoutVersion = 3;
+inline constexpr uint32_t kLayoutVersion = 3;  // 3: PoolStats::layout, the KV-event batch counters
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
 inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
@@ -118,8 +118,10 @@ struct PoolStats {
   uint32_t pinned_cached = 0;  // of the cached pages, those a pin keeps from eviction
   uint64_t pins = 0;           // pins set or extended
   uint64_t pins_expired = 0;   // pins that ran out
+  uint32_t layout = 0;         // KvLayout
+  uint32_t unused = 0;         // keeps the struct a multiple of 8 bytes
 };
-static_assert(sizeof(PoolStats) == 456);
+static_assert(sizeof(PoolStats) == 464);
 
 // A decoded snapshot.
 struct Snapshot {

@@ -46,8 +46,9 @@ constexpr std::string_view kLimitKeys[] = {"max_sessions",          "max_session
                                            "hello_timeout_ms",      "max_buffered_bytes",
                                            "max_pages_per_session", "max_pages_per_tenant",
                                            "max_pin_ttl_ms",        "max_pinned_pages_per_tenant"};
-constexpr std::string_view kPoolKeys[] = {"name", "policy", "capacity", "share_between_tenants",
-                                          "geometry"};
+constexpr std::string_view kPoolKeys[] = {"name",     "policy", "capacity", "share_between_tenants",
+                                          "geometry", "layout"};
+constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
 constexpr uint64_t kMaxPinTtlMs = uint64_t{24} * 3600 * 1000;
@@ -232,6 +233,7 @@ class Parser : private NodeReader {
       }
       if (auto* p = find(f, "policy")) pool.policy = get_choice(*p, core::policy_names());
       if (auto* b = find(f, "share_between_tenants")) pool.share_between_tenants = get_bool(*b);
+      if (auto* l = find(f, "layout")) pool.layout = *parse_layout(get_choice(*l, kLayouts));
       pool.geometry = parse_geometry(required(f, item, "geometry"));
       pool.capacity = defaults.capacity;
       if (auto* c = find(f, "capacity")) {

@@ -15,7 +15,7 @@
 //               max_pin_ttl_ms: INT, max_pinned_pages_per_tenant: INT }
 //   pools:    [ { name: STR, policy: prefix | lru | s3fifo,
 //                 capacity: "1GiB" | "4096 pages" | "40%",
-//                 share_between_tenants: BOOL,
+//                 share_between_tenants: BOOL, layout: page_major | layer_major,
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8 } } ]
 //   tenants:  [ { name: STR, uids: [INT], gids: [INT], pools: [STR] } ]
@@ -72,6 +72,8 @@ struct PoolConfig {
   std::string policy = "prefix";  // core::kDefaultPolicy; reloadable (PagePool::set_policy)
   // Several tenant entries may list this pool: they then read and write each other's pages.
   bool share_between_tenants = false;
+  // How the pool's memory orders KV (common/geometry.h); like the geometry, fixed until a restart.
+  KvLayout layout = KvLayout::page_major;
   KeyLocation capacity_at{};  // the capacity key, or the pool's entry when it has none
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;
 };

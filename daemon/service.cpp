@@ -116,6 +116,7 @@ wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
     if (!opts.policy) return error(Errc::invalid_argument, "pool " + pc.name + ": unknown policy");
     pool->pages = std::make_unique<core::PagePool>(std::move(opts));
     pool->info.geometry = g;
+    pool->info.layout = pc.layout;
     pool->info.num_pages = static_cast<uint32_t>(pages);
     pool->info.page_stride = page_data_bytes(g);
     pool->info.segment_bytes = pool->memory->bytes();
@@ -129,7 +130,7 @@ wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
               {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
                kv("bytes", pool->info.segment_bytes), kv("size", human_bytes(pages * per_page)),
                kv("backend", pool->info.backend), kv("segments", pool->info.segments.size()),
-               kv("policy", pc.policy)});
+               kv("policy", pc.policy), kv("layout", std::string(layout_name(pc.layout)))});
     svc->pools_.push_back(std::move(pool));
   }
   current = nullptr;

@@ -80,6 +80,8 @@ wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, ui
   args.kv.base = s.pool->memory->base();
   args.kv.page_stride = s.pool->info.page_stride;
   args.kv.geometry = s.pool->info.geometry;
+  args.kv.layout = s.pool->info.layout;
+  args.kv.num_pages = pool.num_pages();
   args.kv.scales = page_scale_bytes(args.kv.geometry) == 0
                        ? nullptr
                        : reinterpret_cast<float*>(s.pool->memory->base() +

@@ -187,6 +187,7 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
     stats::set_name(p.backend, pool.info.backend);
     const Geometry& g = pool.info.geometry;
     p.dtype = static_cast<uint32_t>(g.dtype);
+    p.layout = static_cast<uint32_t>(pool.info.layout);
     p.layers = g.layers;
     p.kv_heads = g.kv_heads;
     p.head_dim = g.head_dim;

@@ -1,11 +1,19 @@
 // The kernels' view of a pool and the arguments of every kernel, shared by the CPU and CUDA
 // implementations (DESIGN §2, §8).
 //
-// Page layout: page p starts at base + p · page_stride; inside it, for each layer, K then V, each
-// [kv_heads][tokens_per_page][head_dim] elements of the pool's dtype (common/geometry.h,
-// page_k_offset / page_v_offset). 8-bit pools (int8, fp8_e4m3) keep one float scale per
-// (page, layer, KV head, K|V) in a side region, scales[((p · layers + layer) · kv_heads + head) · 2
-// + (0 for K, 1 for V)]; a stored element x̂ stands for x̂ · scale.
+// Layouts (common/geometry.h, KvLayout):
+//   page_major   page p starts at base + p · page_stride; inside it, for each layer, K then V, each
+//                [kv_heads][tokens_per_page][head_dim] elements of the pool's dtype
+//                (page_k_offset / page_v_offset).
+//   layer_major  base holds, for each layer, a K plane then a V plane, each
+//                [num_pages][tokens_per_page][kv_heads][head_dim] (layer_major_k_offset /
+//                layer_major_v_offset); page_stride is not used, num_pages sizes the planes.
+// Kernels address either through kv_strides(kv): byte strides of page, layer, head, token and
+// V, computed once per call (or tile), so the inner loops are the same code for both layouts; a
+// head's tokens are head_dim elements apart in page_major and kv_heads · head_dim in
+// layer_major. 8-bit pools (int8, fp8_e4m3) keep one float scale per (page, layer, KV head, K|V)
+// in a side region, scales[((p · layers + layer) · kv_heads + head) · 2 + (0 for K, 1 for V)],
+// in both layouts; a stored element x̂ stands for x̂ · scale.
 //
 // Queries and outputs are fp32 rows; K/V are read in the pool's dtype and accumulated in fp32.
 // Token t of a sequence lives in page block_table[t / T] at offset t % T (T = tokens per page).
@@ -17,15 +25,59 @@
 
 #include "common/geometry.h"
 #include "common/types.h"
+#include "kernels/host_device.h"
 
 namespace kvpool::kernels {
 
 struct PagedKv {
-  void* base = nullptr;      // page 0
-  uint64_t page_stride = 0;  // bytes from one page to the next (≥ page_data_bytes)
+  void* base = nullptr;      // page 0 (page_major) or layer 0's K plane (layer_major)
+  uint64_t page_stride = 0;  // page_major: bytes from one page to the next (≥ page_data_bytes)
   float* scales = nullptr;   // 8-bit pools only: the side region above; null otherwise
   Geometry geometry;
+  KvLayout layout = KvLayout::page_major;
+  uint32_t num_pages = 0;  // layer_major: pages in each plane (≥ every page id used); else unused
 };
+
+// Byte strides of a pool: the first byte of the K row (page, layer, head, token) is at base +
+// page·page + layer·layer + head·head + token·token, its V row + v.
+struct KvStrides {
+  uint64_t page = 0;
+  uint64_t layer = 0;
+  uint64_t head = 0;
+  uint64_t token = 0;
+  uint64_t v = 0;
+
+  KVPOOL_HD uint64_t row(uint64_t p, uint32_t layer_, uint32_t head_, uint32_t token_,
+                         uint32_t is_v) const {
+    return p * page + layer_ * layer + head_ * head + token_ * token + (is_v != 0 ? v : 0);
+  }
+};
+
+KVPOOL_HD KvStrides kv_strides(const PagedKv& kv) {
+  const KvElementStrides e = kv_element_strides(kv.geometry, kv.layout, kv.num_pages);
+  const uint64_t b = dtype_bytes(kv.geometry.dtype);
+  const uint64_t page = kv.layout == KvLayout::page_major ? kv.page_stride : e.page * b;
+  return KvStrides{page, e.layer * b, e.head * b, e.token * b, e.v * b};
+}
+
+// Where the bytes of one page lie: `chunks` runs of chunk_bytes, run c of page p at base +
+// p · page + c · chunk (page_major: 1 run, the whole page; layer_major: 2 · layers runs, K and V
+// of each layer, one plane apart). What a page copy moves.
+struct PageChunks {
+  uint32_t chunks = 0;
+  uint64_t chunk_bytes = 0;
+  uint64_t page = 0;
+  uint64_t chunk = 0;
+};
+
+KVPOOL_HD PageChunks page_chunks(const PagedKv& kv) {
+  const Geometry& g = kv.geometry;
+  if (kv.layout == KvLayout::layer_major) {
+    const KvStrides s = kv_strides(kv);
+    return PageChunks{2 * g.layers, s.page, s.page, s.v};
+  }
+  return PageChunks{1, page_data_bytes(g), kv.page_stride, 0};
+}
 
 // Decode: one query token per sequence attends to all its context_lens[s] cached tokens.
 // Query head h uses KV head h / (num_q_heads / kv_heads) (GQA/MQA); num_q_heads must be a
@@ -80,7 +132,8 @@ struct AppendArgs {
   const int64_t* slots = nullptr;  // [num_tokens]
 };
 
-// Copy-pages: copies whole pages (all layers, K and V) and their scales, src[i] → dst[i].
+// Copy-pages: copies whole pages (all layers, K and V) and their scales, src[i] → dst[i]: one run
+// of page_data_bytes per page in page_major, 2 · layers runs (page_chunks) in layer_major.
 // Pairs must not overlap (no page is both a source and a destination in one call).
 struct CopyPagesArgs {
   PagedKv kv;

@@ -1,5 +1,6 @@
 // Append-KV on the CPU: writes each token's K and V rows, for every KV head of one layer, into its
-// page slot (kernels/paged_kv.h, AppendArgs).
+// page slot (kernels/paged_kv.h, AppendArgs), in either layout: rows are addressed through
+// kv_strides, and a head's earlier rows of a page (re-quantisation) are st.token bytes apart.
 //
 // Everything is validated before the first byte is written, so an error leaves the pool as it
 // was. Slots of −1 are dropped; the others must lie in [0, num_pages · T) and be distinct. The
@@ -26,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/kv_dtype.h"
 
@@ -49,16 +51,16 @@ float dequantize(KvDtype dtype, uint8_t v) {
 }
 
 // Writes the rows of one token (all KV heads of `layer`, K and V) of a 16-bit pool.
-void store16(const AppendArgs& a, uint8_t* page, uint32_t off, uint32_t token) {
+void store16(const AppendArgs& a, const KvStrides& st, uint64_t page_id, uint32_t off,
+             uint32_t token) {
   const Geometry& g = a.kv.geometry;
   const bool fp16 = g.dtype == KvDtype::fp16;
+  auto* base = static_cast<uint8_t*>(a.kv.base);
   for (uint32_t h = 0; h < g.kv_heads; ++h) {
     const uint64_t src = (uint64_t{token} * g.kv_heads + h) * g.head_dim;
-    for (int is_v = 0; is_v < 2; ++is_v) {
+    for (uint32_t is_v = 0; is_v < 2; ++is_v) {
       const float* x = (is_v ? a.v : a.k) + src;
-      const uint64_t at =
-          is_v ? page_v_offset(g, a.layer, h, off, 0) : page_k_offset(g, a.layer, h, off, 0);
-      uint8_t* dst = page + at * 2;
+      uint8_t* dst = base + st.row(page_id, a.layer, h, off, is_v);
       for (uint32_t d = 0; d < g.head_dim; ++d) {
         const uint16_t e = fp16 ? f32_to_fp16(x[d]) : f32_to_bf16(x[d]);
         std::memcpy(dst + uint64_t{d} * 2, &e, 2);  // the pool need not be 2-byte aligned
@@ -68,15 +70,16 @@ void store16(const AppendArgs& a, uint8_t* page, uint32_t off, uint32_t token) {
 }
 
 // Writes the rows of one token of an 8-bit pool, updating the page's scales (rules above).
-void store8(const AppendArgs& a, uint64_t page_id, uint8_t* page, uint32_t off, uint32_t token) {
+void store8(const AppendArgs& a, const KvStrides& st, uint64_t page_id, uint32_t off,
+            uint32_t token) {
   const Geometry& g = a.kv.geometry;
   const float range = g.dtype == KvDtype::int8 ? kInt8Max : kFp8Max;
+  auto* base = static_cast<uint8_t*>(a.kv.base);
   for (uint32_t h = 0; h < g.kv_heads; ++h) {
     const uint64_t src = (uint64_t{token} * g.kv_heads + h) * g.head_dim;
     for (uint32_t is_v = 0; is_v < 2; ++is_v) {
       const float* x = (is_v ? a.v : a.k) + src;
-      uint8_t* row0 =
-          page + (is_v ? page_v_offset(g, a.layer, h, 0, 0) : page_k_offset(g, a.layer, h, 0, 0));
+      uint8_t* row0 = base + st.row(page_id, a.layer, h, 0, is_v);
       float& scale = a.kv.scales[((page_id * g.layers + a.layer) * g.kv_heads + h) * 2 + is_v];
 
       float m = 0.0f;
@@ -93,12 +96,14 @@ void store8(const AppendArgs& a, uint64_t page_id, uint8_t* page, uint32_t off, 
       }
       const float inv = 1.0f / sc;
       if (off != 0 && sc != old) {
-        const uint64_t n = uint64_t{off} * g.head_dim;
-        for (uint64_t e = 0; e < n; ++e) {
-          row0[e] = quantize(g.dtype, dequantize(g.dtype, row0[e]) * old, inv);
+        // Rows [0, off) of this head: one run in page_major, st.token apart in layer_major.
+        for (uint32_t r = 0; r < off; ++r) {
+          uint8_t* prev = row0 + r * st.token;
+          for (uint32_t e = 0; e < g.head_dim; ++e)
+            prev[e] = quantize(g.dtype, dequantize(g.dtype, prev[e]) * old, inv);
         }
       }
-      uint8_t* row = row0 + uint64_t{off} * g.head_dim;
+      uint8_t* row = row0 + off * st.token;
       for (uint32_t d = 0; d < g.head_dim; ++d)
         row[d] = quantize(g.dtype, x[d], inv);
       scale = sc;
@@ -120,9 +125,12 @@ std::string append_kv(const AppendArgs& args, uint32_t num_pages) {
   if (args.v == nullptr) return "append_kv: v is null";
   if (args.slots == nullptr) return "append_kv: slots is null";
   if (args.kv.base == nullptr) return "append_kv: kv.base is null";
-  if (args.kv.page_stride < page_data_bytes(g)) {
+  if (args.kv.layout == KvLayout::page_major && args.kv.page_stride < page_data_bytes(g)) {
     return "append_kv: kv.page_stride " + std::to_string(args.kv.page_stride) +
            " is below the page size " + std::to_string(page_data_bytes(g));
+  }
+  if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) {
+    return "append_kv: " + e;
   }
   const bool quantized = dtype_is_quantized(g.dtype);
   if (quantized && args.kv.scales == nullptr) {
@@ -151,15 +159,14 @@ std::string append_kv(const AppendArgs& args, uint32_t num_pages) {
     }
   }
 
-  auto* base = static_cast<uint8_t*>(args.kv.base);
+  const KvStrides strides = kv_strides(args.kv);
   for (const Item& it : items) {
     const uint64_t page_id = it.slot / g.tokens_per_page;
     const auto off = static_cast<uint32_t>(it.slot % g.tokens_per_page);
-    uint8_t* page = base + page_id * args.kv.page_stride;
     if (quantized) {
-      store8(args, page_id, page, off, it.token);
+      store8(args, strides, page_id, off, it.token);
     } else {
-      store16(args, page, off, it.token);
+      store16(args, strides, page_id, off, it.token);
     }
   }
   return {};

@@ -7,9 +7,11 @@
 //  - dot products: dot_partials / sum_lanes / dot_heads, fp32 dot products of several query rows
 //    with one K row, kept as fixed partial sums (they vectorise without -ffast-math, and their
 //    rounding does not depend on the thread count, the kernel or the call site);
-//  - head_tile: the K and V tiles of one (page, layer, KV head) and their scales;
-//  - argument checks: check_pool and check_sequence, the preconditions of kernels_cpu.h, which
-//    return a message (empty = ok) and never write anything;
+//  - head_tile: the K and V tiles of one (page, layer, KV head), their token stride (head_dim
+//    elements in page_major, kv_heads · head_dim in layer_major) and their scales;
+//  - load_rows: row conversion of n tokens of a tile, one call when they are contiguous;
+//  - argument checks: check_pool, check_layout and check_sequence, the preconditions of
+//    kernels_cpu.h, which return a message (empty = ok) and never write anything;
 //  - the thread pool: resolve_threads and for_each_item, which hand work items [0, n) to up to
 //    `threads` std::threads (the caller's own included) through one atomic counter.
 //
@@ -174,14 +176,30 @@ inline void dot_heads(const float* q, uint32_t n_heads, uint32_t d, const float*
 
 // Page addressing --------------------------------------------------------------------------------
 
-// The [tokens_per_page][head_dim] K and V tiles of one (page, layer, KV head), and their scales
-// (1 for 16-bit pools).
+// The K and V tiles of one (page, layer, KV head): tokens_per_page rows of head_dim elements,
+// row_stride bytes apart (contiguous in page_major, interleaved with the other heads' rows in
+// layer_major), and their scales (1 for 16-bit pools).
 struct HeadTile {
   const std::byte* k;
   const std::byte* v;
   float k_scale;
   float v_scale;
+  uint64_t row_stride;
 };
+
+// Converts rows [0, n) of a tile's K or V at src (row_stride bytes apart, head_dim d) into n
+// consecutive fp32 rows at dst with `load` (detail::load_row or an ISA's): one call over n · d
+// elements when the rows are contiguous (page_major), else one per row.
+template <typename Load>
+inline void load_rows(const Load& load, KvDtype dtype, const std::byte* src, uint64_t row_stride,
+                      uint32_t n, uint32_t d, float scale, float* dst) {
+  if (row_stride == uint64_t{d} * dtype_bytes(dtype)) {
+    load(dtype, src, n * d, scale, dst);
+    return;
+  }
+  for (uint32_t j = 0; j < n; ++j)
+    load(dtype, src + j * row_stride, d, scale, dst + size_t{j} * d);
+}
 
 // The (K, V) scale pair of one (page, layer, KV head) in an 8-bit pool's side region.
 inline const float* head_scales(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
@@ -190,16 +208,18 @@ inline const float* head_scales(const PagedKv& kv, uint32_t layer, PageId page, 
 }
 
 // The tiles' addresses only (scales 1): what a prefetch needs, without loading the scales.
-inline HeadTile head_tile_addresses(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
-  const Geometry& g = kv.geometry;
-  const std::byte* p = static_cast<const std::byte*>(kv.base) + uint64_t{page} * kv.page_stride;
-  return HeadTile{p + page_k_offset(g, layer, head, 0, 0) * dtype_bytes(g.dtype),
-                  p + page_v_offset(g, layer, head, 0, 0) * dtype_bytes(g.dtype), 1.0f, 1.0f};
+// `s` is kv_strides(kv), computed once by the caller.
+inline HeadTile head_tile_addresses(const PagedKv& kv, const KvStrides& s, uint32_t layer,
+                                    PageId page, uint32_t head) {
+  const auto* base = static_cast<const std::byte*>(kv.base);
+  const uint64_t k = s.row(page, layer, head, 0, 0);
+  return HeadTile{base + k, base + k + s.v, 1.0f, 1.0f, s.token};
 }
 
-inline HeadTile head_tile(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
+inline HeadTile head_tile(const PagedKv& kv, const KvStrides& s, uint32_t layer, PageId page,
+                          uint32_t head) {
   const Geometry& g = kv.geometry;
-  HeadTile t = head_tile_addresses(kv, layer, page, head);
+  HeadTile t = head_tile_addresses(kv, s, layer, page, head);
   if (dtype_is_quantized(g.dtype)) {
     const float* sc = head_scales(kv, layer, page, head);
     t.k_scale = sc[0];
@@ -218,12 +238,14 @@ inline std::string check_pool(const PagedKv& kv, uint32_t layer, uint32_t num_q_
            std::to_string(kMaxHeadDim);
   }
   if (kv.base == nullptr) return "kv.base is null";
-  if (kv.page_stride < page_data_bytes(g)) {
+  const bool page_major = kv.layout == KvLayout::page_major;
+  if (page_major && kv.page_stride < page_data_bytes(g)) {
     return "kv.page_stride " + std::to_string(kv.page_stride) + " is below the page's " +
            std::to_string(page_data_bytes(g)) + " data bytes";
   }
   const uint32_t bytes = dtype_bytes(g.dtype);
-  if (reinterpret_cast<uintptr_t>(kv.base) % bytes != 0 || kv.page_stride % bytes != 0) {
+  if (reinterpret_cast<uintptr_t>(kv.base) % bytes != 0 ||
+      (page_major && kv.page_stride % bytes != 0)) {
     return "kv.base and kv.page_stride must be multiples of the dtype's " + std::to_string(bytes) +
            " bytes";
   }
@@ -237,6 +259,20 @@ inline std::string check_pool(const PagedKv& kv, uint32_t layer, uint32_t num_q_
   if (num_q_heads == 0 || num_q_heads % g.kv_heads != 0) {
     return "num_q_heads " + std::to_string(num_q_heads) +
            " is not a positive multiple of kv_heads " + std::to_string(g.kv_heads);
+  }
+  return {};
+}
+
+// The layout fields: a known layout, and in layer_major planes of at least num_pages pages (the
+// bound every page id is checked against), so no page id can address past a plane.
+inline std::string check_layout(const PagedKv& kv, uint64_t num_pages) {
+  if (kv.layout == KvLayout::page_major) return {};
+  if (kv.layout != KvLayout::layer_major) {
+    return "kv.layout " + std::to_string(static_cast<unsigned>(kv.layout)) + " is not a KvLayout";
+  }
+  if (kv.num_pages == 0 || kv.num_pages < num_pages) {
+    return "kv.num_pages " + std::to_string(kv.num_pages) +
+           " (the layer_major planes' pages) is below num_pages " + std::to_string(num_pages);
   }
   return {};
 }

@@ -1,6 +1,8 @@
-// Copy-pages on the CPU: src[i] → dst[i] for every pair, the whole page (all layers, K and V:
-// page_data_bytes from base + page · page_stride; the padding up to page_stride is not part of a
-// page) and, for 8-bit pools, its 2 · layers · kv_heads scales (kernels/paged_kv.h).
+// Copy-pages on the CPU: src[i] → dst[i] for every pair, the whole page (all layers, K and V) and,
+// for 8-bit pools, its 2 · layers · kv_heads scales (kernels/paged_kv.h). A page is the runs of
+// page_chunks: in page_major one run of page_data_bytes from base + page · page_stride (the
+// padding up to page_stride is not part of a page), in layer_major 2 · layers runs of
+// tokens_per_page · kv_heads · head_dim elements, one in each K and V plane.
 //
 // The whole list is validated before anything is copied, so an error changes nothing: every id
 // below num_pages, destinations distinct, and no page both a source and a destination. A source
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/attention_common.h"
 #include "kernels/cpu/kernels_cpu.h"
 
 namespace kvpool::kernels::cpu {
@@ -24,13 +27,16 @@ std::string copy_pages(const CopyPagesArgs& args, uint32_t num_pages) {
   if (args.dst == nullptr) return "copy_pages: dst is null";
   if (args.kv.base == nullptr) return "copy_pages: kv.base is null";
   const uint64_t data_bytes = page_data_bytes(g);
-  if (args.kv.page_stride < data_bytes) {
+  if (args.kv.layout == KvLayout::page_major && args.kv.page_stride < data_bytes) {
     return "copy_pages: kv.page_stride " + std::to_string(args.kv.page_stride) +
            " is below the page size " + std::to_string(data_bytes);
   }
   const bool quantized = dtype_is_quantized(g.dtype);
   if (quantized && args.kv.scales == nullptr) {
     return "copy_pages: kv.scales is null for an 8-bit pool";
+  }
+  if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) {
+    return "copy_pages: " + e;
   }
 
   for (uint32_t i = 0; i < args.num_pairs; ++i) {
@@ -66,9 +72,12 @@ std::string copy_pages(const CopyPagesArgs& args, uint32_t num_pages) {
 
   auto* base = static_cast<uint8_t*>(args.kv.base);
   const uint64_t scale_floats = page_scale_bytes(g) / sizeof(float);
+  const PageChunks pc = page_chunks(args.kv);
   for (uint32_t i = 0; i < args.num_pairs; ++i) {
-    std::memcpy(base + uint64_t{args.dst[i]} * args.kv.page_stride,
-                base + uint64_t{args.src[i]} * args.kv.page_stride, data_bytes);
+    uint8_t* dst = base + uint64_t{args.dst[i]} * pc.page;
+    const uint8_t* src = base + uint64_t{args.src[i]} * pc.page;
+    for (uint32_t c = 0; c < pc.chunks; ++c)
+      std::memcpy(dst + c * pc.chunk, src + c * pc.chunk, pc.chunk_bytes);
     if (quantized) {
       std::memcpy(args.kv.scales + uint64_t{args.dst[i]} * scale_floats,
                   args.kv.scales + uint64_t{args.src[i]} * scale_floats,

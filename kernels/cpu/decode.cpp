@@ -1,4 +1,4 @@
-// Paged-attention decode on the CPU (DESIGN §8; arguments and page layout in kernels/paged_kv.h).
+// Paged-attention decode on the CPU (DESIGN §8; arguments and page layouts in kernels/paged_kv.h).
 //
 // Algorithm. The context of every sequence is cut into split chunks of `chunk` tokens, a multiple
 // of tokens_per_page (DecodeArgs::split_tokens rounded up to pages, or plan_split_tokens when it
@@ -25,6 +25,11 @@
 // Prefetching. Pages are scattered, so the hardware prefetchers cannot see the next one coming;
 // run_chunk asks for the K and V tiles and scales of the page two ahead, a quarter of the lines
 // before each phase of a block (a 64-line burst would stall on the line-fill buffers).
+//
+// Layouts. A (page, layer, KV head) tile is addressed through kv_strides once per chunk; its rows
+// are contiguous in page_major (one load_row per block, as always) and kv_heads · head_dim
+// elements apart in layer_major (one load_row per row). Everything past the conversion works on
+// the fp32 block and is the same code for both.
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read: the tail of the last page, other
@@ -169,31 +174,51 @@ constexpr uint64_t kPrefetchPages = 2;
 constexpr uint32_t kPrefetchPhases = 4;
 
 // The next page's K and V tiles (bytes each), prefetched `per_call` cache lines at a time, K
-// first; an empty NextPage prefetches nothing.
+// first; an empty NextPage prefetches nothing. A tile is rows of row_bytes, row_stride apart:
+// one run in page_major (row_stride == row_bytes), whole rows at a time in layer_major (a row
+// counter, no division per line).
 struct NextPage {
   const std::byte* k = nullptr;
   const std::byte* v = nullptr;
   uint64_t bytes = 0;
   uint64_t done = 0;  // bytes of K, then of V, asked for so far
   uint64_t per_call = 0;
+  uint64_t row_bytes = 0;
+  uint64_t row_stride = 0;
+  uint64_t rows = 0;       // rows of K (and of V): bytes / row_bytes
+  uint64_t rows_done = 0;  // layer_major: rows of K, then of V, asked for so far
   void prefetch() {
-    for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
-      __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
+    if (row_stride == row_bytes) {
+      for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
+        __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
+      return;
+    }
+    for (uint64_t lines = 0; lines < per_call && rows_done < 2 * rows; ++rows_done) {
+      const std::byte* row =
+          rows_done < rows ? k + rows_done * row_stride : v + (rows_done - rows) * row_stride;
+      for (uint64_t o = 0; o < row_bytes; o += kCacheLine, ++lines)
+        __builtin_prefetch(row + o);
+    }
   }
 };
 
 // The K and V tiles of the page holding token t (a page boundary) as a NextPage, its scales
 // prefetched at once; empty when t is past the chunk's end.
-NextPage upcoming_page(const DecodeArgs& a, const PageId* table, uint32_t head, uint64_t t,
-                       uint64_t end, uint64_t row_bytes) {
+NextPage upcoming_page(const DecodeArgs& a, const KvStrides& strides, const PageId* table,
+                       uint32_t head, uint64_t t, uint64_t end, uint64_t row_bytes) {
   if (t >= end) return {};
   const Geometry& g = a.kv.geometry;
   const PageId page = table[t / g.tokens_per_page];
   if (dtype_is_quantized(g.dtype))
     __builtin_prefetch(detail::head_scales(a.kv, a.layer, page, head));
-  const HeadTile tiles = detail::head_tile_addresses(a.kv, a.layer, page, head);
-  return NextPage{tiles.k, tiles.v, std::min<uint64_t>(g.tokens_per_page, end - t) * row_bytes, 0,
-                  0};
+  const HeadTile tiles = detail::head_tile_addresses(a.kv, strides, a.layer, page, head);
+  const uint64_t rows = std::min<uint64_t>(g.tokens_per_page, end - t);
+  return NextPage{.k = tiles.k,
+                  .v = tiles.v,
+                  .bytes = rows * row_bytes,
+                  .row_bytes = row_bytes,
+                  .row_stride = tiles.row_stride,
+                  .rows = rows};
 }
 
 // Computes item `it` into acc[group][D] and st[group] (unnormalised online-softmax states).
@@ -210,6 +235,7 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
   const uint64_t row_bytes = uint64_t{d} * dtype_bytes(g.dtype);
   const PageId* table = a.block_tables + size_t{it.seq} * a.block_table_stride;
   const float* q = a.q + (size_t{it.seq} * a.num_q_heads + size_t{it.head} * group) * d;
+  const KvStrides strides = kv_strides(a.kv);
   float* kb = ws.k.data();
   float* vb = ws.v.data();
   float* part = ws.part.data();
@@ -223,7 +249,7 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
   const uint32_t begin = it.chunk * chunk;  // a page boundary: chunk is a multiple of t_page
   const uint64_t end = std::min<uint64_t>(ctx, uint64_t{begin} + chunk);
   for (uint64_t t0 = begin; t0 < end; t0 += t_page) {
-    const HeadTile tile = detail::head_tile(a.kv, a.layer, table[t0 / t_page], it.head);
+    const HeadTile tile = detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head);
     const auto in_page = static_cast<uint32_t>(std::min<uint64_t>(t_page, end - t0));
     // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next ones
     // coming: ask for the K and V tiles (and scales) of the page kPrefetchPages ahead while this
@@ -232,24 +258,28 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
     // pages in between at once.
     if (t0 == begin) {
       for (uint64_t ahead = 1; ahead < kPrefetchPages; ++ahead) {
-        NextPage page = upcoming_page(a, table, it.head, t0 + ahead * t_page, end, row_bytes);
+        NextPage page =
+            upcoming_page(a, strides, table, it.head, t0 + ahead * t_page, end, row_bytes);
         page.per_call = UINT64_MAX;
         page.prefetch();
       }
     }
-    NextPage next = upcoming_page(a, table, it.head, t0 + kPrefetchPages * t_page, end, row_bytes);
+    NextPage next =
+        upcoming_page(a, strides, table, it.head, t0 + kPrefetchPages * t_page, end, row_bytes);
     const uint64_t phases = uint64_t{kPrefetchPhases} * ((in_page + kBlock - 1) / kBlock);
     next.per_call = (2 * next.bytes / kCacheLine + phases - 1) / phases;
     for (uint32_t j0 = 0; j0 < in_page; j0 += kBlock) {
       const uint32_t n = std::min(kBlock, in_page - j0);
       next.prefetch();
-      ops.load_row(g.dtype, tile.k + j0 * row_bytes, n * d, tile.k_scale, kb);
+      detail::load_rows(ops.load_row, g.dtype, tile.k + j0 * tile.row_stride, tile.row_stride, n, d,
+                        tile.k_scale, kb);
       next.prefetch();
       ops.score_block(q, group, d, kb, n, a.scale, p, kBlock, part);
       for (uint32_t h = 0; h < group; ++h)
         ws.corr[h] = ops.softmax_block_scores(st[h], p + size_t{h} * kBlock, n);
       next.prefetch();
-      ops.load_row(g.dtype, tile.v + j0 * row_bytes, n * d, tile.v_scale, vb);
+      detail::load_rows(ops.load_row, g.dtype, tile.v + j0 * tile.row_stride, tile.row_stride, n, d,
+                        tile.v_scale, vb);
       next.prefetch();
       ops.accumulate_pv(acc, ws.corr.data(), p, kBlock, vb, group, n, d);
     }
@@ -311,6 +341,7 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
   if (std::string e = detail::check_pool(args.kv, args.layer, args.num_q_heads); !e.empty()) {
     return e;
   }
+  if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) return e;
   const BlockOps* ops = nullptr;
   if (std::string e = pick_ops(isa, args.kv.geometry.head_dim, ops); !e.empty()) return e;
   if (args.num_seqs == 0) return {};

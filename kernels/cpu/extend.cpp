@@ -1,5 +1,6 @@
 // Paged-attention extend (prefill over a cached prefix) on the CPU (DESIGN §8; arguments and page
-// layout in kernels/paged_kv.h).
+// layouts in kernels/paged_kv.h). Rows are read one at a time, tile.row_stride apart, so both
+// layouts run the same loop.
 //
 // Algorithm. Sequence s has ctx = context_lens[s] tokens in the pool, the last n = q_offsets[s+1]
 // − q_offsets[s] of them new; new token i sits at position ctx − n + i and attends to positions
@@ -56,8 +57,8 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
   const uint32_t d = g.head_dim;
   const uint32_t t_page = g.tokens_per_page;
   const uint32_t group = a.num_q_heads / g.kv_heads;
-  const uint64_t row_bytes = uint64_t{d} * dtype_bytes(g.dtype);
   const PageId* table = a.block_tables + size_t{it.seq} * a.block_table_stride;
+  const KvStrides strides = kv_strides(a.kv);
 
   const uint32_t ctx = a.context_lens[it.seq];
   const uint32_t q_begin = a.q_offsets[it.seq];
@@ -76,19 +77,20 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
 
   const uint64_t keys = uint64_t{first_pos} + i1;  // the block's last token sees keys [0, keys)
   for (uint64_t t0 = 0; t0 < keys; t0 += t_page) {
-    const detail::HeadTile tile = detail::head_tile(a.kv, a.layer, table[t0 / t_page], it.head);
+    const detail::HeadTile tile =
+        detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head);
     const auto n = static_cast<uint32_t>(std::min<uint64_t>(t_page, keys - t0));
     for (uint32_t j = 0; j < n; ++j) {
       const uint64_t key = t0 + j;
       // New token i sees this key when first_pos + i ≥ key.
       const auto i_start =
           key > uint64_t{first_pos} + i0 ? static_cast<uint32_t>(key - first_pos) : i0;
-      detail::load_row(g.dtype, tile.k + j * row_bytes, d, tile.k_scale, ws.k.data());
+      detail::load_row(g.dtype, tile.k + j * tile.row_stride, d, tile.k_scale, ws.k.data());
       for (uint32_t i = i_start; i < i1; ++i) {
         detail::dot_heads(a.q + row(i), group, d, ws.k.data(), a.scale, ws.part.data(),
                           ws.scores.data() + size_t{i - i0} * group);
       }
-      detail::load_row(g.dtype, tile.v + j * row_bytes, d, tile.v_scale, ws.v.data());
+      detail::load_row(g.dtype, tile.v + j * tile.row_stride, d, tile.v_scale, ws.v.data());
       for (uint32_t i = i_start; i < i1; ++i) {
         float* o = a.out + row(i);
         const size_t r = size_t{i - i0} * group;
@@ -116,6 +118,7 @@ std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads)
   if (std::string e = detail::check_pool(args.kv, args.layer, args.num_q_heads); !e.empty()) {
     return e;
   }
+  if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) return e;
   if (args.num_seqs == 0) return {};
   if (args.q_offsets == nullptr) return "q_offsets is null";
   if (args.block_tables == nullptr) return "block_tables is null";

@@ -1,4 +1,5 @@
-// Append-KV on the GPU: writes new tokens' K and V rows into their page slots.
+// Append-KV on the GPU: writes new tokens' K and V rows into their page slots, in either layout
+// (rows addressed through kv_strides, computed once per block).
 //
 // 16-bit pools: one block per token; each thread converts 8 elements and stores them with one
 // 16-byte store. 8-bit pools: quantisation is fused, with the scale rules of kernels/paged_kv.h
@@ -36,7 +37,8 @@ __global__ void append16_kernel(AppendArgs a) {
   const Geometry g = a.kv.geometry;
   const auto page = static_cast<uint64_t>(slot) / g.tokens_per_page;
   const auto off = static_cast<uint32_t>(static_cast<uint64_t>(slot) % g.tokens_per_page);
-  auto* p = reinterpret_cast<uint16_t*>(static_cast<char*>(a.kv.base) + page * a.kv.page_stride);
+  const KvStrides st = kv_strides(a.kv);
+  auto* base = static_cast<char*>(a.kv.base);
   const uint32_t per_token = g.kv_heads * g.head_dim;
   const float* k = a.k + uint64_t(blockIdx.x) * per_token;
   const float* v = a.v + uint64_t(blockIdx.x) * per_token;
@@ -53,9 +55,8 @@ __global__ void append16_kernel(AppendArgs a) {
 #pragma unroll
     for (int j = 0; j < 8; ++j)
       out.h16[j] = encode16<DT>(src[j]);
-    const uint64_t at =
-        is_v ? page_v_offset(g, a.layer, h, off, d) : page_k_offset(g, a.layer, h, off, d);
-    *reinterpret_cast<uint4*>(p + at) = out.vec;
+    const uint64_t at = st.row(page, a.layer, h, off, is_v ? 1 : 0) + uint64_t{d} * 2;
+    *reinterpret_cast<uint4*>(base + at) = out.vec;
   }
 }
 
@@ -77,6 +78,7 @@ __global__ void append8_kernel(AppendArgs a) {
   __shared__ float s_amax[kThreads / 32];
   __shared__ float s_scale;
   __shared__ float s_old;
+  const KvStrides st = kv_strides(a.kv);
   for (uint32_t tok = 0; tok < a.num_tokens; ++tok) {
     const int64_t slot = a.slots[tok];
     if (slot < 0) continue;
@@ -92,9 +94,8 @@ __global__ void append8_kernel(AppendArgs a) {
     if (threadIdx.x % 32 == 0) s_amax[threadIdx.x / 32] = amax;
     float* scale =
         a.kv.scales + ((page * g.layers + a.layer) * g.kv_heads + h) * 2 + (is_v ? 1 : 0);
-    auto* row0 =
-        reinterpret_cast<uint8_t*>(static_cast<char*>(a.kv.base) + page * a.kv.page_stride) +
-        (is_v ? page_v_offset(g, a.layer, h, 0, 0) : page_k_offset(g, a.layer, h, 0, 0));
+    auto* row0 = reinterpret_cast<uint8_t*>(static_cast<char*>(a.kv.base) +
+                                            st.row(page, a.layer, h, 0, is_v ? 1 : 0));
     __syncthreads();
     if (threadIdx.x == 0) {
       float m = 0.0f;
@@ -115,14 +116,16 @@ __global__ void append8_kernel(AppendArgs a) {
     if (off != 0 && sc != s_old) {
       // Re-quantise the page's earlier tokens of this (layer, head, K|V) to the raised scale.
       const float inv = 1.0f / sc;
+      // Token r's row is r · st.token bytes in (st.token = head_dim in page_major).
       for (uint32_t e = threadIdx.x; e < off * g.head_dim; e += kThreads) {
-        const float val = Elem<DT>::load(row0[e]) * s_old;
-        row0[e] = encode8<DT>(val, inv);
+        uint8_t* at = row0 + (e / g.head_dim) * st.token + e % g.head_dim;
+        const float val = Elem<DT>::load(*at) * s_old;
+        *at = encode8<DT>(val, inv);
       }
     }
     const float inv = 1.0f / sc;
     for (uint32_t d = threadIdx.x; d < g.head_dim; d += kThreads) {
-      row0[uint64_t(off) * g.head_dim + d] = encode8<DT>(x[d], inv);
+      row0[uint64_t(off) * st.token + d] = encode8<DT>(x[d], inv);
     }
     if (threadIdx.x == 0) *scale = sc;
     __syncthreads();
@@ -140,6 +143,9 @@ std::string append_kv(const AppendArgs& a, void* stream) {
     return "append_kv: a device pointer is null";
   }
   if (g.head_dim % 8 != 0) return "append_kv: head_dim must be a multiple of 8";
+  if (a.kv.layout == KvLayout::layer_major && a.kv.num_pages == 0) {
+    return "append_kv: a layer_major pool needs kv.num_pages";
+  }
   auto s = static_cast<cudaStream_t>(stream);
   switch (g.dtype) {
     case KvDtype::fp16:

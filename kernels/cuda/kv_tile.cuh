@@ -5,7 +5,10 @@
 // (layer, KV head), laid out in a stage buffer as
 //     K rows [kTile][row bytes] | V rows [kTile][row bytes] | 8-bit pools: scales [kTile][K, V]
 // Row i is position start + i, read from page block_table[(start + i) / T] at slot (start + i) % T,
-// so a tile may straddle pages and a page may hold several tiles (any T). kTile is sized so that
+// so a tile may straddle pages and a page may hold several tiles (any T). Rows are addressed
+// through kv_strides (kernels/paged_kv.h), so both layouts take the same path: in page_major a
+// page's rows of one head are contiguous, in layer_major they are kv_heads rows apart; either way
+// each row is one 16-byte-aligned run that the cp.async chunks read. kTile is sized so that
 // K + V of a stage is kStageBytes (16 KiB): 16 to 128 tokens.
 //
 // Masking. Only positions below `limit` (the chunk or key range end) are read from global memory.
@@ -65,11 +68,17 @@ struct TileShape {
   static_assert(kThreads % kChunksPerRow == 0 && kTile % (kWarps * kRowsPerWarp) == 0);
 };
 
-// What the 16-byte row copies need (host check): kv.base and kv.page_stride multiples of 16 (then
-// every row is, as rows are 64 to 512 bytes), and kv.scales, if any, a multiple of 8.
+// What the 16-byte row copies need (host check): kv.base and, in page_major, kv.page_stride
+// multiples of 16 (then every row is, as rows are 64 to 512 bytes, and so are the layer_major
+// strides, multiples of a row), and kv.scales, if any, a multiple of 8. A layer_major pool needs
+// its plane size (kv.num_pages).
 inline std::string check_tile_alignment(const PagedKv& kv, const char* kernel) {
-  if (reinterpret_cast<uintptr_t>(kv.base) % 16 != 0 || kv.page_stride % 16 != 0) {
+  const bool page_major = kv.layout == KvLayout::page_major;
+  if (reinterpret_cast<uintptr_t>(kv.base) % 16 != 0 || (page_major && kv.page_stride % 16 != 0)) {
     return std::string(kernel) + ": kv.base and kv.page_stride must be multiples of 16 bytes";
+  }
+  if (!page_major && (kv.layout != KvLayout::layer_major || kv.num_pages == 0)) {
+    return std::string(kernel) + ": kv.layout is not page_major, or layer_major with kv.num_pages";
   }
   if (reinterpret_cast<uintptr_t>(kv.scales) % 8 != 0) {
     return std::string(kernel) + ": kv.scales must be 8-byte aligned";
@@ -119,16 +128,17 @@ __device__ __forceinline__ void issue_tile(unsigned char* buffer, const PagedKv&
   const auto* base = static_cast<const unsigned char*>(kv.base);
   constexpr int kRowsPerPass = kThreads / S::kChunksPerRow;
   const int chunk = static_cast<int>(threadIdx.x) % S::kChunksPerRow;
+  const KvStrides st = kv_strides(kv);  // the layout's one branch, per tile
   for (int r = static_cast<int>(threadIdx.x) / S::kChunksPerRow; r < S::kTile; r += kRowsPerPass) {
     const uint32_t t = start + static_cast<uint32_t>(r);
     const bool valid = t < limit;
     const unsigned char* k_src = base;  // read by nothing when !valid
     const unsigned char* v_src = base;
     if (valid) {
-      const unsigned char* page = base + uint64_t(table[t / g.tokens_per_page]) * kv.page_stride;
-      const uint32_t slot = t % g.tokens_per_page;
-      k_src = page + page_k_offset(g, layer, kvh, slot, 0) * S::kElemBytes + chunk * 16;
-      v_src = page + page_v_offset(g, layer, kvh, slot, 0) * S::kElemBytes + chunk * 16;
+      const uint64_t row =
+          st.row(table[t / g.tokens_per_page], layer, kvh, t % g.tokens_per_page, 0);
+      k_src = base + row + chunk * 16;
+      v_src = base + row + st.v + chunk * 16;
     }
     cp_async_16(buffer + r * S::kRowBytes + chunk * 16, k_src, valid);
     cp_async_16(buffer + S::kVOffset + r * S::kRowBytes + chunk * 16, v_src, valid);

@@ -1,5 +1,5 @@
-// kvpool GPU check: the CUDA kernels against the CPU kernels on the same pools, then the decode
-// bandwidth table. Built by CMake when nvcc is present (ctest label gpu; exits 77, "skipped",
+// kvpool GPU check: the CUDA kernels against the CPU kernels on the same pools (page_major and
+// layer_major), then the decode bandwidth table. Built by CMake when nvcc is present (ctest label gpu; exits 77, "skipped",
 // without a GPU) or by tests/gpu/run.sh with nvcc alone on a GPU machine.
 //
 //   kvpool_gpu_check            tests, then the benchmark table
@@ -50,8 +50,10 @@ struct Pool {
   uint64_t stride = 0;
   std::vector<std::byte> mem;
   std::vector<float> scales;
+  KvLayout layout = KvLayout::page_major;
   PagedKv host() {
-    return PagedKv{mem.data(), stride, scales.empty() ? nullptr : scales.data(), g};
+    return PagedKv{mem.data(), stride, scales.empty() ? nullptr : scales.data(), g, layout,
+                   num_pages};
   }
 };
 
@@ -62,6 +64,7 @@ struct Case {
   uint32_t tpp;
   std::vector<uint32_t> contexts;
   std::vector<uint32_t> splits;  // decode split_tokens to run: 0 = planned, 1 << 20 = no split
+  KvLayout layout = KvLayout::page_major;
 };
 
 int failures = 0;
@@ -79,7 +82,8 @@ void expect_close(const char* what, const Case& c, uint32_t detail, const std::v
   // fp32 accumulation on both sides in a different order: a few ulps of the output range.
   const bool ok = worst <= 2e-5 * scale + 1e-6;
   if (!ok) ++failures;
-  std::printf("%-7s %-9s D=%-3u group=%u T=%-2u seqs=%zu %s=%-7u max|err|=%.2e  %s\n", what,
+  std::printf("%-7s %-11s %-9s D=%-3u group=%u T=%-2u seqs=%zu %s=%-7u max|err|=%.2e  %s\n", what,
+              std::string(layout_name(c.layout)).c_str(),
               std::string(dtype_name(c.dtype)).c_str(), c.head_dim, c.group, c.tpp,
               c.contexts.size(), what[0] == 'd' ? "split" : "new", detail, worst,
               ok ? "ok" : "FAILED");
@@ -125,6 +129,7 @@ void run_case(const Case& c, std::mt19937& rng, int sm_count) {
   const auto nseq = static_cast<uint32_t>(c.contexts.size());
   Pool p;
   p.g = g;
+  p.layout = c.layout;
   p.num_pages = blocks * nseq * 2;
   p.stride = page_data_bytes(g);
   p.mem.resize(p.num_pages * p.stride);
@@ -245,12 +250,14 @@ void run_case(const Case& c, std::mt19937& rng, int sm_count) {
                   const_cast<PageId*>(d.block_tables), const_cast<uint32_t*>(d.context_lens)});
 }
 
-// The GPU append writes the same values the CPU append does (compared dequantised).
-void run_append_case(KvDtype dtype, std::mt19937& rng) {
+// The GPU append writes the same values the CPU append does (compared dequantised); then the
+// GPU copy-pages copies what the CPU one does.
+void run_append_case(KvDtype dtype, KvLayout layout, std::mt19937& rng) {
   const Geometry g{2, 2, 128, 16, dtype};
   const uint32_t pages = 8;
   Pool cpu_pool;
   cpu_pool.g = g;
+  cpu_pool.layout = layout;
   cpu_pool.num_pages = pages;
   cpu_pool.stride = page_data_bytes(g);
   cpu_pool.mem.assign(pages * cpu_pool.stride, std::byte{0});
@@ -298,8 +305,41 @@ void run_append_case(KvDtype dtype, std::mt19937& rng) {
     }
   }
   if (!same) ++failures;
-  std::printf("append   %-9s bytes and scales %s\n", std::string(dtype_name(dtype)).c_str(),
+  std::printf("append   %-11s %-9s bytes and scales %s\n", std::string(layout_name(layout)).c_str(),
+              std::string(dtype_name(dtype)).c_str(),
               same ? "identical to the CPU append: ok" : "differ from the CPU append: FAILED");
+
+  // Copy pages 3 and 4 (the appended ones) onto 6 and 1, on both sides, from the CPU's bytes.
+  const std::vector<PageId> src{3, 4}, dst{6, 1};
+  CopyPagesArgs cc{cpu_pool.host(), 2, src.data(), dst.data()};
+  if (const std::string e = cpu::copy_pages(cc, pages); !e.empty()) {
+    std::fprintf(stderr, "cpu copy: %s\n", e.c_str());
+    std::exit(1);
+  }
+  CHECK_CUDA(cudaMemcpy(d.kv.base, got.data(), got.size(), cudaMemcpyHostToDevice));
+  if (!got_scales.empty()) {
+    CHECK_CUDA(
+        cudaMemcpy(d.kv.scales, got_scales.data(), got_scales.size() * 4, cudaMemcpyHostToDevice));
+  }
+  CopyPagesArgs dc = cc;
+  dc.kv = d.kv;
+  dc.src = to_device(src);
+  dc.dst = to_device(dst);
+  if (const std::string e = cuda::copy_pages(dc, nullptr); !e.empty()) {
+    std::fprintf(stderr, "cuda copy: %s\n", e.c_str());
+    std::exit(1);
+  }
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<std::byte> copied(got.size());
+  CHECK_CUDA(cudaMemcpy(copied.data(), d.kv.base, copied.size(), cudaMemcpyDeviceToHost));
+  // The device pool started from the GPU append's bytes, equal to the CPU's when `same`.
+  const bool copy_same = same && copied == cpu_pool.mem;
+  if (!copy_same) ++failures;
+  std::printf("copy     %-11s %-9s bytes %s\n", std::string(layout_name(layout)).c_str(),
+              std::string(dtype_name(dtype)).c_str(),
+              copy_same ? "identical to the CPU copy: ok" : "differ from the CPU copy: FAILED");
+  cudaFree(const_cast<PageId*>(dc.src));
+  cudaFree(const_cast<PageId*>(dc.dst));
   cudaFree(d.kv.base);
   if (d.kv.scales) cudaFree(d.kv.scales);
   cudaFree(const_cast<float*>(d.k));
@@ -330,11 +370,20 @@ int run_tests(int sm_count) {
     cases.push_back({dt, 128, 4, 8, {2049, 5, 4096}, {8, 256, 0, kNoSplit}});
     cases.push_back({dt, 128, 8, 32, {3000, 1}, {32, 96, 0}});
     cases.push_back({dt, 64, 1, 16, {5000}, {16, 0}});
+    // layer_major: every head dim and group bucket, ragged pages, splits.
+    for (uint32_t d : {64u, 128u, 256u}) {
+      for (uint32_t grp : {1u, 4u, 8u}) {
+        cases.push_back({dt, d, grp, 16, {1, 15, 16, 17, 53, 300, 1000}, {0, 32, kNoSplit},
+                         KvLayout::layer_major});
+      }
+    }
+    cases.push_back({dt, 128, 3, 8, {9, 2049}, {8, 0}, KvLayout::layer_major});
   }
   for (const Case& c : cases)
     run_case(c, rng, sm_count);
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp16, KvDtype::fp8_e4m3, KvDtype::int8}) {
-    run_append_case(dt, rng);
+    for (KvLayout layout : {KvLayout::page_major, KvLayout::layer_major})
+      run_append_case(dt, layout, rng);
   }
   std::printf("%s: %d failure(s)\n", failures == 0 ? "GPU TESTS PASSED" : "GPU TESTS FAILED",
               failures);

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kvpool_get_pool_info(c, &info);
   if (info.num_pages == 0 || info.page_stride == 0 || kvpool_base(c) == NULL) return 2;
   if (info.device != -1) return 2; /* the host backend */
+  if (info.layout != 0 || info.layer_stride != 0) return 2; /* page_major, the default */
 
   kvpool_page_id pages[2];
   if (kvpool_alloc(c, 2, pages) != KVPOOL_OK) return 3;

@@ -92,6 +92,7 @@ TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {
   EXPECT_EQ(s["pages"]["free"], 59);
   EXPECT_EQ(s["sessions"], 1);  // the worker; kvpoolctl does not count itself
   EXPECT_EQ(s["page_bytes"], 2 * 2 * 2 * 16 * 64 * 2);
+  EXPECT_EQ(s["layout"], "page_major");
 
   auto st = json_of("stats --json" + sock);
   EXPECT_EQ(st["lookups"], 1);
@@ -119,6 +120,7 @@ TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {
   EXPECT_NE(out.find("      48  ................"), std::string::npos) << out;
   ASSERT_EQ(run_command(kCtl + sock + " status", out), 0) << out;
   EXPECT_NE(out.find("5 in use"), std::string::npos) << out;
+  EXPECT_NE(out.find("tokens/page, fp16, page_major"), std::string::npos) << out;
   ASSERT_EQ(run_command(kCtl + sock + " stats", out), 0) << out;
   EXPECT_NE(out.find("16 of 32 tokens hit (50.0%)"), std::string::npos) << out;
 }
@@ -263,6 +265,23 @@ TEST(Kvpoolctl, ErrorsAndUsage) {
         << verb;
     EXPECT_NE(out.find("kvpoold is not running"), std::string::npos) << verb << ": " << out;
   }
+}
+
+TEST(Kvpoolctl, StatusShowsTheLayout) {
+  Daemon d(R"(
+pools:
+  - name: planes
+    layout: layer_major
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16}
+    capacity: 8 pages
+)");
+  ASSERT_TRUE(d.start()) << d.log();
+  const std::string sock = " --socket " + d.socket();
+  EXPECT_EQ(json_of("status --json" + sock)["layout"], "layer_major");
+  EXPECT_EQ(json_of("status --json --no-shm" + sock)["layout"], "layer_major");  // the op
+  std::string out;
+  ASSERT_EQ(run_command(kCtl + sock + " status", out), 0) << out;
+  EXPECT_NE(out.find("tokens/page, bf16, layer_major"), std::string::npos) << out;
 }
 
 }  // namespace

@@ -105,6 +105,7 @@ TEST(ConfigTest, DefaultConfig) {
   const PoolConfig& p = c.pools[0];
   EXPECT_EQ(p.name, "default");
   EXPECT_EQ(p.policy, "prefix");
+  EXPECT_EQ(p.layout, KvLayout::page_major);
   EXPECT_EQ(p.geometry, (Geometry{32, 8, 128, 16, KvDtype::bf16}));
   EXPECT_EQ(page_data_bytes(p.geometry), 2u << 20);
   EXPECT_EQ(p.capacity, (Capacity{Capacity::Unit::bytes, 256u << 20, 0.0}));
@@ -432,6 +433,32 @@ TEST(ConfigErrorTest, OutOfRangeChoices) {
   expect_error(with_pools("    policy: fifo\n"), 10, "pools[0].policy",
                "\"fifo\" is not one of prefix, lru, s3fifo");
   expect_error("limits:\n  max_pin_ttl_ms: 86400001\n", 2, "limits.max_pin_ttl_ms", "86400000");
+}
+
+TEST(ConfigTest, PoolLayout) {
+  auto absent = parse_config(with_pools(""), "t.yaml");
+  ASSERT_TRUE(absent.ok()) << absent.error().message;
+  EXPECT_EQ(absent.value().pools[0].layout, KvLayout::page_major);
+  for (auto [text, layout] : {std::pair{"page_major", KvLayout::page_major},
+                              std::pair{"layer_major", KvLayout::layer_major}}) {
+    auto c = parse_config(with_pools("    layout: " + std::string(text) + "\n"), "t.yaml");
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    EXPECT_EQ(c.value().pools[0].layout, layout) << text;
+  }
+  // The layout is part of what a pool is: a reload that changes it changes the pools (which
+  // Service::apply_live names as waiting for a restart), the geometry staying equal.
+  auto a = parse_config(with_pools("    layout: layer_major\n"), "t.yaml");
+  ASSERT_TRUE(a.ok());
+  EXPECT_NE(a.value().pools, absent.value().pools);
+  EXPECT_EQ(a.value().pools[0].geometry, absent.value().pools[0].geometry);
+}
+
+TEST(ConfigErrorTest, PoolLayout) {
+  expect_error(with_pools("    layout: vllm\n"), 10, "pools[0].layout",
+               "\"vllm\" is not one of page_major, layer_major");
+  expect_error(with_pools("    layout: [page_major]\n"), 10, "pools[0].layout",
+               "must be a string");
+  expect_error(with_pools("    layout: \n"), 10, "pools[0].layout", "");
 }
 
 TEST(ConfigErrorTest, Geometry) {

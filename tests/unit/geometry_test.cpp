@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <vector>
+
 namespace kvpool {
 namespace {
 
@@ -70,6 +73,89 @@ TEST(Geometry, DtypeNamesRoundTrip) {
   }
   EXPECT_EQ(parse_dtype("fp8-e4m3"), KvDtype::fp8_e4m3);
   EXPECT_FALSE(parse_dtype("fp4").has_value());
+}
+
+TEST(KvLayout, NamesRoundTripAndNothingElseParses) {
+  for (KvLayout l : {KvLayout::page_major, KvLayout::layer_major}) {
+    EXPECT_EQ(parse_layout(layout_name(l)), l);
+  }
+  EXPECT_EQ(layout_name(KvLayout::page_major), "page_major");
+  EXPECT_EQ(layout_name(KvLayout::layer_major), "layer_major");
+  EXPECT_EQ(parse_layout("layer-major"), std::nullopt);
+  EXPECT_EQ(parse_layout("Layer_major"), std::nullopt);
+  EXPECT_EQ(parse_layout(""), std::nullopt);
+}
+
+// vLLM's flash-attn cache of one layer is [2][num_blocks][block_size][kv_heads][head_dim]: the
+// strides below are those of that tensor, written out by hand.
+TEST(KvLayout, LayerMajorOffsetsAreVllmsPerLayerTensor) {
+  const Geometry g{4, 8, 128, 16, KvDtype::bf16};
+  const uint64_t P = 100;
+  const uint64_t block = 16 * 8 * 128;  // one page of one layer's K
+  EXPECT_EQ(layer_stride_elems(g, P), 2 * P * block);
+  EXPECT_EQ(layer_stride_bytes(g, KvLayout::layer_major, P), 2 * P * block * 2);
+  EXPECT_EQ(layer_stride_bytes(g, KvLayout::page_major, P), 0u);
+  // (page 7, layer 3, token 5, head 6, dim 9)
+  const uint64_t k = 3 * 2 * P * block + 7 * block + (5 * 8 + 6) * 128 + 9;
+  EXPECT_EQ(layer_major_k_offset(g, P, 7, 3, 6, 5, 9), k);
+  EXPECT_EQ(layer_major_v_offset(g, P, 7, 3, 6, 5, 9), k + P * block);
+  EXPECT_EQ(kv_k_offset(g, KvLayout::layer_major, P, 7, 3, 6, 5, 9), k);
+  EXPECT_EQ(kv_v_offset(g, KvLayout::layer_major, P, 7, 3, 6, 5, 9), k + P * block);
+  const KvElementStrides s = kv_element_strides(g, KvLayout::layer_major, P);
+  EXPECT_EQ(s, (KvElementStrides{block, 2 * P * block, 128, 8 * 128, P * block}));
+  static_assert(layer_major_k_offset(Geometry{1, 2, 4, 3, KvDtype::fp16}, 5, 1, 0, 1, 2, 3) ==
+                1 * 3 * 2 * 4 + (2 * 2 + 1) * 4 + 3);  // usable in constant expressions
+}
+
+// Page-major strides reproduce page_k_offset / page_v_offset (pages page_data_bytes apart).
+TEST(KvLayout, PageMajorStridesAreTheInPageOffsets) {
+  const Geometry g{3, 2, 5, 4, KvDtype::fp16};
+  const KvElementStrides s = kv_element_strides(g, KvLayout::page_major, 9);
+  const uint64_t page = page_data_bytes(g) / 2;
+  EXPECT_EQ(s.page, page);
+  for (uint32_t p = 0; p < 3; ++p) {
+    for (uint32_t l = 0; l < g.layers; ++l) {
+      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+        for (uint32_t t = 0; t < g.tokens_per_page; ++t) {
+          for (uint32_t d = 0; d < g.head_dim; ++d) {
+            const uint64_t k = p * s.page + l * s.layer + h * s.head + t * s.token + d;
+            ASSERT_EQ(k, p * page + page_k_offset(g, l, h, t, d));
+            ASSERT_EQ(k + s.v, p * page + page_v_offset(g, l, h, t, d));
+            ASSERT_EQ(k, kv_k_offset(g, KvLayout::page_major, 9, p, l, h, t, d));
+            ASSERT_EQ(k + s.v, kv_v_offset(g, KvLayout::page_major, 9, p, l, h, t, d));
+          }
+        }
+      }
+    }
+  }
+}
+
+// Both layouts place every (page, layer, head, token, dim, K|V) at its own element of
+// [0, P · page_data_bytes / dtype_bytes): the same memory, each element used once.
+TEST(KvLayout, BothLayoutsFillThePoolExactlyOnce) {
+  const Geometry g{3, 2, 5, 4, KvDtype::int8};
+  const uint32_t P = 6;
+  const uint64_t total = P * page_data_bytes(g);
+  for (KvLayout layout : {KvLayout::page_major, KvLayout::layer_major}) {
+    const KvElementStrides s = kv_element_strides(g, layout, P);
+    std::vector<int> seen(total, 0);
+    for (uint32_t p = 0; p < P; ++p) {
+      for (uint32_t l = 0; l < g.layers; ++l) {
+        for (uint32_t h = 0; h < g.kv_heads; ++h) {
+          for (uint32_t t = 0; t < g.tokens_per_page; ++t) {
+            for (uint32_t d = 0; d < g.head_dim; ++d) {
+              const uint64_t k = p * s.page + l * s.layer + h * s.head + t * s.token + d;
+              ASSERT_LT(k + s.v, total);
+              ++seen[k];
+              ++seen[k + s.v];
+            }
+          }
+        }
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<std::ptrdiff_t>(total))
+        << layout_name(layout);
+  }
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
-// Test helpers for the CPU kernels: a paged pool in a std::vector<std::byte> whose every slot
-// starts as a NaN bit pattern of the KV dtype, pages handed out from a random permutation,
-// quantising writes with per-(page, layer, head, K|V) scales computed from the data, dequantised
-// read-back, and dense reference attention in fp64 plus a naive fp32 one to size tolerances.
+// Test helpers for the CPU kernels: a paged pool (page_major or layer_major) in a
+// std::vector<std::byte> whose every slot starts as a NaN bit pattern of the KV dtype, pages handed
+// out from a random permutation, quantising writes with per-(page, layer, head, K|V) scales
+// computed from the data, dequantised read-back, and dense reference attention in fp64 plus a naive
+// fp32 one to size tolerances.
 #pragma once
 
 #include <algorithm>
@@ -71,10 +72,17 @@ inline float decode_elem(KvDtype d, uint16_t bits, float scale) {
 
 class TestPool {
  public:
-  TestPool(const Geometry& g, uint32_t num_pages, uint64_t seed)
-      : g_(g), num_pages_(num_pages), stride_(page_data_bytes(g) + 64), rng_(seed) {
-    // The stride leaves a gap after each page (kernels must use page_stride, not the data size).
-    data_.resize(stride_ * num_pages);
+  // page_major: the stride leaves a gap after each page (kernels must use page_stride, not the
+  // data size). layer_major: the planes of num_pages pages, then a 64-byte gap (as NaN) that no
+  // kernel may touch.
+  TestPool(const Geometry& g, uint32_t num_pages, uint64_t seed,
+           KvLayout layout = KvLayout::page_major)
+      : g_(g),
+        layout_(layout),
+        num_pages_(num_pages),
+        stride_(page_data_bytes(g) + (layout == KvLayout::page_major ? 64 : 0)),
+        rng_(seed) {
+    data_.resize(stride_ * num_pages + (layout == KvLayout::page_major ? 0 : 64));
     const uint16_t nan = nan_bits(g.dtype);
     const uint32_t b = dtype_bytes(g.dtype);
     for (size_t i = 0; i + b <= data_.size(); i += b)
@@ -93,9 +101,18 @@ class TestPool {
     kv.page_stride = stride_;
     kv.scales = scales_.empty() ? nullptr : scales_.data();
     kv.geometry = g_;
+    kv.layout = layout_;
+    kv.num_pages = num_pages_;
     return kv;
   }
+  KvLayout layout() const { return layout_; }
   uint32_t num_pages() const { return num_pages_; }
+  const std::vector<float>& scales() const { return scales_; }
+  // The stored bits of K (kind 0) or V (kind 1) of (page, layer, head, slot, dim): the same
+  // logical element in either layout.
+  uint16_t raw(PageId page, uint32_t layer, uint32_t h, uint32_t slot, uint32_t x, int kind) const {
+    return load(page, slot_offset(layer, h, slot, x, kind));
+  }
   const Geometry& geometry() const { return g_; }
   const std::vector<std::byte>& bytes() const { return data_; }
 
@@ -170,21 +187,38 @@ class TestPool {
   uint64_t slot_offset(uint32_t layer, uint32_t h, uint32_t slot, uint32_t x, int kind) const {
     return kind == 0 ? page_k_offset(g_, layer, h, slot, x) : page_v_offset(g_, layer, h, slot, x);
   }
+  // Byte offset in data_ of the element at slot_offset `elem_offset` of `page`: page_major pages
+  // are stride_ apart; layer_major maps the in-page offset (layer, head, slot, dim, K|V) onto
+  // the planes with common/geometry.h's layer_major offsets, spelled out here independently.
+  uint64_t byte_offset(PageId page, uint64_t elem_offset) const {
+    const uint32_t b = dtype_bytes(g_.dtype);
+    if (layout_ == KvLayout::page_major) return page * stride_ + elem_offset * b;
+    const uint64_t t = g_.tokens_per_page, h = g_.kv_heads, d = g_.head_dim;
+    const uint64_t tile = t * d;  // page_major: one head's [T][D]
+    const uint64_t layer = elem_offset / (2 * h * tile);
+    uint64_t rest = elem_offset % (2 * h * tile);
+    const uint64_t kind = rest / (h * tile);
+    rest %= h * tile;
+    const uint64_t head = rest / tile, slot = rest % tile / d, x = rest % d;
+    const uint64_t plane = num_pages_ * t * h * d;
+    return ((2 * layer + kind) * plane + page * t * h * d + (slot * h + head) * d + x) * b;
+  }
   size_t scale_index(PageId page, uint32_t layer, uint32_t h, int kind) const {
     return ((size_t{page} * g_.layers + layer) * g_.kv_heads + h) * 2 + static_cast<size_t>(kind);
   }
   void store(PageId page, uint64_t elem_offset, uint16_t bits) {
     const uint32_t b = dtype_bytes(g_.dtype);
-    std::memcpy(&data_[page * stride_ + elem_offset * b], &bits, b);
+    std::memcpy(&data_[byte_offset(page, elem_offset)], &bits, b);
   }
   uint16_t load(PageId page, uint64_t elem_offset) const {
     const uint32_t b = dtype_bytes(g_.dtype);
     uint16_t bits = 0;
-    std::memcpy(&bits, &data_[page * stride_ + elem_offset * b], b);
+    std::memcpy(&bits, &data_[byte_offset(page, elem_offset)], b);
     return bits;
   }
 
   Geometry g_;
+  KvLayout layout_;
   uint32_t num_pages_;
   uint64_t stride_;
   std::mt19937_64 rng_;

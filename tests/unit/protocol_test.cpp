@@ -203,6 +203,9 @@ std::vector<Reply> sample_replies() {
     v.emplace_back(HelloReply{0x1122334455667788ull, sample_pool(d)});
   }
   v.emplace_back(HelloReply{});
+  PoolInfo layer_major = sample_pool(KvDtype::fp8_e4m3);
+  layer_major.layout = KvLayout::layer_major;
+  v.emplace_back(HelloReply{7, layer_major});
   v.emplace_back(HelloReply{5, sample_ipc_pool()});
   PoolInfo vmm = sample_pool(KvDtype::fp16);
   vmm.backend = "cuda-vmm";
@@ -446,7 +449,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                2,    0,                               // version
+                                3,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -477,7 +480,8 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
                          .u32(8)
                          .u32(128)
                          .u32(16)
-                         .u8(2)
+                         .u8(2)  // fp8_e4m3
+                         .u8(0)  // page_major
                          .u32(4096)
                          .u64(2ull << 20)
                          .u64(8ull << 30)
@@ -616,7 +620,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 2, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 3, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -635,7 +639,8 @@ TEST(ProtocolHeader, BadMagic) {
 }
 
 TEST(ProtocolHeader, WrongVersion) {
-  const uint16_t versions[] = {0, 1, 3, 0x100, 0xffff};  // 1: before segments and copy
+  // 1: before segments and copy; 2: before the layout byte of the hello reply.
+  const uint16_t versions[] = {0, 1, 2, 4, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
@@ -922,6 +927,30 @@ TEST(ProtocolDecodeReply, BadDtype) {
     ASSERT_TRUE(fails_with(Errc::malformed_frame, r)) << int{bad};
     EXPECT_EQ(r.error().status.value(), bad);
     EXPECT_NE(r.error().message.find("dtype"), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(ProtocolDecodeReply, LayoutTravelsAfterTheDtype) {
+  const size_t layout_offset = 2 + 8 + 4 * 4 + 1;  // status, session id, geometry u32s, dtype
+  for (KvLayout l : {KvLayout::page_major, KvLayout::layer_major}) {
+    PoolInfo p = sample_pool(KvDtype::bf16);
+    p.layout = l;
+    const Bytes frame = encode(1, Reply{HelloReply{1, p}});
+    const Bytes payload = exact(payload_of(frame));
+    EXPECT_EQ(payload[layout_offset], std::byte{static_cast<uint8_t>(l)});
+    auto r = decode_reply_bytes(rep_op(Opcode::hello), payload);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(std::get<HelloReply>(r.value()).pool.layout, l);
+    EXPECT_EQ(std::get<HelloReply>(r.value()).pool, p);
+  }
+  for (uint8_t bad : {uint8_t{2}, uint8_t{3}, uint8_t{0x80}, uint8_t{0xff}}) {
+    const Bytes frame = encode(1, Reply{HelloReply{1, sample_pool(KvDtype::fp16)}});
+    Bytes payload = exact(payload_of(frame));
+    payload[layout_offset] = std::byte{bad};
+    auto r = decode_reply_bytes(rep_op(Opcode::hello), payload);
+    ASSERT_TRUE(fails_with(Errc::malformed_frame, r)) << int{bad};
+    EXPECT_EQ(r.error().status.value(), bad);
+    EXPECT_NE(r.error().message.find("layout"), std::string::npos) << r.error().message;
   }
 }
 
