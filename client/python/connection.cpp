@@ -78,6 +78,15 @@ void bind_connection(py::module_& m) {
       .def_readonly("num_pages", &wire::PoolInfo::num_pages)
       .def_readonly("page_stride", &wire::PoolInfo::page_stride)
       .def_readonly("mapped_bytes", &wire::PoolInfo::segment_bytes)
+      .def_property_readonly(
+          "layout", [](const wire::PoolInfo& p) { return std::string(layout_name(p.layout)); },
+          "page_major (a page holds every layer) or layer_major (one dense plane per layer)")
+      .def_property_readonly(
+          "layer_stride",
+          [](const wire::PoolInfo& p) {
+            return layer_stride_bytes(p.geometry, p.layout, p.num_pages);
+          },
+          "bytes from layer l to l+1 in a layer_major pool; 0 in page_major")
       .def("__repr__", [](const wire::PoolInfo& p) {
         return "PoolInfo(name='" + p.pool_name + "', backend='" + p.backend +
                "', num_pages=" + std::to_string(p.num_pages) + ")";

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("layout", ["page_major"])
+@pytest.mark.parametrize("layout", ["layer_major"])
 def test_two_worker_engine_reuses_and_matches_recompute(layout):
     script = os.path.join(os.environ["KVPOOL_SOURCE_DIR"], "examples", "two_worker_engine.py")
     out = subprocess.run([sys.executable, script, "--layout", layout], capture_output=True,

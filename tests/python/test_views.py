@@ -85,3 +85,31 @@ def test_bfloat16_goes_through_dlpack_only(daemon):
         with pytest.raises(TypeError, match="bfloat16"):
             kvpool.kv_cache_view(c, 0, framework="numpy")
         c.close()
+
+
+def test_layer_major_pool_gives_dense_per_layer_tensors():
+    from conftest import pool_config
+    from kvpool.local_daemon import LocalDaemon
+
+    config = pool_config(pages=8).replace("    capacity: 8 pages\n",
+                                          "    capacity: 8 pages\n    layout: layer_major\n")
+    with LocalDaemon(config) as d:
+        c = kvpool.attach(d.socket)
+        g, pool = c.pool.geometry, c.pool
+        assert pool.layout == "layer_major"
+        plane = pool.num_pages * g.tokens_per_page * g.kv_heads * g.head_dim
+        assert pool.layer_stride == 2 * plane * 2
+        views = kvpool.kv_cache_views(c)
+        assert all(v.is_contiguous() for v in views)
+        assert views[1].data_ptr() - views[0].data_ptr() == pool.layer_stride
+        whole = np.asarray(c.view("float16", (g.layers * 2 * plane,), (1,), 0))
+        whole[:] = 0
+        [page] = c.alloc(1)
+        views[1][1, page, 2, 1, 3] = 4.0  # V of layer 1, token 2, head 1, element 3
+        at = (1 * 2 * plane + plane + ((page * g.tokens_per_page + 2) * g.kv_heads + 1) * g.head_dim
+              + 3)
+        assert whole[at] == 4.0 and np.count_nonzero(whole) == 1
+        with pytest.raises(ValueError, match="layer-major"):
+            kvpool.page_bytes(c, page)
+        c.release([page])
+        c.close()

@@ -51,10 +51,10 @@ def kv_cache_view(conn, layer, framework="torch"):
     size = _SIZE[dtype]
     pages, tokens, heads, dim = pool.num_pages, g.tokens_per_page, g.kv_heads, g.head_dim
     shape = (2, pages, tokens, heads, dim)
-    if getattr(pool, "layout", "page_major") == "layer_major":
+    if pool.layout == "layer_major":
         plane = pages * tokens * heads * dim
         strides = (plane, tokens * heads * dim, heads * dim, dim, 1)
-        offset = layer * 2 * plane * size
+        offset = layer * pool.layer_stride
     else:
         tile = tokens * dim
         strides = (heads * tile, pool.page_stride // size, dim, tile, 1)
@@ -72,7 +72,7 @@ def page_bytes(conn, page, framework="numpy"):
     pool = conn.pool
     if not 0 <= page < pool.num_pages:
         raise IndexError(f"page {page} of a pool of {pool.num_pages} pages")
-    if getattr(pool, "layout", "page_major") == "layer_major":
+    if pool.layout == "layer_major":
         raise ValueError("a layer-major pool's page is not contiguous: use kv_cache_view()")
     n = pool.geometry.page_data_bytes
     return _as(conn.view("uint8", (n,), (1,), page * pool.page_stride), framework)
