@@ -17,6 +17,7 @@
 
 #include "client/connection.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/test_attach.h"
 #include "tests/integration/raw_frames.h"
 
 namespace kvpool::testing {
@@ -53,15 +54,6 @@ bool holds_pattern(const Connection& c, PageId page, uint64_t id) {
     if (p[k] != pattern(id, k)) return false;
   }
   return true;
-}
-
-std::unique_ptr<Connection> attach(const Daemon& d, const std::string& name) {
-  auto c = Connection::attach(d.socket(), name);
-  if (!c.ok()) {
-    ADD_FAILURE() << "attach: " << c.error().message;
-    return nullptr;
-  }
-  return std::move(c.value());
 }
 
 // Polls stats until pred holds (the daemon notices a closed connection asynchronously).

@@ -20,6 +20,7 @@
 #include "client/sequence_cache.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/test_attach.h"
 #include "tests/integration/raw_frames.h"
 
 namespace kvpool::testing {
@@ -39,15 +40,6 @@ pools:
     geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}
     capacity: 16 pages
 )" + limits;
-}
-
-std::unique_ptr<Connection> attach(const Daemon& d, const std::string& name) {
-  auto c = Connection::attach(d.socket(), name);
-  if (!c.ok()) {
-    ADD_FAILURE() << "attach: " << c.error().message;
-    return nullptr;
-  }
-  return std::move(c.value());
 }
 
 BlockHash hash_of(uint32_t i) {

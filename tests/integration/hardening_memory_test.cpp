@@ -13,6 +13,7 @@
 
 #include "client/connection.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/test_attach.h"
 #include "tests/integration/hardening_util.h"
 #include "tests/integration/raw_frames.h"
 
@@ -20,15 +21,6 @@ namespace kvpool::testing {
 namespace {
 
 using client::Connection;
-
-std::unique_ptr<Connection> attach_tool(const Daemon& d, const std::string& name) {
-  auto c = Connection::attach(d.socket(), name, "", Connection::Memory::none);
-  if (!c.ok()) {
-    ADD_FAILURE() << "attach: " << c.error().message;
-    return nullptr;
-  }
-  return std::move(c.value());
-}
 
 // A lookup of `n` hashes: a frame of 16 + 4 + 16·n bytes.
 std::vector<std::byte> lookup_frame(uint32_t n) {
@@ -59,14 +51,14 @@ bool eventually(Connection& c, Pred pred) {
 TEST(HardeningMemory, LargeFramesLeaveNoLargeBuffersBehind) {
   Daemon d(kHardeningPool);
   ASSERT_TRUE(d.start()) << d.log();
-  auto observer = attach_tool(d, "observer");
+  auto observer = attach(d, "observer", "", Connection::Memory::none);
   ASSERT_NE(observer, nullptr);
   const uint64_t rss_before = rss_bytes(d.pid());
   // 32 connections each send one 4 MiB request (a lookup of kMaxBatch hashes) and get its reply.
   const std::vector<std::byte> big = lookup_frame(wire::kMaxBatch);
   std::vector<std::unique_ptr<Connection>> conns;
   for (int i = 0; i < 32; ++i) {
-    conns.push_back(attach_tool(d, "big-" + std::to_string(i)));
+    conns.push_back(attach(d, "big-" + std::to_string(i), "", Connection::Memory::none));
     ASSERT_NE(conns.back(), nullptr);
     ASSERT_TRUE(send_all(conns.back()->socket_fd(), big));
     const RawReply r = read_raw_reply(conns.back()->socket_fd(), 10000);
@@ -90,12 +82,12 @@ limits: {max_buffered_bytes: 16MiB}
 )";
   Daemon d(config);
   ASSERT_TRUE(d.start()) << d.log();
-  auto observer = attach_tool(d, "observer");
+  auto observer = attach(d, "observer", "", Connection::Memory::none);
   ASSERT_NE(observer, nullptr);
   // The largest holder: 4.5 MiB of a 5 MiB publish, sent and left there.
   const std::vector<std::byte> hog_frame = publish_frame(wire::kMaxBatch);
   const size_t hog_part = (size_t{9} << 20) / 2;
-  auto hog = attach_tool(d, "hog");
+  auto hog = attach(d, "hog", "", Connection::Memory::none);
   ASSERT_NE(hog, nullptr);
   ASSERT_TRUE(send_all(hog->socket_fd(),
                        std::vector<std::byte>(hog_frame.begin(), hog_frame.begin() + hog_part)));
@@ -107,7 +99,7 @@ limits: {max_buffered_bytes: 16MiB}
   const size_t work_part = (size_t{7} << 20) / 2;
   std::vector<std::unique_ptr<Connection>> workers;
   for (int i = 0; i < 4; ++i) {
-    workers.push_back(attach_tool(d, "worker-" + std::to_string(i)));
+    workers.push_back(attach(d, "worker-" + std::to_string(i), "", Connection::Memory::none));
     ASSERT_NE(workers.back(), nullptr);
     ASSERT_TRUE(send_all(workers.back()->socket_fd(),
                          std::vector<std::byte>(work.begin(), work.begin() + work_part)))
@@ -136,11 +128,11 @@ TEST(HardeningMemory, UnreadLargeRepliesAreBoundedByTheBacklogLimit) {
     crowd.push_back(attach_tool(d, "crowd-worker-" + std::to_string(i)));
     ASSERT_NE(crowd.back(), nullptr);
   }
-  auto observer = attach_tool(d, "observer");
+  auto observer = attach(d, "observer", "", Connection::Memory::none);
   ASSERT_NE(observer, nullptr);
   const uint64_t rss_before = rss_bytes(d.pid());
   // A client pipelines 20,000 sessions requests (~200 MB of replies) and never reads.
-  auto flood = attach_tool(d, "flood");
+  auto flood = attach(d, "flood", "", Connection::Memory::none);
   ASSERT_NE(flood, nullptr);
   std::vector<std::byte> many;
   for (int i = 0; i < 20000; ++i)

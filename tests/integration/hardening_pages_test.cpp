@@ -13,6 +13,7 @@
 
 #include "client/connection.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/test_attach.h"
 #include "tests/integration/hardening_util.h"
 #include "tests/integration/raw_frames.h"
 
@@ -20,16 +21,6 @@ namespace kvpool::testing {
 namespace {
 
 using client::Connection;
-
-std::unique_ptr<Connection> attach(const Daemon& d, const std::string& name,
-                                   const std::string& pool = "") {
-  auto c = Connection::attach(d.socket(), name, pool);
-  if (!c.ok()) {
-    ADD_FAILURE() << "attach: " << c.error().message;
-    return nullptr;
-  }
-  return std::move(c.value());
-}
 
 std::vector<BlockHash> chain(uint32_t from, uint32_t n) {
   std::vector<BlockHash> c;

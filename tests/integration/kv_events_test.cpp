@@ -21,6 +21,7 @@
 #include "client/connection.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/test_attach.h"
 
 namespace kvpool::testing {
 namespace {
@@ -148,15 +149,6 @@ msgpack::object_handle next_batch(ZmqSocket& sub, const std::string& topic, int6
   return decode(frames[2]);
 }
 
-std::unique_ptr<Connection> attach(const Daemon& d) {
-  auto c = Connection::attach(d.socket(), "router-feed");
-  if (!c.ok()) {
-    ADD_FAILURE() << "attach: " << c.error().message;
-    return nullptr;
-  }
-  return std::move(c.value());
-}
-
 TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
   TempDir dir;
   const std::string endpoint = "ipc://" + dir.file("kv-events");
@@ -165,7 +157,7 @@ TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
   ZmqSocket sub(ZMQ_SUB, endpoint);
   let_subscription_arrive();
 
-  auto w = attach(d);
+  auto w = attach(d, "router-feed");
   ASSERT_NE(w, nullptr);
   // One publish of three blocks: one batch, one BlockStored with the three hashes in order.
   auto pages = w->alloc(3);
@@ -255,7 +247,7 @@ TEST(KvEvents, IntegerHashesAndTheDataParallelRank) {
   ASSERT_TRUE(d.start()) << d.log();
   ZmqSocket sub(ZMQ_SUB, endpoint);
   let_subscription_arrive();
-  auto w = attach(d);
+  auto w = attach(d, "router-feed");
   ASSERT_NE(w, nullptr);
   auto pages = w->alloc(2);
   ASSERT_TRUE(pages.ok());
@@ -281,7 +273,7 @@ TEST(KvEvents, TheMapLayoutOfVllmMain) {
   ASSERT_TRUE(d.start()) << d.log();
   ZmqSocket sub(ZMQ_SUB, endpoint);
   let_subscription_arrive();
-  auto w = attach(d);
+  auto w = attach(d, "router-feed");
   ASSERT_NE(w, nullptr);
   auto page = w->alloc(1);
   ASSERT_TRUE(page.ok());
@@ -313,7 +305,7 @@ TEST(KvEvents, ReplayAnswersFromASequenceNumberThenTheEndMarker) {
                   replay_endpoint + "\"\n"));
   ASSERT_TRUE(d.start()) << d.log();
   // No subscriber: batches are still numbered and kept for replay.
-  auto w = attach(d);
+  auto w = attach(d, "router-feed");
   ASSERT_NE(w, nullptr);
   for (uint32_t i = 0; i < 3; ++i) {
     auto page = w->alloc(1);

@@ -18,6 +18,7 @@
 #include "client/stats_reader.h"
 #include "tests/common/prom_parser.h"
 #include "tests/integration/ctl_helpers.h"
+#include "tests/integration/test_attach.h"
 
 namespace kvpool::testing {
 namespace {
@@ -31,15 +32,6 @@ pools:
     capacity: 64 pages
 )";
 constexpr char kWithHttp[] = "metrics: {listen: \"127.0.0.1:0\"}\n";
-
-std::unique_ptr<Connection> attach(const Daemon& d) {
-  auto c = Connection::attach(d.socket(), "worker");
-  if (!c.ok()) {
-    ADD_FAILURE() << c.error().message;
-    return nullptr;
-  }
-  return std::move(c.value());
-}
 
 // Some traffic: allocations, a publish, a hit and a miss.
 void traffic(Connection& w) {
@@ -79,7 +71,7 @@ TEST(Metrics, PrometheusTextFromKvpoolctlAndHttpParsesStrictly) {
   ASSERT_TRUE(d.start()) << d.log();
   const int port = metrics_port(d);
   ASSERT_GT(port, 0) << d.log();
-  auto w = attach(d);
+  auto w = attach(d, "worker");
   ASSERT_NE(w, nullptr);
   traffic(*w);
   settled(d, 4);
@@ -153,7 +145,7 @@ TEST(Metrics, HttpEndpointAnswersErrorsAndStaysBounded) {
   const std::string get = "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
   ::send(ninth, get.data(), get.size(), MSG_NOSIGNAL);
   EXPECT_EQ(read_all(ninth), "");  // nothing within 400 ms
-  auto w = attach(d);
+  auto w = attach(d, "worker");
   ASSERT_NE(w, nullptr);
   traffic(*w);  // the pool is served meanwhile
   std::string out;
@@ -178,7 +170,7 @@ TEST(Metrics, StatsSegmentAgreesWithTheStatsOp) {
   ASSERT_EQ(::stat(segment.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0640u);  // the socket is 0660: its group may read, not write
 
-  auto w = attach(d);
+  auto w = attach(d, "worker");
   ASSERT_NE(w, nullptr);
   traffic(*w);
   auto held = w->alloc(3);
@@ -253,7 +245,7 @@ TEST(Metrics, ASubscriberThatNeverReadsLosesEventsNotTheDaemon) {
   ASSERT_TRUE(sub.ok()) << sub.error().message;
   // 128 events a round (64 stored, 64 removed when they are evicted for the next round): far
   // more than the subscriber's socket buffer and backlog hold.
-  auto w = attach(d);
+  auto w = attach(d, "worker");
   ASSERT_NE(w, nullptr);
   const auto started = std::chrono::steady_clock::now();
   uint64_t hash = 1;
