@@ -13,9 +13,9 @@
 
 #include "client/connection.h"
 #include "tests/integration/daemon_harness.h"
-#include "tests/integration/test_attach.h"
 #include "tests/integration/hardening_util.h"
 #include "tests/integration/raw_frames.h"
+#include "tests/integration/test_attach.h"
 
 namespace kvpool::testing {
 namespace {
@@ -125,7 +125,7 @@ TEST(HardeningMemory, UnreadLargeRepliesAreBoundedByTheBacklogLimit) {
   // 200 sessions make every `sessions` reply ~10 KB.
   std::vector<std::unique_ptr<Connection>> crowd;
   for (int i = 0; i < 200; ++i) {
-    crowd.push_back(attach_tool(d, "crowd-worker-" + std::to_string(i)));
+    crowd.push_back(attach(d, "crowd-worker-" + std::to_string(i), "", Connection::Memory::none));
     ASSERT_NE(crowd.back(), nullptr);
   }
   auto observer = attach(d, "observer", "", Connection::Memory::none);
