@@ -318,6 +318,32 @@ void encode_event_batch(uint32_t request_id, const EventBatch& batch, std::vecto
             });
 }
 
+const char* event_kind_name(uint8_t kind) {
+  switch (kind) {
+    case Event::kStored:
+      return "stored";
+    case Event::kRemoved:
+      return "removed";
+    case Event::kCleared:
+      return "cleared";
+    case Event::kGap:
+      return "gap";
+    default:
+      return "unknown";
+  }
+}
+
+const char* event_cause_name(uint8_t cause) {
+  switch (cause) {
+    case Event::kEvicted:
+      return "evicted";
+    case Event::kFlushed:
+      return "flushed";
+    default:
+      return "";
+  }
+}
+
 Result<EventBatch> decode_event_batch(const FrameHeader& header,
                                       std::span<const std::byte> payload) {
   constexpr auto kOp =

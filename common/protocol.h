@@ -88,7 +88,7 @@
 namespace kvpool::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
-inline constexpr uint16_t kProtocolVersion = 3;  // 3: the layout byte in the hello reply
+inline constexpr uint16_t kProtocolVersion = 3;      // 3: the layout byte in the hello reply
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -420,6 +420,10 @@ struct EventBatch {
   std::vector<Event> events;
   friend bool operator==(const EventBatch&, const EventBatch&) = default;
 };
+// "stored", "removed", "cleared", "gap" ("unknown" for another value), as tools print them.
+const char* event_kind_name(uint8_t kind);
+// "evicted", "flushed" ("" for none).
+const char* event_cause_name(uint8_t cause);
 void encode_event_batch(uint32_t request_id, const EventBatch& batch, std::vector<std::byte>& out);
 // An event_batch frame's payload (header.opcode must be event_batch | kReplyBit).
 Result<EventBatch> decode_event_batch(const FrameHeader& header,

@@ -9,23 +9,6 @@ namespace kvpool::ctl {
 
 namespace {
 
-const char* kind_name(uint8_t kind) {
-  switch (kind) {
-    case wire::Event::kStored:
-      return "stored";
-    case wire::Event::kRemoved:
-      return "removed";
-    case wire::Event::kCleared:
-      return "cleared";
-    default:
-      return "gap";
-  }
-}
-
-const char* cause_name(uint8_t cause) {
-  return cause == wire::Event::kFlushed ? "flushed" : "evicted";
-}
-
 // `pool` is already JSON-escaped.
 void print_json(const wire::Event& e, const std::string& pool) {
   const auto seq = static_cast<unsigned long long>(e.seq);
@@ -44,13 +27,14 @@ void print_json(const wire::Event& e, const std::string& pool) {
           kSchema, seq, pool.c_str(), count);
       break;
     default: {
-      const std::string cause = e.kind == wire::Event::kRemoved
-                                    ? std::string(",\"cause\":\"") + cause_name(e.cause) + "\""
-                                    : "";
+      const std::string cause =
+          e.kind == wire::Event::kRemoved
+              ? std::string(",\"cause\":\"") + wire::event_cause_name(e.cause) + "\""
+              : "";
       std::printf(
           "{\"schema\":%d,\"seq\":%llu,\"type\":\"%s\",\"pool\":\"%s\",\"tenant\":\"%s\","
           "\"hash\":\"%s\",\"page\":%u%s}\n",
-          kSchema, seq, kind_name(e.kind), pool.c_str(), json_escape(e.tenant).c_str(),
+          kSchema, seq, wire::event_kind_name(e.kind), pool.c_str(), json_escape(e.tenant).c_str(),
           hash_hex(e.hash).c_str(), e.page, cause.c_str());
     }
   }
@@ -68,10 +52,10 @@ void print_text(const wire::Event& e) {
       std::printf("seq %-8llu cleared  every cached block of the pool (%llu)\n", seq, count);
       break;
     default:
-      std::printf("seq %-8llu %-8s block %s  page %u  tenant %s%s\n", seq, kind_name(e.kind),
-                  hash_hex(e.hash).c_str(), e.page, tenant.c_str(),
+      std::printf("seq %-8llu %-8s block %s  page %u  tenant %s%s\n", seq,
+                  wire::event_kind_name(e.kind), hash_hex(e.hash).c_str(), e.page, tenant.c_str(),
                   e.kind == wire::Event::kRemoved
-                      ? (std::string("  (") + cause_name(e.cause) + ")").c_str()
+                      ? (std::string("  (") + wire::event_cause_name(e.cause) + ")").c_str()
                       : "");
   }
 }

@@ -9,49 +9,22 @@
 
 namespace kvpool::python {
 
-namespace {
-
-const char* kind_name(uint8_t kind) {
-  switch (kind) {
-    case wire::Event::kStored:
-      return "stored";
-    case wire::Event::kRemoved:
-      return "removed";
-    case wire::Event::kCleared:
-      return "cleared";
-    case wire::Event::kGap:
-      return "gap";
-    default:
-      return "unknown";
-  }
-}
-
-const char* cause_name(uint8_t cause) {
-  switch (cause) {
-    case wire::Event::kEvicted:
-      return "evicted";
-    case wire::Event::kFlushed:
-      return "flushed";
-    default:
-      return "";
-  }
-}
-
-}  // namespace
-
 void bind_events(py::module_& m) {
   py::class_<wire::Event>(m, "Event",
                           "kind: stored | removed | cleared | gap. stored/removed carry hash, "
                           "page and tenant; cleared and gap carry count.")
       .def_readonly("seq", &wire::Event::seq)
-      .def_property_readonly("kind", [](const wire::Event& e) { return kind_name(e.kind); })
-      .def_property_readonly("cause", [](const wire::Event& e) { return cause_name(e.cause); })
+      .def_property_readonly("kind",
+                             [](const wire::Event& e) { return wire::event_kind_name(e.kind); })
+      .def_property_readonly("cause",
+                             [](const wire::Event& e) { return wire::event_cause_name(e.cause); })
       .def_readonly("page", &wire::Event::page)
       .def_readonly("count", &wire::Event::count)
       .def_readonly("hash", &wire::Event::hash)
       .def_readonly("tenant", &wire::Event::tenant)
       .def("__repr__", [](const wire::Event& e) {
-        return "Event(seq=" + std::to_string(e.seq) + ", kind='" + kind_name(e.kind) + "')";
+        return "Event(seq=" + std::to_string(e.seq) + ", kind='" + wire::event_kind_name(e.kind) +
+               "')";
       });
 
   py::class_<client::EventStream>(m, "EventStream")
