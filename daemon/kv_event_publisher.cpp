@@ -1,12 +1,16 @@
 #include "daemon/kv_event_publisher.h"
 
+#ifdef KVPOOL_WITH_ZMQ
 #include <zmq.h>
+#endif
 
 #include <cerrno>
 
 #include "daemon/log.h"
 
 namespace kvpool::daemon {
+
+#ifdef KVPOOL_WITH_ZMQ
 
 namespace {
 
@@ -171,5 +175,24 @@ void KvEventPublisher::answer_replay(const std::string& identity, const std::str
   }
   (void)send_message(replay_, {identity, "", seq_bytes(~uint64_t{0}), ""});
 }
+
+#else  // KVPOOL_ZMQ=OFF: no endpoint can be started; the rest is never reached.
+
+KvEventPublisher::KvEventPublisher(const EventsConfig& config, boost::asio::io_context& io)
+    : config_(config), replay_timer_(io) {}
+
+KvEventPublisher::~KvEventPublisher() = default;
+
+wire::Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::start(const EventsConfig& config,
+                                                                        boost::asio::io_context&) {
+  return wire::Error{Status(Errc::invalid_argument),
+                     "events.zmq_endpoint \"" + config.zmq_endpoint +
+                         "\": this kvpoold was built without ZeroMQ (KVPOOL_ZMQ=OFF)"};
+}
+
+void KvEventPublisher::publish(const std::string&, const KvEventFormat&,
+                               const std::vector<KvEvent>&) {}
+
+#endif  // KVPOOL_WITH_ZMQ
 
 }  // namespace kvpool::daemon

@@ -28,6 +28,8 @@
 // and libzmq's message when a socket cannot be made or bound; afterwards nothing fails: sends
 // that fail are counted and logged. Sockets close with ZMQ_LINGER 0: stopping never waits on a
 // subscriber.
+// A kvpoold built with KVPOOL_ZMQ=OFF (no libzmq, e.g. the portable GPU-check build) has no
+// endpoint: start() refuses events.zmq_endpoint, naming the build option.
 #pragma once
 
 #include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
