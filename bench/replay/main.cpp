@@ -32,7 +32,8 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
       "\"hit_rate\":%.6f,\"requests\":%llu,\"blocks\":%llu,\"pages\":%llu,\"hit_pages\":%llu,"
       "\"reused_pages\":%llu,\"allocated_pages\":%llu,\"evicted_pages\":%llu,"
       "\"alloc_failures\":%llu,\"distinct_blocks\":%llu,\"seconds\":%.6f,"
-      "\"requests_per_second\":%.1f,\"ns_per_page_op\":%.2f}\n",
+      "\"requests_per_second\":%.1f,\"ns_per_page_op\":%.2f,\"host_blocks\":%u,"
+      "\"host_hit_pages\":%llu,\"host_reused_pages\":%llu,\"demoted_pages\":%llu}\n",
       r.capacity_blocks, r.capacity_pages, r.policy.c_str(), r.page_tokens, r.hit_rate(),
       static_cast<unsigned long long>(r.requests),
       static_cast<unsigned long long>(trace.total_blocks), static_cast<unsigned long long>(r.pages),
@@ -41,7 +42,10 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
       static_cast<unsigned long long>(r.evicted_pages),
       static_cast<unsigned long long>(r.alloc_failures),
       static_cast<unsigned long long>(trace.distinct_blocks), r.seconds,
-      double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops));
+      double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops), r.host_blocks,
+      static_cast<unsigned long long>(r.host_hit_pages),
+      static_cast<unsigned long long>(r.host_reused_pages),
+      static_cast<unsigned long long>(r.demoted_pages));
 }
 
 void print_latency(const char* op, const kvpool::bench::LatencySummary& l) {
@@ -110,6 +114,7 @@ int run(int argc, char** argv) {
   std::string capacities = "1000,4000,8000,16000";
   std::string policies = "prefix,lru";
   uint32_t page_tokens = kvpool::bench::kTraceBlockTokens;
+  uint32_t host_blocks = 0;
   bool json = false;
   std::string daemon_socket;
   uint32_t workers = 4;
@@ -140,6 +145,10 @@ int run(int argc, char** argv) {
                  "limits.max_pinned_pages_per_tenant)")
       ->capture_default_str()
       ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--host-blocks", host_blocks,
+                 "Blocks of a host-memory tier under the pool: the device tier's evictions are "
+                 "demoted into it and lookups that miss there promote from it (0 = none)")
+      ->capture_default_str();
   app.add_option("--page-tokens", page_tokens,
                  "Tokens per page; must divide 512 (each block becomes 512/N pages)")
       ->capture_default_str();
@@ -207,8 +216,12 @@ int run(int argc, char** argv) {
                 trace.total_blocks == 0
                     ? 0.0
                     : 1.0 - double(trace.distinct_blocks) / double(trace.total_blocks));
-    std::printf("%10s %14s %7s %9s %10s %9s %10s %12s %11s\n", "capacity", "policy", "pages/b",
+    std::printf("%10s %14s %7s %9s %10s %9s %10s %12s %11s", "capacity", "policy", "pages/b",
                 "hit_rate", "evicted", "seconds", "requests/s", "ns/page-op", "alloc_fail");
+    if (host_blocks != 0) {
+      std::printf(" %11s %9s %9s", "host_blocks", "host_hits", "host_share");
+    }
+    std::printf("\n");
   }
   for (const std::string& policy : pols) {
     for (const uint32_t cap : caps) {
@@ -216,6 +229,7 @@ int run(int argc, char** argv) {
       opt.capacity_blocks = cap;
       opt.policy = policy;
       opt.page_tokens = page_tokens;
+      opt.host_blocks = host_blocks;
       opt.pin_limit_pages = static_cast<uint32_t>(
           pin_share * double(cap) * double(kvpool::bench::kTraceBlockTokens / page_tokens));
       if (tty) {
@@ -238,11 +252,18 @@ int run(int argc, char** argv) {
       if (json) {
         print_json(r, trace);
       } else {
-        std::printf("%10u %14s %7u %9.4f %10llu %9.4f %10.0f %12.1f %11llu\n", cap, policy.c_str(),
+        std::printf("%10u %14s %7u %9.4f %10llu %9.4f %10.0f %12.1f %11llu", cap, policy.c_str(),
                     kvpool::bench::kTraceBlockTokens / page_tokens, r.hit_rate(),
                     static_cast<unsigned long long>(r.evicted_pages), r.seconds,
                     double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops),
                     static_cast<unsigned long long>(r.alloc_failures));
+        if (host_blocks != 0) {
+          const uint64_t hits = r.hit_pages;
+          std::printf(" %11u %9llu %9.4f", host_blocks,
+                      static_cast<unsigned long long>(r.host_hit_pages),
+                      hits == 0 ? 0.0 : double(r.host_hit_pages) / double(hits));
+        }
+        std::printf("\n");
       }
       std::fflush(stdout);
     }

@@ -8,6 +8,7 @@
 
 #include "bench/replay/belady_policy.h"
 #include "daemon/core/page_pool.h"
+#include "daemon/core/tier_mover.h"
 
 namespace kvpool::bench {
 
@@ -105,11 +106,23 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   res.page_tokens = options.page_tokens;
 
   uint64_t now_ms = 0;  // the pool's clock (for pins) follows the trace's timestamps
-  core::PoolOptions pool_options{res.capacity_pages, std::move(policy), 1,
-                                 options.expensive_checks, [&now_ms] { return now_ms; }};
+  core::PoolOptions pool_options{res.capacity_pages, std::move(policy), 1, options.expensive_checks,
+                                 [&now_ms] { return now_ms; }};
   core::PagePool pool(std::move(pool_options));
   const core::OwnerId owner = pool.open_owner();
   constexpr core::Namespace kNs = 1;
+  res.host_blocks = options.host_blocks;
+  const uint64_t host_pages = uint64_t{options.host_blocks} * per_block;
+  if (host_pages > core::kMaxPages) throw std::invalid_argument("host tier too large");
+  core::HostTier host(static_cast<uint32_t>(host_pages), 2);
+  core::TierMover mover(pool, host, nullptr);
+  // Promotes the host tier's run at the start of `rest` into out; returns its length.
+  auto promote = [&](std::span<const BlockHash> rest, std::span<PageId> out,
+                     const core::CallHints& h) -> uint32_t {
+    if (mover.start_promotion(owner, kNs, rest, core::PagePool::kUnlimited, h).empty()) return 0;
+    mover.admit_pending();  // the replay moves no bytes
+    return mover.finish_promotion(owner, kNs, rest, out);
+  };
 
   std::vector<BlockHash> chain;
   std::vector<PageId> pages;
@@ -154,6 +167,12 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
                 "lookup");
       hits += more;
     }
+    if (hits < n) {
+      const uint32_t promoted =
+          promote(std::span(chain).subspan(hits), std::span(found).subspan(hits), hints_at(hits));
+      res.host_hit_pages += promoted;
+      hits += promoted;
+    }
     std::copy_n(found.begin(), hits, pages.begin());
     for (uint32_t k = 0; k < hits; ++k)
       position[k] = k;
@@ -166,6 +185,10 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
       uint32_t one = 0;
       expect_ok(pool.lookup(owner, kNs, std::span(chain).subspan(i, 1), found, one), "lookup");
       ++res.page_ops;
+      if (one == 0 && promote(std::span(chain).subspan(i, 1), found, hints_at(i)) == 1) {
+        one = 1;
+        ++res.host_reused_pages;
+      }
       if (one == 1) {
         position[held] = static_cast<uint32_t>(i);
         pages[held++] = found[0];
@@ -185,6 +208,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
         continue;
       }
       expect_ok(s, "alloc");
+      mover.admit_pending();
       core::PublishItem item{page, chain[i]};
       core::PublishResult published;
       expect_ok(pool.publish(owner, kNs, std::span(&item, 1), std::span(&published, 1)), "publish");
@@ -210,9 +234,11 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   res.evicted_pages = pool.stats().counters.evicted;
+  res.demoted_pages = host.counters().demoted;
   expect_ok(pool.close_owner(owner), "close");
-  const std::string broken = pool.check_invariants();
-  if (!broken.empty()) throw std::runtime_error("replay: pool invariant broken: " + broken);
+  std::string broken = pool.check_invariants();
+  if (broken.empty()) broken = host.check_invariants();
+  if (!broken.empty()) throw std::runtime_error("replay: invariant broken: " + broken);
   return res;
 }
 

@@ -11,6 +11,11 @@
 // With hints (policy NAME+hints), step 1 looks up the system prompt's pages with
 // Priority::system and the rest with the request's hints, and step 2 allocates with them; the
 // pool's clock, which pins run on, is the request's timestamp.
+// With a host tier (host_blocks > 0), every page the device tier evicts is demoted into it
+// (core::HostTier, LRU), and wherever steps 1 and 2 miss in the device tier they ask the host
+// tier next: a run of consecutive host hits is promoted (device pages allocated, the hashes
+// published on them, the slots freed) and counted as hits (step 1) or reuses (step 2), as the
+// daemon's lookup does. Only bookkeeping is replayed; no bytes move.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +37,8 @@ struct ReplayOptions {
   // a pin past it is dropped from the call, as a worker would on pin_limit_exceeded.
   uint32_t pin_limit_pages = UINT32_MAX;
   uint32_t page_tokens = kTraceBlockTokens;
+  // Blocks of a host tier below the pool (0 = none); scaled to pages like the capacity.
+  uint32_t host_blocks = 0;
   // Called every few hundred requests with (requests done, total); may be empty.
   std::function<void(size_t, size_t)> progress;
   // PoolOptions::expensive_checks for the replay's pool (KVPOOL_EXPENSIVE_CHECKS builds only).
@@ -52,6 +59,10 @@ struct ReplayResult {
   uint64_t alloc_failures = 0;  // pages a request could not get (capacity below its length)
   uint64_t page_ops = 0;        // page-level core operations performed
   uint64_t pins_refused = 0;    // allocs whose pin passed pin_limit_pages
+  uint32_t host_blocks = 0;
+  uint64_t host_hit_pages = 0;     // of hit_pages, served by the host tier (promoted)
+  uint64_t host_reused_pages = 0;  // of reused_pages, served by the host tier
+  uint64_t demoted_pages = 0;      // pages the device tier evicted into the host tier
   double seconds = 0;
   double hit_rate() const { return pages == 0 ? 0.0 : double(hit_pages) / double(pages); }
 };

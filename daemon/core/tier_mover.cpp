@@ -1,0 +1,106 @@
+#include "daemon/core/tier_mover.h"
+
+#include <algorithm>
+
+#include "daemon/core/check.h"
+
+namespace kvpool::core {
+
+TierMover::TierMover(PagePool& pool, HostTier& host, IndexObserver* next)
+    : pool_(pool), host_(host), next_(next) {
+  pool_.set_observer(this);
+}
+
+TierMover::~TierMover() {
+  pool_.set_observer(next_);
+}
+
+void TierMover::stored(Namespace ns, const BlockHash& hash, PageId page) {
+  if (next_ != nullptr) next_->stored(ns, hash, page);
+}
+
+void TierMover::removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) {
+  if (next_ != nullptr) next_->removed(ns, hash, page, why);
+  if (why == Removal::evicted && host_.capacity() > 0) pending_.push_back({ns, hash, page});
+}
+
+std::span<const TierMover::Move> TierMover::admit_pending() {
+  demotions_.clear();
+  for (const Eviction& e : pending_) {
+    const HostTier::Admission a = host_.admit(e.ns, e.hash);
+    if (a.slot != kNoSlot && a.copy) demotions_.push_back({e.page, a.slot});
+  }
+  pending_.clear();
+  return demotions_;
+}
+
+std::span<const TierMover::Move> TierMover::start_promotion(OwnerId owner, Namespace ns,
+                                                            std::span<const BlockHash> chain,
+                                                            uint32_t max, const CallHints& hints) {
+  KVPOOL_CHECK(promotions_.empty());
+  if (host_.held() == 0 || max == 0) return {};
+  // Only as many as the device tier can hand out now, so that the allocation cannot fail for
+  // want of pages: free ones and unpinned cached ones.
+  pool_.expire_pins();
+  const PoolStats st = pool_.stats();
+  const uint64_t room = uint64_t{st.free} + st.cached - st.pinned_cached;
+  const size_t limit = std::min<uint64_t>({chain.size(), max, room});
+  for (size_t i = 0; i < limit; ++i) {
+    const SlotId slot = host_.find(ns, chain[i]);
+    if (slot == kNoSlot) break;
+    host_.begin_promote(slot);
+    promotions_.push_back({kNoPage, slot});
+  }
+  if (promotions_.empty()) return {};
+  pages_.resize(promotions_.size());
+  Status s = pool_.alloc(owner, pages_, hints);
+  if (s.code() == Errc::pin_limit_exceeded) {
+    // The pin is the caller's wish for the pages it asked for; promoted pages go without it.
+    CallHints unpinned = hints;
+    unpinned.hints.pin_ttl_ms = 0;
+    s = pool_.alloc(owner, pages_, unpinned);
+  }
+  if (!s.ok()) {
+    for (const Move& m : promotions_)
+      host_.cancel_promote(m.slot);
+    promotions_.clear();
+    return {};
+  }
+  for (size_t i = 0; i < promotions_.size(); ++i)
+    promotions_[i].page = pages_[i];
+  return promotions_;
+}
+
+uint32_t TierMover::finish_promotion(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
+                                     std::span<PageId> out) {
+  const size_t n = promotions_.size();
+  KVPOOL_CHECK(chain.size() >= n && out.size() >= n);
+  items_.resize(n);
+  results_.resize(n);
+  for (size_t i = 0; i < n; ++i)
+    items_[i] = PublishItem{promotions_[i].page, chain[i]};
+  const Status s = pool_.publish(owner, ns, items_, results_);
+  // The owner holds every page and each hash appears once: nothing can refuse this publish.
+  KVPOOL_CHECK(s.ok());
+  pages_.clear();
+  for (size_t i = 0; i < n; ++i) {
+    out[i] = results_[i].page;
+    if (results_[i].kind == PublishResult::Kind::duplicate) pages_.push_back(promotions_[i].page);
+    host_.end_promote(promotions_[i].slot);
+  }
+  if (!pages_.empty()) KVPOOL_CHECK(pool_.release(owner, pages_).ok());
+  promotions_.clear();
+  return static_cast<uint32_t>(n);
+}
+
+void TierMover::cancel_promotion(OwnerId owner) {
+  pages_.clear();
+  for (const Move& m : promotions_) {
+    pages_.push_back(m.page);
+    host_.cancel_promote(m.slot);
+  }
+  if (!pages_.empty()) KVPOOL_CHECK(pool_.release(owner, pages_).ok());
+  promotions_.clear();
+}
+
+}  // namespace kvpool::core
