@@ -264,13 +264,20 @@ Result<Ok> Connection::release(std::span<const PageId> pages) {
 
 Result<std::vector<PageId>> Connection::lookup(std::span<const BlockHash> chain,
                                                const PageHints& hints) {
+  auto r = lookup_with_tiers(chain, hints);
+  if (!r.ok()) return r.error();
+  return std::move(r.value().pages);
+}
+
+Result<wire::LookupReply> Connection::lookup_with_tiers(std::span<const BlockHash> chain,
+                                                        const PageHints& hints) {
   auto r =
       expect<wire::LookupReply>(call(wire::LookupRequest{{chain.begin(), chain.end()}, hints}));
   if (!r.ok()) return r.error();
   if (r.value().pages.size() > chain.size()) {
     return broken(error(Errc::malformed_frame, "lookup reply with more hits than hashes"));
   }
-  return std::move(r.value().pages);
+  return std::move(r.value());
 }
 
 Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishItem> items,

@@ -76,6 +76,10 @@ class Connection {
   Result<Ok> release(std::span<const PageId> pages);
   // The pages of the longest cached prefix of `chain`, each now held by this session.
   Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain, const PageHints& hints = {});
+  // The same, with the tier that served each hit (wire::kTierDevice, or wire::kTierHost for a
+  // block the daemon promoted from the pool's host tier into the page before answering).
+  Result<wire::LookupReply> lookup_with_tiers(std::span<const BlockHash> chain,
+                                              const PageHints& hints = {});
   Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items,
                                              const PageHints& hints = {});
   Result<wire::StatsReply> stats();

@@ -92,6 +92,12 @@ int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
 /* *hits pages of the longest cached prefix of chain, each now held, into out (room for n). */
 int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
                   uint32_t* hits);
+/* The same, and tiers[i] (room for n) says which tier served hit i: KVPOOL_TIER_DEVICE, or
+ * KVPOOL_TIER_HOST for a block the daemon promoted from the pool's host tier into out[i]. */
+#define KVPOOL_TIER_DEVICE 0
+#define KVPOOL_TIER_HOST 1
+int kvpool_lookup_with_tiers(kvpool_conn* c, const kvpool_hash* chain, size_t n,
+                             kvpool_page_id* out, uint8_t* tiers, uint32_t* hits);
 int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
                    kvpool_publish_result* out /* n */);
 /* The daemon copies pages src[i] -> dst[i] (all layers and scales): pages this session holds,

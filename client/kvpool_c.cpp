@@ -111,15 +111,22 @@ int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n) {
 
 int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
                   uint32_t* hits) {
+  return kvpool_lookup_with_tiers(c, chain, n, out, nullptr, hits);
+}
+
+int kvpool_lookup_with_tiers(kvpool_conn* c, const kvpool_hash* chain, size_t n,
+                             kvpool_page_id* out, uint8_t* tiers, uint32_t* hits) {
   *hits = 0;
   if (n > kvpool::wire::kMaxBatch) return too_many(c, n);
   std::vector<kvpool::BlockHash> hashes(n);
   for (size_t i = 0; i < n; ++i)
     hashes[i] = kvpool::BlockHash{chain[i].lo, chain[i].hi};
-  auto r = c->conn->lookup(hashes, c->hints);
+  auto r = c->conn->lookup_with_tiers(hashes, c->hints);
   if (!r.ok()) return fail(c, r);
-  std::memcpy(out, r.value().data(), r.value().size() * sizeof(kvpool_page_id));
-  *hits = static_cast<uint32_t>(r.value().size());
+  const auto& reply = r.value();
+  std::memcpy(out, reply.pages.data(), reply.pages.size() * sizeof(kvpool_page_id));
+  if (tiers != nullptr) std::memcpy(tiers, reply.tiers.data(), reply.tiers.size());
+  *hits = static_cast<uint32_t>(reply.pages.size());
   return KVPOOL_OK;
 }
 

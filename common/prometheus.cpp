@@ -153,6 +153,29 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
            [](const PoolStats& p) { return p.pins; });
   per_pool("kvpool_pins_expired_total", "counter", "Pins that ran out.",
            [](const PoolStats& p) { return p.pins_expired; });
+  per_pool("kvpool_host_tier_capacity_pages", "gauge",
+           "Pages the pool's host tier can hold (0: no host tier).",
+           [](const PoolStats& p) { return p.host_slots; });
+  per_pool("kvpool_host_tier_blocks", "gauge", "Blocks the pool's host tier holds.",
+           [](const PoolStats& p) { return p.host_held; });
+  per_pool("kvpool_host_tier_demoted_total", "counter",
+           "Blocks the pool evicted that were copied down to its host tier.",
+           [](const PoolStats& p) { return p.host_demoted; });
+  per_pool("kvpool_host_tier_promoted_total", "counter",
+           "Host-tier hits copied back into pool pages by lookups.",
+           [](const PoolStats& p) { return p.host_promoted; });
+  per_pool("kvpool_host_tier_dropped_total", "counter",
+           "Blocks the host tier evicted to make room.",
+           [](const PoolStats& p) { return p.host_dropped; });
+  out.family("kvpool_host_tier_copy_seconds_total", "counter",
+             "Time spent copying between the pool and its host tier, by direction.");
+  for (size_t k = 0; k < shown.size(); ++k) {
+    const PoolStats& p = s.pools[shown[k]];
+    out.sample("kvpool_host_tier_copy_seconds_total", lbl[k] + ",direction=\"demote\"",
+               static_cast<double>(p.host_demote_ns) / 1e9);
+    out.sample("kvpool_host_tier_copy_seconds_total", lbl[k] + ",direction=\"promote\"",
+               static_cast<double>(p.host_promote_ns) / 1e9);
+  }
 
   const DaemonStats& d = s.daemon;
   out.family("kvpool_connections", "gauge", "Open connections to the daemon, attached or not.");

@@ -45,7 +45,8 @@
 //   alloc    u32 n, n × u32 page
 //   retain   (empty)
 //   release  (empty)
-//   lookup   u32 hits, hits × u32 page
+//   lookup   u32 hits, hits × u32 page, hits × u8 tier (kTierDevice, kTierHost: which tier
+//            served the block; a host-tier hit was promoted into the page before this reply)
 //   publish  u32 n, n × (u8 kind, u32 page)
 //   stats    u32 total, u32 free, u32 in_use, u32 cached, u32 sessions,
 //            9 × u64 counters (lookups, lookup_blocks, hit_blocks, allocated, released,
@@ -88,7 +89,8 @@
 namespace kvpool::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
-inline constexpr uint16_t kProtocolVersion = 3;      // 3: the layout byte in the hello reply
+// 3: the layout byte in the hello reply; 4: the tier of each lookup hit.
+inline constexpr uint16_t kProtocolVersion = 4;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -282,8 +284,13 @@ struct RetainReply {
 struct ReleaseReply {
   friend bool operator==(const ReleaseReply&, const ReleaseReply&) = default;
 };
+// Where a lookup hit was found (LookupReply::tiers).
+inline constexpr uint8_t kTierDevice = 0;  // the pool itself
+inline constexpr uint8_t kTierHost = 1;    // the pool's host tier, promoted for this lookup
+
 struct LookupReply {
-  std::vector<PageId> pages;  // the hits, in chain order
+  std::vector<PageId> pages;   // the hits, in chain order
+  std::vector<uint8_t> tiers;  // one per hit: kTierDevice or kTierHost
   friend bool operator==(const LookupReply&, const LookupReply&) = default;
 };
 struct PublishReply {

@@ -116,7 +116,7 @@ size_t body_size(const ReleaseReply&) {
   return 0;
 }
 size_t body_size(const LookupReply& m) {
-  return kU32 + m.pages.size() * kU32;
+  return kU32 + m.pages.size() * (kU32 + 1);
 }
 size_t body_size(const PublishReply& m) {
   return kU32 + m.results.size() * kPublishResultBytes;
@@ -221,6 +221,9 @@ void put_body(Writer&, const RetainReply&) {}
 void put_body(Writer&, const ReleaseReply&) {}
 void put_body(Writer& w, const LookupReply& m) {
   w.array(m.pages);
+  // One tier byte per hit; a reply built without them says every hit came from the device tier.
+  for (size_t i = 0; i < m.pages.size(); ++i)
+    w.put(i < m.tiers.size() ? m.tiers[i] : kTierDevice);
 }
 void put_body(Writer& w, const PublishReply& m) {
   w.put(static_cast<uint32_t>(m.results.size()));
@@ -387,7 +390,19 @@ bool get_body(Reader&, ReleaseReply&) {
   return true;
 }
 bool get_body(Reader& r, LookupReply& m) {
-  return r.array(m.pages, "hits");
+  if (!r.array(m.pages, "hits")) return false;
+  const std::byte* p = r.take(m.pages.size(), "tiers");
+  if (p == nullptr) return false;
+  m.tiers.resize(m.pages.size());
+  for (size_t i = 0; i < m.pages.size(); ++i) {
+    m.tiers[i] = static_cast<uint8_t>(p[i]);
+    if (m.tiers[i] > kTierHost) {
+      r.fail(m.tiers[i], "lookup hit " + std::to_string(i) + ": tier " +
+                             std::to_string(m.tiers[i]) + " is not a known tier");
+      return false;
+    }
+  }
+  return true;
 }
 bool get_body(Reader& r, PublishReply& m) {
   uint32_t n = 0;

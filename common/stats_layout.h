@@ -33,7 +33,8 @@
 namespace kvpool::stats {
 
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
-inline constexpr uint32_t kLayoutVersion = 3;  // 3: PoolStats::layout, the KV-event batch counters
+// 3: PoolStats::layout, the KV-event batch counters; 4: the host tier's words in PoolStats.
+inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
 inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
@@ -119,9 +120,19 @@ struct PoolStats {
   uint64_t pins = 0;           // pins set or extended
   uint64_t pins_expired = 0;   // pins that ran out
   uint32_t layout = 0;         // KvLayout
-  uint32_t unused = 0;         // keeps the struct a multiple of 8 bytes
+  uint32_t host_slots = 0;     // the host tier's capacity in pages; 0 = no host tier
+  // The host tier (daemon/host_tier_store.h). Layout version 4.
+  uint32_t host_held = 0;        // blocks it holds now
+  uint32_t host_unused = 0;      // keeps the words below 8-byte aligned
+  uint64_t host_bytes = 0;       // its memory
+  uint64_t host_demoted = 0;     // blocks copied down from the pool
+  uint64_t host_promoted = 0;    // blocks copied back up by lookups (host-tier hits)
+  uint64_t host_dropped = 0;     // blocks it evicted to make room
+  uint64_t host_demote_ns = 0;   // time spent copying down, in all
+  uint64_t host_promote_ns = 0;  // time spent copying up, in all
+  uint64_t host_copy_failures = 0;
 };
-static_assert(sizeof(PoolStats) == 464);
+static_assert(sizeof(PoolStats) == 528);
 
 // A decoded snapshot.
 struct Snapshot {

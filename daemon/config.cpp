@@ -47,7 +47,7 @@ constexpr std::string_view kLimitKeys[] = {"max_sessions",          "max_session
                                            "max_pages_per_session", "max_pages_per_tenant",
                                            "max_pin_ttl_ms",        "max_pinned_pages_per_tenant"};
 constexpr std::string_view kPoolKeys[] = {"name",     "policy", "capacity", "share_between_tenants",
-                                          "geometry", "layout"};
+                                          "geometry", "layout", "host_tier"};
 constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
@@ -244,6 +244,7 @@ class Parser : private NodeReader {
         check_pages(absent, pool.capacity, pool.geometry);
         pool.capacity_at.text = location(absent);
       }
+      if (auto* h = find(f, "host_tier")) pool.host_tier = parse_pool_capacity(*h, pool.geometry);
       config.pools.push_back(std::move(pool));
     }
   }

@@ -74,6 +74,10 @@ struct PoolConfig {
   bool share_between_tenants = false;
   // How the pool's memory orders KV (common/geometry.h); like the geometry, fixed until a restart.
   KvLayout layout = KvLayout::page_major;
+  // A host-memory tier under the pool (daemon/host_tier_store.h): the pages the pool evicts are
+  // demoted into it and lookups promote them back. Pages or bytes (whole pages of the pool's
+  // geometry), or a fraction of MemAvailable; none = no tier. Fixed until a restart.
+  std::optional<Capacity> host_tier{};
   KeyLocation capacity_at{};  // the capacity key, or the pool's entry when it has none
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;
 };

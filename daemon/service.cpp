@@ -139,7 +139,40 @@ wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
   if (!config.default_tenant.empty()) svc->tenant_index(config.default_tenant);
   svc->log_shared_pools();
   svc->init_operations();
+  for (auto& pool : svc->pools_) {
+    current = &pool->config;
+    if (auto err = svc->attach_host_tier(*pool); !err.ok()) return err.error();
+  }
+  current = nullptr;
   return svc;
+}
+
+wire::Result<bool> Service::attach_host_tier(Pool& pool) {
+  const PoolConfig& pc = pool.config;
+  if (!pc.host_tier) return true;
+  const uint64_t per_page = page_data_bytes(pc.geometry) + page_scale_bytes(pc.geometry);
+  uint64_t slots = pc.host_tier->value;
+  if (pc.host_tier->unit == Capacity::Unit::bytes) slots = pc.host_tier->value / per_page;
+  if (pc.host_tier->unit == Capacity::Unit::fraction) {
+    slots = static_cast<uint64_t>(static_cast<double>(mem_available_bytes().value_or(0)) *
+                                  pc.host_tier->fraction) /
+            per_page;
+  }
+  if (slots == 0 || slots > core::kMaxPages) {
+    return error(Errc::invalid_argument, "pool " + pc.name + ": host_tier holds " +
+                                             std::to_string(slots) + " pages of " +
+                                             human_bytes(per_page) + "; it must hold 1 to " +
+                                             std::to_string(core::kMaxPages));
+  }
+  auto tier = PoolHostTier::create(*pool.pages, pool.index_events.get(), pc.geometry,
+                                   static_cast<uint32_t>(slots), backend_->device(), pc.name);
+  if (!tier.ok()) return tier.error();
+  pool.host_tier = std::move(tier.value());
+  log_event(
+      LogLevel::info, "host_tier_ready",
+      {kv("pool", pc.name), kv("pages", slots), kv("bytes", pool.host_tier->bytes()),
+       kv("size", human_bytes(pool.host_tier->bytes())), kv("pinned", backend_->device() >= 0)});
+  return true;
 }
 
 uint32_t Service::tenant_index(const std::string& name) {
@@ -347,6 +380,9 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
         },
         request);
   }
+  // Pages the call evicted go down to the host tier before any reply tells a worker it may
+  // write them.
+  if (s.attached && s.pool->host_tier) s.pool->host_tier->demote(paged_kv(*s.pool));
   if (deferred != nullptr && *deferred) return;  // finish_copy answers and times it
   if (reply.ok()) {
     wire::encode_reply(request_id, reply.value(), out);
@@ -492,9 +528,19 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
   const Status st = s.pool->pages->lookup(s.owner, ns, r.chain, l.pages, hits, new_pages_allowed(s),
                                           hints.value());
   if (!st.ok()) return hint_error(s, st);
+  refresh_held(s);
+  l.tiers.assign(hits, wire::kTierDevice);
+  if (s.pool->host_tier && hits < r.chain.size()) {
+    // The device tier missed at `hits`: the host tier may hold the run that follows.
+    const uint32_t promoted = s.pool->host_tier->promote_into(
+        paged_kv(*s.pool), s.owner, ns, std::span(r.chain).subspan(hits), new_pages_allowed(s),
+        hints.value(), std::span(l.pages).subspan(hits));
+    hits += promoted;
+    l.tiers.resize(hits, wire::kTierHost);
+    if (promoted != 0) refresh_held(s);
+  }
   l.pages.resize(hits);
   s.pool->prefix_stats->hit(l.pages, now_s_);
-  refresh_held(s);
   return wire::Reply(std::move(l));
 }
 
@@ -590,10 +636,12 @@ wire::Result<wire::Reply> Service::flush(SessionState& s) {
   s.pool->index_events->begin_flush();
   const uint32_t n = s.pool->pages->flush();
   s.pool->index_events->end_flush(s.pool->pages->indexed() == 0);
+  // A flush empties the pool's cache, the blocks kept in its host tier included.
+  const uint32_t host = s.pool->host_tier ? s.pool->host_tier->flush() : 0;
   operator_change_ = true;
   log_event(LogLevel::info, "admin_flush",
             {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),
-             kv("flushed", n)});
+             kv("flushed", n), kv("host_tier_flushed", host)});
   return wire::Reply(wire::FlushReply{n});
 }
 

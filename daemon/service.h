@@ -73,6 +73,7 @@
 #include "daemon/config.h"
 #include "daemon/core/page_pool.h"
 #include "daemon/events.h"
+#include "daemon/host_tier_store.h"
 #include "daemon/index_events.h"
 #include "daemon/kv_event_encoder.h"
 #include "daemon/latency.h"
@@ -101,7 +102,12 @@ struct Pool {
   // handed them to the KvEventPublisher, and how they are described. Null when off.
   std::unique_ptr<KvEventBatcher> kv_events;
   KvEventFormat kv_format;
+  // The host tier under the pool (pools[i].host_tier); null when none.
+  std::unique_ptr<PoolHostTier> host_tier;
 };
+
+// The pool's memory as the kernels and the daemon's copies see it.
+kernels::PagedKv paged_kv(const Pool& pool);
 
 // Per-connection state the Service keeps; the Server holds one per connection.
 // What the Server tells the Service about its connections, for the stats snapshot.
@@ -187,6 +193,8 @@ class Service {
   static wire::Result<std::unique_ptr<Service>> create_unguarded(
       const Config& config, std::unique_ptr<MemoryBackend> backend, const PoolConfig*& current);
 
+  // Builds the pool's host tier when its config asks for one (after init_operations()).
+  wire::Result<bool> attach_host_tier(Pool& pool);
   // Index into tenant_names_ for a peer, or -1 to refuse it.
   int tenant_of(const PeerCredentials& peer);
   // Pages the session may still take that it does not hold (quotas), or PagePool::kUnlimited.

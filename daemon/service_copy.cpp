@@ -77,19 +77,25 @@ wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, ui
     dst[i] = to;
   }
   kernels::CopyPagesArgs& args = job->args;
-  args.kv.base = s.pool->memory->base();
-  args.kv.page_stride = s.pool->info.page_stride;
-  args.kv.geometry = s.pool->info.geometry;
-  args.kv.layout = s.pool->info.layout;
-  args.kv.num_pages = pool.num_pages();
-  args.kv.scales = page_scale_bytes(args.kv.geometry) == 0
-                       ? nullptr
-                       : reinterpret_cast<float*>(s.pool->memory->base() +
-                                                  uint64_t{pool.num_pages()} * args.kv.page_stride);
+  args.kv = paged_kv(*s.pool);
   args.num_pairs = static_cast<uint32_t>(r.pairs.size());
   args.src = src.data();
   args.dst = dst.data();
   return job;
+}
+
+kernels::PagedKv paged_kv(const Pool& pool) {
+  kernels::PagedKv kv;
+  kv.base = pool.memory->base();
+  kv.page_stride = pool.info.page_stride;
+  kv.geometry = pool.info.geometry;
+  kv.layout = pool.info.layout;
+  kv.num_pages = pool.pages->num_pages();
+  kv.scales =
+      page_scale_bytes(kv.geometry) == 0
+          ? nullptr
+          : reinterpret_cast<float*>(pool.memory->base() + uint64_t{kv.num_pages} * kv.page_stride);
+  return kv;
 }
 
 wire::Result<wire::Reply> Service::copy(SessionState& s, uint32_t request_id,

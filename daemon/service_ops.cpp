@@ -199,6 +199,19 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
     p.pinned_cached = ps.pinned_cached;
     p.pins = ps.counters.pins;
     p.pins_expired = ps.counters.pins_expired;
+    if (pool.host_tier) {
+      const core::HostTier& t = pool.host_tier->tier();
+      const HostTierCopyStats& c = pool.host_tier->copy_stats();
+      p.host_slots = t.capacity();
+      p.host_held = t.held();
+      p.host_bytes = pool.host_tier->bytes();
+      p.host_demoted = t.counters().demoted;
+      p.host_promoted = t.counters().promoted;
+      p.host_dropped = t.counters().dropped;
+      p.host_demote_ns = c.demote_ns;
+      p.host_promote_ns = c.promote_ns;
+      p.host_copy_failures = c.copy_failures;
+    }
     p.total = ps.total;
     p.free = ps.free;
     p.in_use = ps.in_use;

@@ -276,7 +276,7 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   res.release.request_bytes = request_bytes(wire::ReleaseRequest{std::vector<PageId>(mean_pages)});
   res.release.reply_bytes = reply_bytes(wire::ReleaseReply{});
   res.lookup.request_bytes = request_bytes(wire::LookupRequest{{BlockHash{}}});
-  res.lookup.reply_bytes = reply_bytes(wire::LookupReply{{0}});
+  res.lookup.reply_bytes = reply_bytes(wire::LookupReply{{0}, {wire::kTierDevice}});
   PingPong pp("/tmp/kvpool-replay-pingpong-" + std::to_string(::getpid()) + ".sock");
   constexpr size_t kRoundTrips = 20000;
   for (LatencySummary* l : {&res.alloc, &res.release, &res.lookup}) {

@@ -63,10 +63,12 @@ int status_verb(const Globals& g) {
     std::printf(
         "{\"schema\":%d,\"socket\":\"%s\",\"source\":\"%s\",\"pid\":%llu,\"uptime_s\":%.1f,"
         "\"pool\":\"%s\",\"backend\":\"%s\"%s,\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,"
-        "\"tokens_per_page\":%u,\"dtype\":\"%s\",\"layout\":\"%s\",\"page_bytes\":%llu,\"pool_bytes\":%llu,"
+        "\"tokens_per_page\":%u,\"dtype\":\"%s\",\"layout\":\"%s\",\"page_bytes\":%llu,\"pool_"
+        "bytes\":%llu,"
         "\"segments\":%u,\"device\":%d,\"pages\":{\"total\":%u,\"free\":%u,\"in_use\":%u,"
         "\"cached\":%u},\"indexed_blocks\":%u,\"policy\":\"%s\",\"pinned\":%u,"
-        "\"pinned_cached\":%u,\"sessions\":%u,\"pool_sessions\":%u}\n",
+        "\"pinned_cached\":%u,\"sessions\":%u,\"pool_sessions\":%u,\"host_tier\":{\"pages\":%u,"
+        "\"held\":%u,\"bytes\":%llu,\"demoted\":%llu,\"promoted\":%llu,\"dropped\":%llu}}\n",
         kSchema, json_escape(g.socket).c_str(), source_name(f),
         static_cast<unsigned long long>(s.daemon.pid),
         static_cast<double>(s.daemon.uptime_ms) / 1e3, json_escape(name).c_str(),
@@ -75,7 +77,11 @@ int status_verb(const Globals& g) {
         static_cast<unsigned long long>(p.page_stride),
         static_cast<unsigned long long>(p.segment_bytes), p.segments, p.device, p.total, p.free,
         p.in_use, p.cached, p.indexed, json_escape(policy).c_str(), p.pinned, p.pinned_cached,
-        s.daemon.sessions, p.sessions);
+        s.daemon.sessions, p.sessions, p.host_slots, p.host_held,
+        static_cast<unsigned long long>(p.host_bytes),
+        static_cast<unsigned long long>(p.host_demoted),
+        static_cast<unsigned long long>(p.host_promoted),
+        static_cast<unsigned long long>(p.host_dropped));
     return 0;
   }
   auto pct = [&](uint32_t n) { return p.total ? 100.0 * n / p.total : 0.0; };
@@ -98,6 +104,13 @@ int status_verb(const Globals& g) {
   std::printf("  eviction  %s policy, %s pages pinned (%s of them cached)\n",
               display_text(policy).c_str(), count_text(p.pinned, g.raw).c_str(),
               count_text(p.pinned_cached, g.raw).c_str());
+  if (p.host_slots != 0) {
+    std::printf("  host tier %s of %s pages held (%s), %s demoted, %s promoted, %s dropped\n",
+                count_text(p.host_held, g.raw).c_str(), count_text(p.host_slots, g.raw).c_str(),
+                bytes_text(p.host_bytes, g.raw).c_str(), count_text(p.host_demoted, g.raw).c_str(),
+                count_text(p.host_promoted, g.raw).c_str(),
+                count_text(p.host_dropped, g.raw).c_str());
+  }
   std::printf("  sessions  %u worker(s)\n", s.daemon.sessions);
   return 0;
 }

@@ -153,6 +153,22 @@ void bind_connection(py::module_& m) {
           py::arg("pin_ttl_ms") = 0,
           "The pages of the longest cached prefix of chain, each now held by this session.")
       .def(
+          "lookup_with_tiers",
+          [](PyConnection& c, const std::vector<BlockHash>& chain,
+             const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
+            const PageHints h = hints_of(priority, pin_ttl_ms);
+            const wire::LookupReply r =
+                c.call([&](client::Connection& k) { return k.lookup_with_tiers(chain, h); });
+            py::list tiers;
+            for (const uint8_t t : r.tiers)
+              tiers.append(t == wire::kTierHost ? "host" : "device");
+            return py::make_tuple(to_list(r.pages), tiers);
+          },
+          py::arg("chain"), py::kw_only(), py::arg("priority") = py::none(),
+          py::arg("pin_ttl_ms") = 0,
+          "As lookup, and which tier served each hit: (pages, tiers), a tier being \"device\" "
+          "or \"host\" (a block the daemon promoted from the pool's host tier into the page).")
+      .def(
           "publish",
           [](PyConnection& c, const Pages& pages, const std::vector<BlockHash>& hashes,
              const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {

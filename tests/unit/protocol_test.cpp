@@ -225,7 +225,7 @@ std::vector<Reply> sample_replies() {
   v.emplace_back(RetainReply{});
   v.emplace_back(ReleaseReply{});
   v.emplace_back(LookupReply{});
-  v.emplace_back(LookupReply{{10, 11, 12}});
+  v.emplace_back(LookupReply{{10, 11, 12}, {0, 0, 1}});
   v.emplace_back(PublishReply{});
   v.emplace_back(PublishReply{{PublishResult{PublishResult::Kind::stored, 4},
                                PublishResult{PublishResult::Kind::duplicate, 9},
@@ -409,10 +409,26 @@ TEST(ProtocolRoundTrip, EveryReply) {
   }
 }
 
+// A lookup reply's tier bytes are checked like every enumeration.
+TEST(ProtocolRoundTrip, LookupReplyRefusesAnUnknownTier) {
+  Bytes frame = encode(7, Reply{LookupReply{{4, 5}, {kTierDevice, kTierHost}}});
+  frame.back() = std::byte{2};
+  auto h = decode_header(frame);
+  ASSERT_TRUE(h.ok());
+  const auto r = decode_reply(h.value(), exact(payload_of(frame)));
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
+  EXPECT_NE(r.error().message.find("tier 2"), std::string::npos) << r.error().message;
+  // A reply built without tiers says every hit came from the device tier.
+  const Bytes plain = encode(7, Reply{LookupReply{{4, 5}, {}}});
+  const auto d = decode_reply(decode_header(plain).value(), exact(payload_of(plain)));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(std::get<LookupReply>(d.value()).tiers, (std::vector<uint8_t>{0, 0}));
+}
+
 TEST(ProtocolRoundTrip, EncodeAppendsWholeFrames) {
   Bytes out = hex_bytes({0xaa, 0xbb, 0xcc});
   const Request a = ReleaseRequest{{1, 2, 3}};
-  const Reply b = LookupReply{{4, 5}};
+  const Reply b = LookupReply{{4, 5}, {0, 0}};
   const Error c{Status(Errc::out_of_pages, kNoItem, 12), "out of pages"};
   encode_request(1, a, out);
   encode_reply(2, b, out);
@@ -449,7 +465,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                3,    0,                               // version
+                                4,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -620,7 +636,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 3, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 4, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -639,8 +655,9 @@ TEST(ProtocolHeader, BadMagic) {
 }
 
 TEST(ProtocolHeader, WrongVersion) {
-  // 1: before segments and copy; 2: before the layout byte of the hello reply.
-  const uint16_t versions[] = {0, 1, 2, 4, 0x100, 0xffff};
+  // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
+  // tiers of the lookup reply.
+  const uint16_t versions[] = {0, 1, 2, 3, 5, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
