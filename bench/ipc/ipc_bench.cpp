@@ -134,7 +134,7 @@ int run(int argc, char** argv) {
                       {}};
     Row l{"lookup 16 (hits)",
           frame_size(kvpool::wire::LookupRequest{chain}),
-          frame_size(kvpool::wire::LookupReply{std::vector<kvpool::PageId>(kLen)}),
+          frame_size(kvpool::wire::LookupReply{std::vector<kvpool::PageId>(kLen), std::vector<uint8_t>(kLen)}),
           {},
           {}};
     for (size_t done = 0; done < n; done += kBlock) {
