@@ -201,24 +201,18 @@ Status PagePool::shrink(uint32_t new_total, std::vector<PageMove>& moves) {
   expire_pins();
   std::erase_if(free_, [&](PageId p) { return p >= new_total; });
   // The tail's CACHED pages, those to evict first first: unpinned ones in the policy's order
-  // (gathered only when some must go), then pinned ones, whose pin promised they would stay.
+  // (so the moved ones also re-enter it in the order they left it: a chain's tail still goes
+  // before its head), then pinned ones, whose pin promised they would stay.
   std::vector<PageId> tail;
-  uint32_t tail_cached = 0;
   uint32_t tail_unpinned = 0;
   for (PageId p = new_total; p < old; ++p) {
-    if (pages_[p].word != kHashed) continue;
-    ++tail_cached;
-    if (!pages_[p].pinned) ++tail_unpinned;
+    if (pages_[p].word == kHashed && !pages_[p].pinned) ++tail_unpinned;
   }
-  if (tail_cached > free_.size()) {
+  if (tail_unpinned != 0) {
     policy_->for_each_queued([&](PageId p) {
       if (p >= new_total) tail.push_back(p);
     });
     KVPOOL_CHECK(tail.size() == tail_unpinned);
-  } else {
-    for (PageId p = new_total; p < old; ++p) {
-      if (pages_[p].word == kHashed && !pages_[p].pinned) tail.push_back(p);
-    }
   }
   for (PageId p = new_total; p < old; ++p) {
     if (pages_[p].word == kHashed && pages_[p].pinned) tail.push_back(p);

@@ -51,15 +51,16 @@
 // free stack, so that alloc keeps handing out low pages first and a later shrink more often finds
 // its tail FREE. shrink() removes pages [new, old), all or nothing: refused with pages_in_use when
 // any of them is IN_USE. Their CACHED pages move to FREE pages below the new size while there are
-// any (pinned ones first, then the others in the policy's keeping order), taking their metadata,
-// pin, index entry and policy place with them: for the policy the old page leaves (on_reuse) and
-// the new one arrives as a first caching with the page's facts, as set_policy() hands pages over,
-// so a moved page loses its place in its queue. The moves are returned and the CALLER must copy
-// each page's bytes from → to before anything reads or writes either page (the core has no
-// memory). CACHED pages with no FREE page left below are evicted, those the policy would evict
-// first first (observer removed(..., evicted), counted in evicted). Each is O(pages of the
-// change), plus a rehash of the index when it grows past its table and a pass over the queued
-// pages when a shrink must evict. Per-page state is resized to the new count.
+// any, taking their metadata, pin and index entry with them. For the policy the old page leaves
+// (on_reuse) and the new one arrives as a first caching with the page's facts, as set_policy()
+// hands pages over: a moved page goes to the back of its class, the moved pages in the order the
+// policy held them. The moves are returned and the CALLER must copy each page's bytes from → to
+// before anything reads or writes either page (the core has no memory). When there are fewer
+// FREE pages below than CACHED ones in the tail, the rest are evicted (observer removed(...,
+// evicted), counted in evicted): unpinned ones in the policy's order first, pinned ones (whose
+// pin promised they would stay) last. Cost: O(pages of the change), plus a rehash of the index
+// when growth passes its table, plus one pass over the queued pages when the tail holds
+// unpinned CACHED pages. Per-page state is resized to the new count.
 //
 // Index observer: when one is set, it is told of every (namespace, hash) that enters the index
 // (publish) and every one that leaves it (eviction by alloc or evict(), flush()), in order, while
