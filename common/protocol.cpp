@@ -99,6 +99,7 @@ bool is_known_errc(uint16_t v) {
     case Errc::connection_lost:
     case Errc::internal:
     case Errc::pin_limit_exceeded:
+    case Errc::pages_in_use:
       return true;
   }
   return false;

@@ -251,6 +251,9 @@ Opcode opcode_of(const Request& r);
 struct SegmentInfo {
   uint64_t bytes = 0;
   std::vector<uint8_t> handle;  // cuda-ipc: the cudaIpcMemHandle_t; empty for fd backends
+  // Where the segment is mapped, from the pool's base: the running sum of the sizes before it
+  // for a fixed pool, its place in the reservation for an elastic one. Not on the wire yet.
+  uint64_t offset = 0;
   friend bool operator==(const SegmentInfo&, const SegmentInfo&) = default;
 };
 

@@ -50,6 +50,8 @@ std::string_view errc_name(Errc code) {
       return "internal";
     case Errc::pin_limit_exceeded:
       return "pin_limit_exceeded";
+    case Errc::pages_in_use:
+      return "pages_in_use";
   }
   return "unknown_error";
 }
@@ -101,6 +103,12 @@ std::string Status::message() const {
       break;
     case Errc::pin_limit_exceeded:
       out += ": " + v + " pinned pages would exceed the pin limit";
+      break;
+    case Errc::pages_in_use:
+      // item carries the count here, not a batch position.
+      out += ": " + std::to_string(item_) + " page" + (item_ == 1 ? "" : "s") +
+             " past the new pool size " + (item_ == 1 ? "is" : "are") +
+             " in use, the first is page " + v;
       break;
     case Errc::malformed_frame:
     case Errc::not_attached:

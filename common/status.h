@@ -37,6 +37,8 @@ enum class Errc : uint16_t {
   connection_lost = 30,      // client side: the daemon closed the connection or is not there
   internal = 31,             // a daemon-side failure (e.g. a system call); the message says which
   pin_limit_exceeded = 32,   // the pins of a call would pass its tenant's pin limit
+  // A pool shrink would remove pages that are in use: item = how many, value = the first one.
+  pages_in_use = 33,
 };
 
 std::string_view errc_name(Errc code);

@@ -74,7 +74,7 @@ class IpcBackend final : public MemoryBackend {
     }
     auto mem = std::make_unique<IpcMemory>();
     mem->ptr_ = seg.value().ptr;
-    mem->segments_.push_back(wire::SegmentInfo{rounded, std::move(seg.value().handle)});
+    mem->segments_.push_back(wire::SegmentInfo{rounded, std::move(seg.value().handle), 0});
     auto copier = make_cuda_copier(dev_.ordinal);
     if (!copier.ok()) return copier.error();
     mem->copier_ = std::move(copier.value());

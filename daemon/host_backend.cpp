@@ -13,8 +13,10 @@
 #include <string>
 
 #include "common/byte_units.h"
+#include "common/device/memfd_vmm.h"
 #include "common/system_memory.h"
 #include "daemon/page_copier.h"
+#include "daemon/vmm_backend.h"
 
 namespace kvpool::daemon {
 
@@ -29,7 +31,7 @@ class HostMemory final : public PoolMemory {
   HostMemory(bip::shared_memory_object shm, uint64_t bytes)
       : shm_(std::move(shm)),
         region_(shm_, bip::read_write, 0, static_cast<size_t>(bytes)),
-        segments_{wire::SegmentInfo{bytes, {}}},
+        segments_{wire::SegmentInfo{bytes, {}, 0}},
         fds_{shm_.get_mapping_handle().handle},
         copier_(make_host_copier()) {}
   uint64_t bytes() const override { return segments_[0].bytes; }
@@ -108,6 +110,13 @@ wire::Result<std::unique_ptr<PoolMemory>> HostBackend::create(uint64_t bytes, ui
     bip::shared_memory_object::remove(name.c_str());
     return wire::Error{Status(Errc::internal), cannot + e.what()};
   }
+}
+
+wire::Result<std::unique_ptr<PoolMemory>> HostBackend::create_elastic(const ElasticLayout& layout,
+                                                                      std::string_view label) {
+  return create_elastic_vmm_memory(std::make_shared<device::MemfdVmm>(granularity()), layout,
+                                   "host backend, pool " + std::string(label) + ": ",
+                                   make_host_copier());
 }
 
 int HostBackend::remove_stale_segments() {

@@ -11,6 +11,13 @@
 // before any process touches it: a page that tmpfs cannot back on first touch would be a SIGBUS
 // in a worker, or in kvpoold during a copy. A pool larger than /dev/shm's free space or than
 // MemAvailable is refused before anything is reserved, the error naming both sizes.
+//
+// Elastic host pools are not Boost.Interprocess segments: they are memfd segments mapped through
+// MemfdVmm (create_elastic_vmm_memory, the fake-device code) at the system page size, the same
+// granularity() fixed host pools round to, so a layout the caller rounded for this backend fits.
+// memfd memory has no name (nothing to clean up in /dev/shm) and is bounded by MemAvailable, not
+// by /dev/shm's size; workers map it as they map a host pool's descriptor (MemfdVmm). Fixed host
+// pools are unchanged.
 #pragma once
 
 #include "daemon/memory_backend.h"
@@ -25,6 +32,8 @@ class HostBackend final : public MemoryBackend {
   // Always one segment: shared memory has no granularity to work around.
   wire::Result<std::unique_ptr<PoolMemory>> create(uint64_t bytes, uint64_t max_segment_bytes,
                                                    std::string_view label) override;
+  wire::Result<std::unique_ptr<PoolMemory>> create_elastic(const ElasticLayout& layout,
+                                                           std::string_view label) override;
 
   // Removes /dev/shm/kvpool-<pid>-* entries whose pid is not running. Returns how many.
   static int remove_stale_segments();

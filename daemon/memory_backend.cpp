@@ -6,6 +6,22 @@
 
 namespace kvpool::daemon {
 
+wire::Result<bool> PoolMemory::grow_segment() {
+  return wire::Error{Status(Errc::invalid_argument), "a fixed-size pool cannot grow"};
+}
+
+wire::Result<bool> PoolMemory::shrink_segment() {
+  return wire::Error{Status(Errc::invalid_argument), "a fixed-size pool cannot shrink"};
+}
+
+wire::Result<std::unique_ptr<PoolMemory>> MemoryBackend::create_elastic(const ElasticLayout&,
+                                                                        std::string_view label) {
+  return wire::Error{Status(Errc::invalid_argument),
+                     std::string(name()) + " backend, pool " + std::string(label) +
+                         ": no elastic pools on this backend (host, cuda-vmm and fake-device "
+                         "have them)"};
+}
+
 wire::Result<std::unique_ptr<MemoryBackend>> make_backend(std::string_view name, int device,
                                                           std::string& why) {
   if (name == "host") {

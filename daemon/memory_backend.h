@@ -12,6 +12,13 @@
 // scales], in one or more segments that every process maps back to back, so a page's address is
 // base + page · page_stride everywhere. The daemon maps it too, for its page copies.
 //
+// Elastic pools (create_elastic): the memory is a reserved virtual range laid out as
+//   [pages region: from 0, mapped by whole segments back to back][scales region, mapped whole]
+// Growing maps one more pages segment right after the mapped ones, shrinking unmaps the last;
+// the base never moves, so `base + page · page_stride` stays valid for every page still there.
+// Segments carry their offset (SegmentInfo::offset); a worker reserves reserved_bytes() and maps
+// each at its offset. Backends with descriptors (host, cuda-vmm, fake-device) support it.
+//
 // Error policy: create() returns an Error naming the cause (the failing call, sizes and the
 // system's or CUDA's text); nothing throws out of a backend. Thread-safety: the event loop owns
 // the backend and its pools' memory.
@@ -29,6 +36,17 @@
 
 namespace kvpool::daemon {
 
+// Where an elastic pool's memory goes inside its reservation. Every size and offset is a
+// multiple of the backend's granularity.
+struct ElasticLayout {
+  uint64_t reserve_bytes = 0;        // the whole virtual range
+  uint64_t pages_region_bytes = 0;   // [0, this): pages, mapped by segments from offset 0
+  uint64_t scales_offset = 0;        // ≥ pages_region_bytes
+  uint64_t scales_bytes = 0;         // 0: no scales region
+  uint64_t segment_bytes = 0;        // the growth unit (the last segment of the region may be less)
+  uint64_t initial_pages_bytes = 0;  // a multiple of segment_bytes (or the whole region), > 0
+};
+
 class PoolMemory {
  public:
   virtual ~PoolMemory() = default;
@@ -45,6 +63,22 @@ class PoolMemory {
   // stream and waits for the copy; `args.kv` is filled in by the caller from base(). Returns ""
   // or the error text.
   virtual std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) = 0;
+
+  // Elastic pools (see above); a fixed pool answers false, its bytes, and refuses to resize.
+  virtual bool elastic() const { return false; }
+  // The virtual range a worker reserves: bytes() for a fixed pool.
+  virtual uint64_t reserved_bytes() const { return bytes(); }
+  // Bytes of the pages region mapped now, from offset 0: bytes() for a fixed pool (its scales
+  // follow its pages inside bytes()).
+  virtual uint64_t pages_bytes_mapped() const { return bytes(); }
+  // Creates, exports and maps one more pages segment right after the mapped ones (segments()
+  // and fds() gain it, in offset order). invalid_argument when the pages region is full or the
+  // memory is not there (VmmApi::why_no_room is asked first); nothing changes on failure.
+  virtual wire::Result<bool> grow_segment();
+  // Unmaps and releases the last pages segment and closes its descriptor (workers that mapped
+  // it keep the memory until they unmap it). The scales segment and the first pages segment
+  // always stay: invalid_argument when only one pages segment is left.
+  virtual wire::Result<bool> shrink_segment();
 };
 
 class MemoryBackend {
@@ -62,6 +96,11 @@ class MemoryBackend {
   virtual wire::Result<std::unique_ptr<PoolMemory>> create(uint64_t bytes,
                                                            uint64_t max_segment_bytes,
                                                            std::string_view label) = 0;
+  // An elastic pool's memory: the reservation, the scales region and initial_pages_bytes of
+  // pages. invalid_argument for a layout that does not fit together or a backend without
+  // elastic pools (cuda-ipc).
+  virtual wire::Result<std::unique_ptr<PoolMemory>> create_elastic(const ElasticLayout& layout,
+                                                                   std::string_view label);
 };
 
 // Picks a backend by config name ("auto", "host", "cuda-vmm", "cuda-ipc", "fake-device") for

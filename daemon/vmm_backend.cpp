@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/device/memfd_vmm.h"
 
 namespace kvpool::daemon {
@@ -28,7 +30,173 @@ class VmmMemory final : public PoolMemory {
   std::unique_ptr<PageCopier> copier_;
 };
 
+// An elastic pool: segments_ and fds_ in offset order, the pages segments first (the first
+// pages_segments_ entries, back to back from 0), then the scales segment if any.
+class ElasticVmmMemory final : public PoolMemory {
+ public:
+  ElasticVmmMemory(std::shared_ptr<device::VmmApi> api, const ElasticLayout& layout,
+                   std::string where, std::unique_ptr<device::VmmMapping> mapping,
+                   std::unique_ptr<PageCopier> copier)
+      : api_(std::move(api)),
+        layout_(layout),
+        where_(std::move(where)),
+        mapping_(std::move(mapping)),
+        copier_(std::move(copier)) {}
+  ~ElasticVmmMemory() override {
+    for (int fd : fds_)
+      ::close(fd);
+  }
+  uint64_t bytes() const override { return mapping_->mapped_bytes(); }
+  std::byte* base() const override { return mapping_->base(); }
+  const std::vector<wire::SegmentInfo>& segments() const override { return segments_; }
+  const std::vector<int>& fds() const override { return fds_; }
+  std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) override {
+    return copier_->copy(args, num_pages);
+  }
+  bool elastic() const override { return true; }
+  uint64_t reserved_bytes() const override { return mapping_->bytes(); }
+  uint64_t pages_bytes_mapped() const override { return pages_mapped_; }
+
+  wire::Result<bool> grow_segment() override {
+    const uint64_t left = layout_.pages_region_bytes - pages_mapped_;
+    if (left == 0) {
+      return fail("the pages region is mapped whole (" + std::to_string(pages_mapped_) +
+                  " bytes): the pool is at its maximum size");
+    }
+    if (segments_.size() >= wire::kMaxSegments) {
+      return fail("a pool has at most " + std::to_string(wire::kMaxSegments) + " segments");
+    }
+    const uint64_t bytes = std::min(layout_.segment_bytes, left);
+    if (std::string why = api_->why_no_room(bytes); !why.empty()) return fail(why);
+    return add_segment(pages_mapped_, bytes, pages_segments_);
+  }
+
+  wire::Result<bool> shrink_segment() override {
+    if (pages_segments_ <= 1) {
+      return fail("the first pages segment stays: the pool cannot shrink below " +
+                  std::to_string(pages_mapped_) + " bytes of pages");
+    }
+    const size_t last = pages_segments_ - 1;
+    auto unmapped = mapping_->unmap_at(segments_[last].offset);
+    if (!unmapped.ok()) return fail(unmapped.error().message);
+    ::close(fds_[last]);
+    pages_mapped_ -= segments_[last].bytes;
+    segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(last));
+    fds_.erase(fds_.begin() + static_cast<std::ptrdiff_t>(last));
+    --pages_segments_;
+    return true;
+  }
+
+  // Creates, exports and maps a segment of `bytes` at `offset`, listed at `index`. Nothing is
+  // left of it on failure.
+  wire::Result<bool> add_segment(uint64_t offset, uint64_t bytes, size_t index) {
+    auto h = api_->create(bytes);
+    if (!h.ok()) return prefixed(h.error());
+    auto fd = api_->export_fd(h.value());
+    if (!fd.ok()) {
+      api_->release(h.value());
+      return prefixed(fd.error());
+    }
+    auto mapped = mapping_->map_at(offset, bytes, h.value());  // takes the handle
+    if (!mapped.ok()) {
+      ::close(fd.value());
+      return prefixed(mapped.error());
+    }
+    const auto at = static_cast<std::ptrdiff_t>(index);
+    segments_.insert(segments_.begin() + at, wire::SegmentInfo{bytes, {}, offset});
+    fds_.insert(fds_.begin() + at, fd.value());
+    if (offset < layout_.pages_region_bytes) {
+      pages_mapped_ += bytes;
+      ++pages_segments_;
+    }
+    return true;
+  }
+
+ private:
+  wire::Error fail(const std::string& why) const {
+    return wire::Error{Status(Errc::invalid_argument), where_ + why};
+  }
+  wire::Error prefixed(const wire::Error& e) const {
+    return wire::Error{e.status, where_ + e.message};
+  }
+
+  std::shared_ptr<device::VmmApi> api_;
+  ElasticLayout layout_;
+  std::string where_;
+  std::unique_ptr<device::VmmMapping> mapping_;
+  std::unique_ptr<PageCopier> copier_;
+  std::vector<wire::SegmentInfo> segments_;
+  std::vector<int> fds_;
+  uint64_t pages_mapped_ = 0;
+  size_t pages_segments_ = 0;
+};
+
 }  // namespace
+
+wire::Result<std::unique_ptr<PoolMemory>> create_elastic_vmm_memory(
+    std::shared_ptr<device::VmmApi> api, const ElasticLayout& layout, const std::string& where,
+    std::unique_ptr<PageCopier> copier) {
+  const uint64_t g = api->granularity();
+  const ElasticLayout& l = layout;
+  auto bad = [&](const std::string& why) {
+    return wire::Error{Status(Errc::invalid_argument), where + "elastic layout: " + why};
+  };
+  for (const uint64_t v : {l.reserve_bytes, l.pages_region_bytes, l.scales_offset, l.scales_bytes,
+                           l.segment_bytes, l.initial_pages_bytes}) {
+    if (v % g != 0) {
+      return bad(std::to_string(v) + " bytes is not a multiple of the " + std::string(api->name()) +
+                 " granularity (" + std::to_string(g) + ")");
+    }
+  }
+  if (l.segment_bytes == 0 || l.pages_region_bytes == 0 || l.initial_pages_bytes == 0) {
+    return bad("the segment, pages region and initial pages sizes must be positive");
+  }
+  if (l.initial_pages_bytes > l.pages_region_bytes ||
+      (l.initial_pages_bytes % l.segment_bytes != 0 &&
+       l.initial_pages_bytes != l.pages_region_bytes)) {
+    return bad("initial pages of " + std::to_string(l.initial_pages_bytes) +
+               " bytes are not whole segments of " + std::to_string(l.segment_bytes) +
+               " bytes inside the pages region of " + std::to_string(l.pages_region_bytes));
+  }
+  if (l.scales_bytes != 0 &&
+      (l.scales_offset < l.pages_region_bytes || l.scales_offset > l.reserve_bytes ||
+       l.scales_bytes > l.reserve_bytes - l.scales_offset)) {
+    return bad("the scales region [" + std::to_string(l.scales_offset) + ", +" +
+               std::to_string(l.scales_bytes) + ") is not after the pages region inside the " +
+               std::to_string(l.reserve_bytes) + "-byte reservation");
+  }
+  if (l.pages_region_bytes > l.reserve_bytes) {
+    return bad("the pages region of " + std::to_string(l.pages_region_bytes) +
+               " bytes exceeds the reservation of " + std::to_string(l.reserve_bytes));
+  }
+  const uint64_t max_segments = (l.pages_region_bytes + l.segment_bytes - 1) / l.segment_bytes +
+                                (l.scales_bytes != 0 ? 1 : 0);
+  if (max_segments > wire::kMaxSegments) {
+    return bad(std::to_string(max_segments) + " segments of " + std::to_string(l.segment_bytes) +
+               " bytes at full size exceed the limit of " + std::to_string(wire::kMaxSegments) +
+               " (larger segments)");
+  }
+  // Refused before the first segment exists, as create() does.
+  if (std::string why = api->why_no_room(l.scales_bytes + l.initial_pages_bytes); !why.empty()) {
+    return wire::Error{Status(Errc::invalid_argument), where + why};
+  }
+  auto mapping = device::VmmMapping::reserve(api, l.reserve_bytes);
+  if (!mapping.ok()) return wire::Error{mapping.error().status, where + mapping.error().message};
+  auto mem = std::make_unique<ElasticVmmMemory>(api, layout, where, std::move(mapping.value()),
+                                                std::move(copier));
+  if (l.scales_bytes != 0) {
+    auto s = mem->add_segment(l.scales_offset, l.scales_bytes, 0);
+    if (!s.ok()) return s.error();
+  }
+  while (mem->pages_bytes_mapped() < l.initial_pages_bytes) {
+    const uint64_t bytes =
+        std::min(l.segment_bytes, l.initial_pages_bytes - mem->pages_bytes_mapped());
+    auto s = mem->add_segment(mem->pages_bytes_mapped(), bytes,
+                              mem->segments().size() - (l.scales_bytes != 0 ? 1 : 0));
+    if (!s.ok()) return s.error();
+  }
+  return std::unique_ptr<PoolMemory>(std::move(mem));
+}
 
 std::vector<uint64_t> plan_segments(uint64_t bytes, uint64_t granularity,
                                     uint64_t max_segment_bytes) {
@@ -72,6 +240,7 @@ wire::Result<std::unique_ptr<PoolMemory>> VmmBackend::create(uint64_t bytes,
       o_.api->release(done);
     return fail(e);
   };
+  uint64_t offset = 0;
   for (uint64_t s : sizes) {
     auto h = o_.api->create(s);
     if (!h.ok()) return release_and_fail(h.error());
@@ -79,7 +248,8 @@ wire::Result<std::unique_ptr<PoolMemory>> VmmBackend::create(uint64_t bytes,
     auto fd = o_.api->export_fd(h.value());
     if (!fd.ok()) return release_and_fail(fd.error());
     mem->fds_.push_back(fd.value());
-    mem->segments_.push_back(wire::SegmentInfo{s, {}});
+    mem->segments_.push_back(wire::SegmentInfo{s, {}, offset});
+    offset += s;
   }
   auto mapping = device::VmmMapping::map(o_.api, std::move(handles), sizes);
   if (!mapping.ok()) return fail(mapping.error());
@@ -88,6 +258,14 @@ wire::Result<std::unique_ptr<PoolMemory>> VmmBackend::create(uint64_t bytes,
   if (!copier.ok()) return fail(copier.error());
   mem->copier_ = std::move(copier.value());
   return std::unique_ptr<PoolMemory>(std::move(mem));
+}
+
+wire::Result<std::unique_ptr<PoolMemory>> VmmBackend::create_elastic(const ElasticLayout& layout,
+                                                                     std::string_view label) {
+  const std::string where = o_.name + " backend, pool " + std::string(label) + ": ";
+  auto copier = o_.make_copier();
+  if (!copier.ok()) return wire::Error{copier.error().status, where + copier.error().message};
+  return create_elastic_vmm_memory(o_.api, layout, where, std::move(copier.value()));
 }
 
 std::unique_ptr<MemoryBackend> make_fake_device_backend() {

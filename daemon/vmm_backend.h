@@ -9,6 +9,12 @@
 // maps it or holds a descriptor: with cuda-vmm, workers keep reading their pages across a daemon
 // crash (docs/ARCHITECTURE.md).
 //
+// create_elastic(): the layout's whole range is reserved (VmmMapping::reserve), the scales region
+// is created and mapped whole, then the initial pages segments one by one as grow_segment() adds
+// them: why_no_room is asked for the scales and initial pages together before any exists, and
+// again before each later segment. The same code serves the host backend's elastic pools
+// (create_elastic_vmm_memory over MemfdVmm).
+//
 // Error policy and thread-safety as MemoryBackend.
 #pragma once
 
@@ -42,10 +48,18 @@ class VmmBackend final : public MemoryBackend {
   std::array<uint8_t, 16> device_uuid() const override { return o_.device_uuid; }
   wire::Result<std::unique_ptr<PoolMemory>> create(uint64_t bytes, uint64_t max_segment_bytes,
                                                    std::string_view label) override;
+  wire::Result<std::unique_ptr<PoolMemory>> create_elastic(const ElasticLayout& layout,
+                                                           std::string_view label) override;
 
  private:
   Options o_;
 };
+
+// Elastic pool memory over `api` (see above); `where` prefixes every error ("host backend, pool
+// x: "). Takes the copier the pool will use.
+wire::Result<std::unique_ptr<PoolMemory>> create_elastic_vmm_memory(
+    std::shared_ptr<device::VmmApi> api, const ElasticLayout& layout, const std::string& where,
+    std::unique_ptr<PageCopier> copier);
 
 // The fake-device backend: MemfdVmm at a GPU-like 2 MiB granularity, CPU copies.
 std::unique_ptr<MemoryBackend> make_fake_device_backend();

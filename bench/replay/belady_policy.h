@@ -38,6 +38,10 @@ class BeladyPolicy final : public OfflinePolicy {
     queued_key_.assign(num_pages, 0);
     queue_.clear();
   }
+  void resize(uint32_t num_pages) override {
+    key_.resize(num_pages, 0);
+    queued_key_.resize(num_pages, 0);
+  }
   void on_cached(core::PageId page, const core::PageFacts&) override {
     queued_key_[page] = key_[page];
     queue_.emplace(key_[page], page);
@@ -71,6 +75,10 @@ class ReuseOraclePolicy final : public OfflinePolicy {
   void attach(uint32_t num_pages) override {
     lists_.reset(num_pages);
     dead_.assign(num_pages, false);
+  }
+  void resize(uint32_t num_pages) override {
+    lists_.resize(num_pages);
+    dead_.resize(num_pages, false);
   }
   void on_cached(core::PageId page, const core::PageFacts&) override {
     lists_.push_back(dead_[page] ? kDead : kLive, page);

@@ -57,6 +57,11 @@ class EvictionPolicy {
   // Called once, before any other call, with the pool's page count.
   virtual void attach(uint32_t num_pages) = 0;
 
+  // The pool's page count changed (an elastic pool grew or shrank): resize the per-page state,
+  // keeping the queued pages in their order. A pool that shrinks has taken every page at or past
+  // `num_pages` out of the queues first (on_reuse). O(num_pages) at most; called rarely.
+  virtual void resize(uint32_t num_pages) = 0;
+
   // `page` has just become CACHED: queue it.
   virtual void on_cached(PageId page, const PageFacts& facts) = 0;
 

@@ -19,6 +19,7 @@ class LruPolicy final : public EvictionPolicy {
  public:
   std::string_view name() const override { return "lru"; }
   void attach(uint32_t num_pages) override { queue_.reset(num_pages); }
+  void resize(uint32_t num_pages) override { queue_.resize(num_pages); }
   void on_cached(PageId page, const PageFacts&) override { queue_.push_back(0, page); }
   void on_reuse(PageId page) override { queue_.unlink(page); }
   PageId victim() override { return queue_.pop_front(0); }

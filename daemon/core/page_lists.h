@@ -34,6 +34,14 @@ class PageLists {
     sizes_.fill(0);
   }
 
+  // Room for `num_pages` pages; those listed keep their places. Shrinking drops the links of
+  // pages at or past `num_pages`, which must not be listed.
+  void resize(uint32_t num_pages) {
+    for (PageId p = num_pages; p < links_.size(); ++p)
+      KVPOOL_DCHECK(links_[p].list == kNone);
+    links_.resize(num_pages, Link{});
+  }
+
   uint8_t list_of(PageId page) const { return links_[page].list; }
   uint32_t size(uint8_t list) const { return sizes_[list]; }
   bool empty(uint8_t list) const { return sizes_[list] == 0; }

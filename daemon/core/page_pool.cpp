@@ -141,6 +141,103 @@ void PagePool::set_policy(std::unique_ptr<EvictionPolicy> next) {
   checked("set_policy");
 }
 
+void PagePool::resize_page_state(uint32_t n) {
+  pages_.resize(n);
+  pin_.resize(n);
+  mark_.resize(n, 0);
+  index_.reserve(n);
+  policy_->resize(n);
+}
+
+Status PagePool::grow(uint32_t new_total) {
+  const uint32_t old = num_pages();
+  if (new_total <= old || new_total > kMaxPages)
+    return {Errc::invalid_argument, kNoItem, new_total};
+  resize_page_state(new_total);
+  // Under the FREE pages already there, lowest new id nearest them: alloc keeps taking low pages
+  // first, which leaves the tail free for a later shrink.
+  std::vector<PageId> added;
+  added.reserve(new_total - old);
+  for (PageId p = new_total; p-- > old;)
+    added.push_back(p);
+  free_.insert(free_.begin(), added.begin(), added.end());
+  checked("grow");
+  return {};
+}
+
+void PagePool::relocate(PageId from, PageId to) {
+  PageMeta& src = pages_[from];
+  KVPOOL_CHECK(src.word == kHashed && pages_[to].word == 0 && !pages_[to].pinned);
+  if (!src.pinned) policy_->on_reuse(from);
+  KVPOOL_CHECK(index_.erase(src.ns, src.hash, from));
+  PageMeta& dst = pages_[to];
+  dst = src;
+  src = PageMeta{};
+  index_.insert(dst.ns, dst.hash, to);
+  if (dst.pinned) {
+    const Pin pin = pin_[from];
+    KVPOOL_CHECK(pins_.erase({pin.until, from}) == 1);
+    pins_.emplace(pin.until, to);
+    pin_[to] = pin;
+    pin_[from] = Pin{};
+  } else {
+    // A first caching for the policy, with what the pool knows: its state for `from` (ghost
+    // bits, frequencies) does not follow the page, so it must not expect any for `to`.
+    policy_->on_cached(to,
+                       PageFacts{contents_key(dst.ns, dst.hash), dst.hits, dst.priority, true, 0});
+  }
+}
+
+Status PagePool::shrink(uint32_t new_total, std::vector<PageMove>& moves) {
+  const uint32_t old = num_pages();
+  if (new_total == 0 || new_total >= old) return {Errc::invalid_argument, kNoItem, new_total};
+  uint32_t held = 0;
+  PageId first_held = kNoPage;
+  for (PageId p = new_total; p < old; ++p) {
+    if ((pages_[p].word & kRefMask) != 0 && held++ == 0) first_held = p;
+  }
+  if (held != 0) return {Errc::pages_in_use, held, first_held};
+
+  expire_pins();
+  std::erase_if(free_, [&](PageId p) { return p >= new_total; });
+  // The tail's CACHED pages, those to evict first first: unpinned ones in the policy's order
+  // (so the moved ones also re-enter it in the order they left it: a chain's tail still goes
+  // before its head), then pinned ones, whose pin promised they would stay.
+  std::vector<PageId> tail;
+  uint32_t tail_unpinned = 0;
+  for (PageId p = new_total; p < old; ++p) {
+    if (pages_[p].word == kHashed && !pages_[p].pinned) ++tail_unpinned;
+  }
+  if (tail_unpinned != 0) {
+    policy_->for_each_queued([&](PageId p) {
+      if (p >= new_total) tail.push_back(p);
+    });
+    KVPOOL_CHECK(tail.size() == tail_unpinned);
+  }
+  for (PageId p = new_total; p < old; ++p) {
+    if (pages_[p].word == kHashed && pages_[p].pinned) tail.push_back(p);
+  }
+
+  const size_t evicting = tail.size() > free_.size() ? tail.size() - free_.size() : 0;
+  for (size_t i = 0; i < tail.size(); ++i) {
+    const PageId from = tail[i];
+    if (i < evicting) {
+      if (!pages_[from].pinned) policy_->on_reuse(from);  // out of its queue, as victim() would
+      uncache(from, IndexObserver::Removal::evicted);
+      continue;
+    }
+    // From the top of the stack, as alloc takes them.
+    const PageId to = free_.back();
+    free_.pop_back();
+    relocate(from, to);
+    moves.push_back(PageMove{from, to});
+  }
+  counters_.evicted += evicting;
+  resize_page_state(new_total);
+  checked("shrink");
+  return {};
+}
+
 uint64_t PagePool::now_ms() const {
   if (clock_ms_) return clock_ms_();
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -8,6 +8,7 @@
 // change and what it needs share one cache line.
 //
 // Invariants, verified by check_invariants():
+//   I0  the per-page state and the index are sized for num_pages() (elastic pools resize them);
 //   I1  free + in_use + cached = total, and the maintained counters agree with the page words;
 //   I2  a page's refcount = sum over owners of that owner's ledger count for it;
 //   I3  every hashed page is in the index exactly once, under its own (namespace, hash); every
@@ -46,10 +47,28 @@
 // with PoolOptions::expensive_checks = false or the environment sets KVPOOL_EXPENSIVE_CHECKS=0
 // (benchmarks run from such a tree).
 //
+// Elastic pools: grow() adds pages [old, new) as FREE, under the FREE pages already there on the
+// free stack, so that alloc keeps handing out low pages first and a later shrink more often finds
+// its tail FREE. shrink() removes pages [new, old), all or nothing: refused with pages_in_use when
+// any of them is IN_USE. Their CACHED pages move to FREE pages below the new size while there are
+// any, taking their metadata, pin and index entry with them. For the policy the old page leaves
+// (on_reuse) and the new one arrives as a first caching with the page's facts, as set_policy()
+// hands pages over: a moved page goes to the back of its class, the moved pages in the order the
+// policy held them. The moves are returned and the CALLER must copy each page's bytes from → to
+// before anything reads or writes either page (the core has no memory). When there are fewer
+// FREE pages below than CACHED ones in the tail, the rest are evicted (observer removed(...,
+// evicted), counted in evicted): unpinned ones in the policy's order first, pinned ones (whose
+// pin promised they would stay) last. Cost: O(pages of the change), plus a rehash of the index
+// when growth passes its table, plus one pass over the queued pages when the tail holds
+// unpinned CACHED pages. Per-page state is resized to the new count.
+//
 // Index observer: when one is set, it is told of every (namespace, hash) that enters the index
 // (publish) and every one that leaves it (eviction by alloc or evict(), flush()), in order, while
 // the pool is mid-operation: it must not call back into the pool. The daemon turns these calls
 // into stored/removed events; the core itself stays free of I/O.
+//
+// A relocation by shrink() is not an index change: the observer is not told of it (the key stays
+// indexed); the caller learns of it from the moves.
 //
 // Thread-safety: none. One thread (the daemon's event loop) owns a PagePool.
 // Error policy: client mistakes (bad ids, pages not held, counts too large, missing capacity) are
@@ -98,6 +117,13 @@ struct PoolStats {
   uint32_t pinned = 0;         // pages with a pin, any state
   uint32_t pinned_cached = 0;  // of the CACHED pages, those a pin holds out of the policy
   PoolCounters counters;
+};
+
+// A CACHED page that shrink() moved: its bytes must be copied from → to by the caller.
+struct PageMove {
+  PageId from = kNoPage;
+  PageId to = kNoPage;
+  friend bool operator==(const PageMove&, const PageMove&) = default;
 };
 
 struct PoolOptions {
@@ -173,6 +199,15 @@ class PagePool {
   // Drops every CACHED page, pinned ones too; pages in use (hashed or not) are untouched.
   // Returns how many.
   uint32_t flush();
+
+  // Elastic pools (see above) -----------------------------------------------------------------
+  // Pages [num_pages(), new_total) become FREE. invalid_argument unless
+  // num_pages() < new_total <= kMaxPages.
+  Status grow(uint32_t new_total);
+  // Removes pages [new_total, num_pages()). invalid_argument unless 1 <= new_total < num_pages();
+  // pages_in_use (item = how many, value = the first) when any of them is held. Appends the
+  // CACHED pages it moved to `moves`; the caller copies their bytes before anything touches them.
+  Status shrink(uint32_t new_total, std::vector<PageMove>& moves);
 
   // Inspection --------------------------------------------------------------------------------
   PoolStats stats() const;
@@ -254,6 +289,10 @@ class PagePool {
   // Applies the hints of a call to a page the caller now holds.
   void apply_hints(PageId page, const CallHints& hints, uint64_t now);
   void unpin(PageId page);
+  // shrink(): CACHED page `from` and everything the pool keeps of it move to FREE page `to`.
+  void relocate(PageId from, PageId to);
+  // Per-page state sized for num_pages().
+  void resize_page_state(uint32_t n);
   // One reference more / `n` fewer, with the state transitions that follow.
   void ref_page(PageId page);
   void unref_page(PageId page, uint32_t n = 1);

@@ -18,6 +18,16 @@ std::string page_msg(PageId page, const std::string& what) {
 std::string PagePool::check_invariants() const {
   const uint32_t total = num_pages();
 
+  // I0 (elastic pools): per-page state and the index are sized for the current page count.
+  if (pin_.size() != total || mark_.size() != total) {
+    return "I0: per-page state sized for " + std::to_string(pin_.size()) + " / " +
+           std::to_string(mark_.size()) + " pages, the pool has " + std::to_string(total);
+  }
+  if (index_.capacity() < total) {
+    return "I0: the index has room for " + std::to_string(index_.capacity()) + " keys, the pool " +
+           "has " + std::to_string(total) + " pages";
+  }
+
   // I1: the state counts add up and agree with the maintained counters.
   uint64_t n_free = 0;
   uint64_t n_in_use = 0;

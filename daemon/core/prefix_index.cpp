@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <utility>
 
 #include "daemon/core/check.h"
 
@@ -26,14 +27,37 @@ uint64_t mum(uint64_t a, uint64_t b) {
 
 }  // namespace
 
+namespace {
+
+// Slots for `max_entries` keys at load ≤ 1/2: a power of two, ≤ 2^32 since max_entries < 2^31.
+uint64_t slots_for(uint32_t max_entries) {
+  return std::bit_ceil(std::max<uint64_t>(16, uint64_t{max_entries} * 2));
+}
+
+}  // namespace
+
 PrefixIndex::PrefixIndex(uint32_t max_entries, uint64_t seed) {
-  const uint64_t want = std::max<uint64_t>(16, uint64_t{max_entries} * 2);
-  const uint64_t n = std::bit_ceil(want);  // ≤ 2^32 since max_entries < 2^31
+  const uint64_t n = slots_for(max_entries);
   slots_.assign(n, Slot{});
   mask_ = static_cast<uint32_t>(n - 1);
   shift_ = 32 - static_cast<uint32_t>(std::countr_zero(n));
   key0_ = splitmix64(seed) | 1;
   key1_ = splitmix64(seed) | 1;
+}
+
+void PrefixIndex::reserve(uint32_t max_entries) {
+  const uint64_t n = slots_for(max_entries);
+  if (n <= slots_.size()) return;
+  std::vector<Slot> old = std::exchange(slots_, std::vector<Slot>(n));
+  mask_ = static_cast<uint32_t>(n - 1);
+  shift_ = 32 - static_cast<uint32_t>(std::countr_zero(n));
+  for (const Slot& s : old) {
+    if (s.page == kNoPage) continue;
+    uint32_t i = home(s.tag);
+    while (slots_[i].page != kNoPage)
+      i = (i + 1) & mask_;
+    slots_[i] = s;
+  }
 }
 
 uint32_t PrefixIndex::tag(Namespace ns, const BlockHash& hash) const {

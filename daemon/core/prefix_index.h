@@ -12,8 +12,9 @@
 // clients: an honest client's are uniform, a hostile one could otherwise choose hashes that pile
 // into one probe run and turn every lookup into a scan; the secret makes that aim impossible.
 //
-// At most one entry per page, so the table is sized once to hold every page at load ≤ 1/2 and
-// never rehashes.
+// At most one entry per page, so the table is sized to hold every page at load ≤ 1/2 and
+// rehashes only when an elastic pool grows past that (reserve(): by tag alone, since a slot's
+// home is derived from its tag); it never shrinks, a smaller pool only lowers the load.
 //
 // Invariants: size() = occupied slots ≤ capacity / 2; each page appears at most once; every
 // occupied slot is reachable from its home slot without crossing an empty slot.
@@ -53,6 +54,10 @@ class PrefixIndex {
   bool erase(Namespace ns, const BlockHash& hash, PageId page);
 
   uint32_t size() const { return size_; }
+  // Room for `max_entries` keys at load ≤ 1/2: rehashes into a larger table when needed, keeping
+  // every entry. O(slots).
+  void reserve(uint32_t max_entries);
+  uint64_t capacity() const { return slots_.size() / 2; }
 
   template <typename Fn>  // fn(uint32_t tag, PageId page)
   void for_each(Fn&& fn) const {

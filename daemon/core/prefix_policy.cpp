@@ -7,7 +7,22 @@ namespace kvpool::core {
 void PrefixPolicy::attach(uint32_t num_pages) {
   lists_.reset(num_pages);
   state_.assign(num_pages, 0);
-  ghost_ = GhostSet(uint64_t{num_pages} * 2);
+  ghost_capacity_ = uint64_t{num_pages} * 2;
+  ghost_ = GhostSet(ghost_capacity_);
+  set_caps(num_pages);
+}
+
+void PrefixPolicy::resize(uint32_t num_pages) {
+  lists_.resize(num_pages);
+  state_.resize(num_pages, 0);
+  if (uint64_t{num_pages} * 2 > ghost_capacity_) {
+    ghost_capacity_ = uint64_t{num_pages} * 2;
+    ghost_ = GhostSet(ghost_capacity_);
+  }
+  set_caps(num_pages);
+}
+
+void PrefixPolicy::set_caps(uint32_t num_pages) {
   protected_cap_ = std::max<uint32_t>(1, num_pages - num_pages / 10);
   system_cap_ = std::max<uint32_t>(1, num_pages / 2);
 }

@@ -43,6 +43,10 @@ class PrefixPolicy final : public EvictionPolicy {
 
   std::string_view name() const override { return "prefix"; }
   void attach(uint32_t num_pages) override;
+  // Keeps the queues and the ghost set; the caps follow the new size (a list past its new cap
+  // moves down one page per on_cached call, as always). The ghost set is rebuilt, forgetting
+  // what it held, only when the pool grows past the size it was made for.
+  void resize(uint32_t num_pages) override;
   void on_cached(PageId page, const PageFacts& facts) override;
   void on_reuse(PageId page) override { lists_.unlink(page); }
   PageId victim() override;
@@ -53,6 +57,8 @@ class PrefixPolicy final : public EvictionPolicy {
   uint32_t segment_size(Segment s) const { return lists_.size(s); }
 
  private:
+  void set_caps(uint32_t num_pages);
+
   // Per page: its key, with bit 63 set when the ghost set remembered the key as the page was
   // first cached (the contents came back after an eviction). One word, so that on_cached and
   // victim touch one line of it.
@@ -63,6 +69,7 @@ class PrefixPolicy final : public EvictionPolicy {
   Segment last_segment_ = kProbation;  // of the last on_cached call
   uint32_t protected_cap_ = 0;
   uint32_t system_cap_ = 0;
+  uint64_t ghost_capacity_ = 0;
 };
 
 }  // namespace kvpool::core

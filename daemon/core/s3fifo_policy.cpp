@@ -10,7 +10,18 @@ void S3FifoPolicy::attach(uint32_t num_pages) {
   queues_.reset(num_pages);
   state_.assign(num_pages, PageState{});
   small_target_ = std::max<uint32_t>(1, num_pages / 10);
-  ghost_ = GhostSet(num_pages - num_pages / 10);
+  ghost_capacity_ = num_pages - num_pages / 10;
+  ghost_ = GhostSet(ghost_capacity_);
+}
+
+void S3FifoPolicy::resize(uint32_t num_pages) {
+  queues_.resize(num_pages);
+  state_.resize(num_pages, PageState{});
+  small_target_ = std::max<uint32_t>(1, num_pages / 10);
+  if (num_pages - num_pages / 10 > ghost_capacity_) {
+    ghost_capacity_ = num_pages - num_pages / 10;
+    ghost_ = GhostSet(ghost_capacity_);
+  }
 }
 
 void S3FifoPolicy::on_cached(PageId page, const PageFacts& facts) {

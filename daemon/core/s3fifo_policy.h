@@ -32,6 +32,9 @@ class S3FifoPolicy final : public EvictionPolicy {
  public:
   std::string_view name() const override { return "s3fifo"; }
   void attach(uint32_t num_pages) override;
+  // Keeps S, M and G; the targets follow the new size. G is rebuilt, forgetting what it held,
+  // only when the pool grows past the size it was made for.
+  void resize(uint32_t num_pages) override;
   void on_cached(PageId page, const PageFacts& facts) override;
   void on_reuse(PageId page) override { queues_.unlink(page); }
   PageId victim() override;
@@ -49,6 +52,7 @@ class S3FifoPolicy final : public EvictionPolicy {
   std::vector<PageState> state_;
   GhostSet ghost_;
   uint32_t small_target_ = 1;
+  uint64_t ghost_capacity_ = 0;
 };
 
 }  // namespace kvpool::core

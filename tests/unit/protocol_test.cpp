@@ -915,7 +915,7 @@ TEST(ProtocolDecodeReply, TruncatedAtEveryCut) {
 }
 
 TEST(ProtocolDecodeReply, UnknownStatusCode) {
-  const uint16_t codes[] = {10, 11, 19, 33, 100, 0xffff};
+  const uint16_t codes[] = {10, 11, 19, 34, 100, 0xffff};
   for (uint16_t code : codes) {
     auto r = decode_reply_bytes(rep_op(Opcode::retain), Builder().u16(code).bytes());
     ASSERT_TRUE(fails_with(Errc::malformed_frame, r)) << code;

@@ -57,6 +57,8 @@ class RecordingPolicy final : public EvictionPolicy {
 
   std::string_view name() const override { return inner_->name(); }
   void attach(uint32_t num_pages) override { inner_->attach(num_pages); }
+  // Not logged: a resize queues or dequeues nothing.
+  void resize(uint32_t num_pages) override { inner_->resize(num_pages); }
   void on_cached(PageId page, const PageFacts& facts) override {
     log_.push_back(cached_call(page, facts));
     inner_->on_cached(page, facts);
