@@ -55,19 +55,21 @@ static_assert(std::variant_size_v<Reply> == kNumOpcodes);
 
 // Variant alternative → opcode. Opcodes are wire values and need not be contiguous: 1..12 are
 // the pool operations, 20.. the operations, metrics and events block.
-constexpr std::array<uint16_t, kNumOpcodes> kOpcodeNumbers = {1, 2,  3,  4,  5,  6,  7,  8,
-                                                              9, 10, 11, 12, 20, 21, 22, 23};
+constexpr std::array<uint16_t, kNumOpcodes> kOpcodeNumbers = {1,  2,  3,  4,  5,  6,  7,  8,  9,
+                                                              10, 11, 12, 20, 21, 22, 23, 25, 26};
 static_assert(kOpcodeNumbers[11] == static_cast<uint16_t>(Opcode::copy));
-static_assert(kOpcodeNumbers[kNumOpcodes - 1] == static_cast<uint16_t>(Opcode::snapshot));
+static_assert(kOpcodeNumbers[15] == static_cast<uint16_t>(Opcode::snapshot));
+static_assert(kOpcodeNumbers[kNumOpcodes - 1] == static_cast<uint16_t>(Opcode::resize));
 
 constexpr std::array<std::string_view, kNumOpcodes> kRequestNames = {
-    "hello", "alloc",    "retain", "release", "lookup",   "publish", "stats",     "evict",
-    "flush", "sessions", "pages",  "copy",    "prefixes", "reload",  "subscribe", "snapshot"};
+    "hello",    "alloc",  "retain",    "release",  "lookup",   "publish",
+    "stats",    "evict",  "flush",     "sessions", "pages",    "copy",
+    "prefixes", "reload", "subscribe", "snapshot", "segments", "resize"};
 constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
-    "hello reply",    "alloc reply",    "retain reply",    "release reply",
-    "lookup reply",   "publish reply",  "stats reply",     "evict reply",
-    "flush reply",    "sessions reply", "pages reply",     "copy reply",
-    "prefixes reply", "reload reply",   "subscribe reply", "snapshot reply"};
+    "hello reply",    "alloc reply",    "retain reply",   "release reply", "lookup reply",
+    "publish reply",  "stats reply",    "evict reply",    "flush reply",   "sessions reply",
+    "pages reply",    "copy reply",     "prefixes reply", "reload reply",  "subscribe reply",
+    "snapshot reply", "segments reply", "resize reply"};
 
 // Wire sizes of an error reply's fixed part and the longest message it can carry.
 constexpr size_t kErrorFixedBytes = kU16 + kU32 + kU64 + kU32;  // status, item, value, length
@@ -181,6 +183,7 @@ uint16_t opcode_number(size_t index) {
 
 std::string_view opcode_name(uint16_t opcode) {
   if (opcode == static_cast<uint16_t>(Opcode::event_batch)) return "event_batch";
+  if (opcode == static_cast<uint16_t>(Opcode::pool_changed)) return "pool_changed";
   const size_t i = opcode_index(opcode);
   return i == kNumOpcodes ? std::string_view() : kRequestNames[i];
 }
@@ -317,6 +320,36 @@ void encode_event_batch(uint32_t request_id, const EventBatch& batch, std::vecto
               w.put(static_cast<uint16_t>(Errc::ok));
               put_body(w, batch);
             });
+}
+
+void encode_pool_changed(uint32_t epoch, std::vector<std::byte>& out) {
+  put_frame(0, static_cast<uint16_t>(static_cast<uint16_t>(Opcode::pool_changed) | kReplyBit),
+            kU16 + kU32, out, [&](Writer& w) {
+              w.put(static_cast<uint16_t>(Errc::ok));
+              w.put(epoch);
+            });
+}
+
+Result<uint32_t> decode_pool_changed(const FrameHeader& header,
+                                     std::span<const std::byte> payload) {
+  constexpr auto kOp =
+      static_cast<uint16_t>(static_cast<uint16_t>(Opcode::pool_changed) | kReplyBit);
+  if (header.opcode != kOp) {
+    return make_error(Errc::unknown_opcode, header.opcode,
+                      cat({"opcode ", Hex{header.opcode, 4}, " is not a pool_changed notice"}));
+  }
+  if (payload.size() != header.length)
+    return length_mismatch("pool_changed notice", header, payload.size());
+  Reader r(payload, "pool_changed notice");
+  uint16_t code = 0;
+  uint32_t epoch = 0;
+  if (!r.get(code, "status code")) return r.take_error();
+  if (code != static_cast<uint16_t>(Errc::ok)) {
+    r.fail(code, cat({"pool_changed notice: status code ", code, " is not ok"}));
+    return r.take_error();
+  }
+  if (!r.get(epoch, "epoch") || !r.finish()) return r.take_error();
+  return epoch;
 }
 
 const char* event_kind_name(uint8_t kind) {

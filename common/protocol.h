@@ -39,9 +39,10 @@
 //   hello    u64 session_id, PoolInfo (u32 layers, u32 kv_heads, u32 head_dim,
 //            u32 tokens_per_page, u8 dtype, u8 layout, u32 num_pages, u64 page_stride, u64
 //            segment_bytes, string pool_name, string backend, string tenant, i32 device, 16 bytes
-//            device uuid, u32 n ≤ kMaxSegments, n × (u64 bytes, u32 m ≤ kMaxHandleBytes, m bytes
-//            handle)) — descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment,
-//            in segment order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
+//            device uuid, u64 reserved_bytes, u64 scales_offset, u32 max_pages, u32 epoch, u32 n ≤
+//            kMaxSegments, n × (u64 offset, u64 bytes, u32 m ≤ kMaxHandleBytes, m bytes handle)) —
+//            descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment, in segment
+//            order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
 //   alloc    u32 n, n × u32 page
 //   retain   (empty)
 //   release  (empty)
@@ -63,6 +64,8 @@
 //             u32 n, n × string key                    — keys that changed but need a restart
 //   subscribe u64 stream_id, u64 next_seq, u64 oldest_seq
 //   snapshot  u32 layout_version, u32 n, n bytes       — common/stats_layout.h, as in the segment
+//   segments  PoolInfo as in hello (its fds with it)
+//   resize    u32 pages
 // After a subscribe reply the daemon pushes, on the same connection and with the subscribe's
 // request id, frames of opcode event_batch | kReplyBit (never a request, never answered):
 //   event_batch  u16 status (ok), u32 n, n × (u64 seq, u8 kind, u8 cause, u32 page, u64 count,
@@ -125,6 +128,10 @@ enum class Opcode : uint16_t {
   subscribe = 22,
   snapshot = 23,
   event_batch = 24,  // pushed by the daemon on a subscribed connection; never a request
+  // Elastic pools.
+  segments = 25,      // the pool's current PoolInfo, with every segment's descriptor
+  resize = 26,        // admin: grow or shrink the pool to about N pages
+  pool_changed = 27,  // pushed by the daemon when the pool's segments change; never a request
 };
 
 struct FrameHeader {
@@ -235,13 +242,23 @@ struct SubscribeRequest {
 struct SnapshotRequest {
   friend bool operator==(const SnapshotRequest&, const SnapshotRequest&) = default;
 };
+struct SegmentsRequest {
+  friend bool operator==(const SegmentsRequest&, const SegmentsRequest&) = default;
+};
+// Grow or shrink an elastic pool by whole segments to the size nearest `pages` within its
+// limits (admin).
+struct ResizeRequest {
+  uint32_t pages = 0;
+  friend bool operator==(const ResizeRequest&, const ResizeRequest&) = default;
+};
 
-// Alternative i is the request of opcode opcode_number(i): 1..12, then 20..23.
+// Alternative i is the request of opcode opcode_number(i): 1..12, 20..23, then 25, 26.
 using Request = std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest,
                              LookupRequest, PublishRequest, StatsRequest, EvictRequest,
                              FlushRequest, SessionsRequest, PagesRequest, CopyRequest,
                              // opcodes 20+
-                             PrefixesRequest, ReloadRequest, SubscribeRequest, SnapshotRequest>;
+                             PrefixesRequest, ReloadRequest, SubscribeRequest, SnapshotRequest,
+                             SegmentsRequest, ResizeRequest>;
 
 Opcode opcode_of(const Request& r);
 
@@ -252,7 +269,7 @@ struct SegmentInfo {
   uint64_t bytes = 0;
   std::vector<uint8_t> handle;  // cuda-ipc: the cudaIpcMemHandle_t; empty for fd backends
   // Where the segment is mapped, from the pool's base: the running sum of the sizes before it
-  // for a fixed pool, its place in the reservation for an elastic one. Not on the wire yet.
+  // for a fixed pool, its place in the reservation for an elastic one.
   uint64_t offset = 0;
   friend bool operator==(const SegmentInfo&, const SegmentInfo&) = default;
 };
@@ -269,6 +286,14 @@ struct PoolInfo {
   int32_t device = -1;  // the daemon's CUDA ordinal; −1 for host memory
   std::array<uint8_t, 16> device_uuid{};  // how a worker finds that GPU (ordinals differ)
   std::vector<SegmentInfo> segments;
+  // The virtual range a worker reserves and maps the segments into (segment_bytes for a fixed
+  // pool); where the scales of 8-bit pools start (page p's at scales_offset + p ·
+  // page_scale_bytes); the pages the pool may grow to (num_pages for a fixed pool); and the
+  // version of the segment list, which every grow or shrink increments.
+  uint64_t reserved_bytes = 0;
+  uint64_t scales_offset = 0;
+  uint32_t max_pages = 0;
+  uint32_t epoch = 0;
   friend bool operator==(const PoolInfo&, const PoolInfo&) = default;
 };
 
@@ -397,18 +422,35 @@ struct SnapshotReply {
   std::vector<std::byte> bytes;
   friend bool operator==(const SnapshotReply&, const SnapshotReply&) = default;
 };
+// The pool as it is now; descriptor backends pass one fd per segment with it, as with hello.
+struct SegmentsReply {
+  PoolInfo pool;
+  friend bool operator==(const SegmentsReply&, const SegmentsReply&) = default;
+};
+struct ResizeReply {
+  uint32_t pages = 0;  // the pool's size now
+  friend bool operator==(const ResizeReply&, const ResizeReply&) = default;
+};
 
 // Alternative i is the reply of opcode opcode_number(i).
 using Reply =
     std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply, PublishReply,
                  StatsReply, EvictReply, FlushReply, SessionsReply, PagesReply, CopyReply,
                  // opcodes 20+
-                 PrefixesReply, ReloadReply, SubscribeReply, SnapshotReply>;
+                 PrefixesReply, ReloadReply, SubscribeReply, SnapshotReply, SegmentsReply,
+                 ResizeReply>;
 
 Opcode opcode_of(const Reply& r);
 // The opcode of variant alternative `index`, and the name of an opcode ("" when it names none).
 uint16_t opcode_number(size_t index);
 std::string_view opcode_name(uint16_t opcode);
+
+// The notice the daemon pushes to every session attached to a pool whose segments changed
+// (opcode pool_changed | kReplyBit, request id 0, payload u16 ok, u32 epoch), between replies,
+// before any reply that hands out a page of a new segment. The client answers it with a segments
+// request and maps (or unmaps) what changed before it returns that reply.
+void encode_pool_changed(uint32_t epoch, std::vector<std::byte>& out);
+Result<uint32_t> decode_pool_changed(const FrameHeader& header, std::span<const std::byte> payload);
 
 // Events pushed to a subscriber (opcode event_batch). Sequence numbers increase by one per event
 // of the daemon's log; a subscriber sees those of its pool (and, unless it is an admin, its

@@ -16,9 +16,10 @@ namespace {
 // Wire sizes of the fixed parts.
 constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
 constexpr size_t kPublishResultBytes = kU8 + kU32;
+// … uuid, then reserved_bytes, scales_offset, max_pages, epoch, n segments.
 constexpr size_t kPoolInfoFixedBytes =
-    4 * kU32 + 2 * kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + kU32;  // … uuid, n segments
-constexpr size_t kSegmentFixedBytes = kU64 + kU32;
+    4 * kU32 + 2 * kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + 2 * kU64 + 2 * kU32 + kU32;
+constexpr size_t kSegmentFixedBytes = 2 * kU64 + kU32;
 constexpr size_t kPageCopyBytes = 2 * kU32;
 constexpr size_t kStatsBytes = 5 * kU32 + 9 * kU64 + kU32;
 constexpr size_t kSessionFixedBytes = kU64 + 3 * kU32 + 3 * kU32;  // numbers + 3 string lengths
@@ -99,12 +100,14 @@ size_t body_size(const PublishRequest& m) {
 size_t body_size(const StatsRequest&) {
   return 0;
 }
-size_t body_size(const HelloReply& m) {
-  size_t n = kU64 + kPoolInfoFixedBytes + m.pool.pool_name.size() + m.pool.backend.size() +
-             m.pool.tenant.size();
-  for (const SegmentInfo& seg : m.pool.segments)
+size_t pool_info_size(const PoolInfo& p) {
+  size_t n = kPoolInfoFixedBytes + p.pool_name.size() + p.backend.size() + p.tenant.size();
+  for (const SegmentInfo& seg : p.segments)
     n += kSegmentFixedBytes + seg.handle.size();
   return n;
+}
+size_t body_size(const HelloReply& m) {
+  return kU64 + pool_info_size(m.pool);
 }
 size_t body_size(const AllocReply& m) {
   return kU32 + m.pages.size() * kU32;
@@ -190,9 +193,7 @@ void put_body(Writer& w, const PublishRequest& m) {
   put_hints(w, m.hints);
 }
 void put_body(Writer&, const StatsRequest&) {}
-void put_body(Writer& w, const HelloReply& m) {
-  const PoolInfo& p = m.pool;
-  w.put(m.session_id);
+void put_pool_info(Writer& w, const PoolInfo& p) {
   w.put(p.geometry.layers);
   w.put(p.geometry.kv_heads);
   w.put(p.geometry.head_dim);
@@ -207,12 +208,21 @@ void put_body(Writer& w, const HelloReply& m) {
   w.str(p.tenant);
   w.put(p.device);
   w.raw(p.device_uuid.data(), p.device_uuid.size());
+  w.put(p.reserved_bytes);
+  w.put(p.scales_offset);
+  w.put(p.max_pages);
+  w.put(p.epoch);
   w.put(static_cast<uint32_t>(p.segments.size()));
   for (const SegmentInfo& seg : p.segments) {
+    w.put(seg.offset);
     w.put(seg.bytes);
     w.put(static_cast<uint32_t>(seg.handle.size()));
     w.raw(seg.handle.data(), seg.handle.size());
   }
+}
+void put_body(Writer& w, const HelloReply& m) {
+  w.put(m.session_id);
+  put_pool_info(w, m.pool);
 }
 void put_body(Writer& w, const AllocReply& m) {
   w.array(m.pages);
@@ -333,12 +343,11 @@ bool get_body(Reader&, StatsRequest&) {
   return true;
 }
 
-bool get_body(Reader& r, HelloReply& m) {
-  PoolInfo& p = m.pool;
+bool get_pool_info(Reader& r, PoolInfo& p) {
   uint8_t dtype = 0;
   uint8_t layout = 0;
-  if (!(r.get(m.session_id, "session_id") && r.get(p.geometry.layers, "layers") &&
-        r.get(p.geometry.kv_heads, "kv_heads") && r.get(p.geometry.head_dim, "head_dim") &&
+  if (!(r.get(p.geometry.layers, "layers") && r.get(p.geometry.kv_heads, "kv_heads") &&
+        r.get(p.geometry.head_dim, "head_dim") &&
         r.get(p.geometry.tokens_per_page, "tokens_per_page") && r.get(dtype, "dtype"))) {
     return false;
   }
@@ -359,6 +368,10 @@ bool get_body(Reader& r, HelloReply& m) {
   const std::byte* uuid = r.take(p.device_uuid.size(), "device_uuid");
   if (uuid == nullptr) return false;
   std::memcpy(p.device_uuid.data(), uuid, p.device_uuid.size());
+  if (!(r.get(p.reserved_bytes, "reserved_bytes") && r.get(p.scales_offset, "scales_offset") &&
+        r.get(p.max_pages, "max_pages") && r.get(p.epoch, "epoch"))) {
+    return false;
+  }
   uint32_t n = 0;
   if (!r.get(n, "segment count")) return false;
   if (n > kMaxSegments) {
@@ -368,7 +381,10 @@ bool get_body(Reader& r, HelloReply& m) {
   p.segments.resize(n);
   for (SegmentInfo& seg : p.segments) {
     uint32_t len = 0;
-    if (!(r.get(seg.bytes, "segment bytes") && r.get(len, "segment handle length"))) return false;
+    if (!(r.get(seg.offset, "segment offset") && r.get(seg.bytes, "segment bytes") &&
+          r.get(len, "segment handle length"))) {
+      return false;
+    }
     if (len > kMaxHandleBytes) {
       return r.fail(len, cat({r.what(), ": segment handle of ", len,
                               " bytes, above kMaxHandleBytes (", kMaxHandleBytes, ")"}));
@@ -379,6 +395,9 @@ bool get_body(Reader& r, HelloReply& m) {
                       reinterpret_cast<const uint8_t*>(h) + len);
   }
   return true;
+}
+bool get_body(Reader& r, HelloReply& m) {
+  return r.get(m.session_id, "session_id") && get_pool_info(r, m.pool);
 }
 bool get_body(Reader& r, AllocReply& m) {
   return r.array(m.pages, "count");
@@ -484,6 +503,43 @@ bool get_body(Reader& r, SessionsReply& m) {
     }
   }
   return true;
+}
+
+// Elastic pools ------------------------------------------------------------------------------
+
+size_t body_size(const SegmentsRequest&) {
+  return 0;
+}
+size_t body_size(const ResizeRequest&) {
+  return kU32;
+}
+size_t body_size(const SegmentsReply& m) {
+  return pool_info_size(m.pool);
+}
+size_t body_size(const ResizeReply&) {
+  return kU32;
+}
+void put_body(Writer&, const SegmentsRequest&) {}
+void put_body(Writer& w, const ResizeRequest& m) {
+  w.put(m.pages);
+}
+void put_body(Writer& w, const SegmentsReply& m) {
+  put_pool_info(w, m.pool);
+}
+void put_body(Writer& w, const ResizeReply& m) {
+  w.put(m.pages);
+}
+bool get_body(Reader&, SegmentsRequest&) {
+  return true;
+}
+bool get_body(Reader& r, ResizeRequest& m) {
+  return r.get(m.pages, "pages");
+}
+bool get_body(Reader& r, SegmentsReply& m) {
+  return get_pool_info(r, m.pool);
+}
+bool get_body(Reader& r, ResizeReply& m) {
+  return r.get(m.pages, "pages");
 }
 
 }  // namespace kvpool::wire::codec

@@ -87,4 +87,22 @@ bool get_body(Reader& r, SessionsReply& m);
 bool get_body(Reader& r, PagesReply& m);
 bool get_body(Reader& r, CopyReply& m);
 
+// PoolInfo, as the hello and segments replies carry it.
+size_t pool_info_size(const PoolInfo& p);
+void put_pool_info(Writer& w, const PoolInfo& p);
+bool get_pool_info(Reader& r, PoolInfo& p);
+// Elastic pools (opcodes 25, 26).
+size_t body_size(const SegmentsRequest& m);
+size_t body_size(const ResizeRequest& m);
+size_t body_size(const SegmentsReply& m);
+size_t body_size(const ResizeReply& m);
+void put_body(Writer& w, const SegmentsRequest& m);
+void put_body(Writer& w, const ResizeRequest& m);
+void put_body(Writer& w, const SegmentsReply& m);
+void put_body(Writer& w, const ResizeReply& m);
+bool get_body(Reader& r, SegmentsRequest& m);
+bool get_body(Reader& r, ResizeRequest& m);
+bool get_body(Reader& r, SegmentsReply& m);
+bool get_body(Reader& r, ResizeReply& m);
+
 }  // namespace kvpool::wire::codec

@@ -125,6 +125,9 @@ wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
     pool->info.device = svc->backend_->device();
     pool->info.device_uuid = svc->backend_->device_uuid();
     pool->info.segments = pool->memory->segments();
+    pool->info.reserved_bytes = pool->memory->reserved_bytes();
+    pool->info.scales_offset = uint64_t{pages} * pool->info.page_stride;
+    pool->info.max_pages = static_cast<uint32_t>(pages);
     pool->index = static_cast<uint16_t>(svc->pools_.size());
     log_event(LogLevel::info, "pool_ready",
               {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
@@ -377,6 +380,9 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
             return subscribe(s, request_id, r);
           }
           if constexpr (std::is_same_v<T, wire::SnapshotRequest>) return snapshot(s);
+          // Elastic pools (service_resize.cpp).
+          if constexpr (std::is_same_v<T, wire::SegmentsRequest>) return segments(s, fds_to_pass);
+          if constexpr (std::is_same_v<T, wire::ResizeRequest>) return resize(s, r);
         },
         request);
   }

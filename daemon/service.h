@@ -226,6 +226,10 @@ class Service {
   wire::Result<wire::Reply> flush(SessionState& s);
   wire::Result<wire::Reply> sessions(SessionState& s);
   wire::Result<wire::Reply> pages(SessionState& s);
+  // Elastic pools (service_resize.cpp): the pool as it is now, with its descriptors; an admin
+  // resize.
+  wire::Result<wire::Reply> segments(SessionState& s, std::span<const int>* fds);
+  wire::Result<wire::Reply> resize(SessionState& s, const wire::ResizeRequest& r);
   // A copy: run here, or handed to the caller through `deferred` (see handle()).
   wire::Result<wire::Reply> copy(SessionState& s, uint32_t request_id, const wire::CopyRequest& r,
                                  uint64_t started_ns, std::unique_ptr<CopyJob>* deferred);
