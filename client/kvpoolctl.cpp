@@ -7,6 +7,7 @@
 //   kvpoolctl prefixes [--limit N]           the most-hit indexed blocks (prefixes)
 //   kvpoolctl events [--from SEQ] [--count N]  follow stored/removed/cleared events
 //   kvpoolctl evict N | flush | reload       drop cached pages, reload the config (admin)
+//   kvpoolctl resize PAGES                   grow or shrink an elastic pool (admin)
 //   kvpoolctl plan --layers L --kv-heads H --head-dim D --tokens N [--dtype fp16] ...
 // Global: --socket PATH (default $KVPOOL_SOCKET, else the daemon's default), --pool NAME, --json
 // (one object per report, with "schema": 1), --raw (plain numbers instead of human units),
@@ -93,6 +94,15 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(1u, UINT32_MAX));
   auto* flushc =
       app.add_subcommand("flush", "Drop every cached page not in use (root or admin group)");
+  uint32_t resize_pages = 0;
+  auto* resizec = app.add_subcommand(
+      "resize",
+      "Grow or shrink an elastic pool by whole segments to the size nearest PAGES within its "
+      "min and max; a shrink is refused while a page past the new end is in use (root or admin "
+      "group)");
+  resizec->add_option("pages", resize_pages, "Pages wanted")
+      ->required()
+      ->check(CLI::Range(1u, UINT32_MAX));
   auto* reloadc = app.add_subcommand(
       "reload",
       "Make the daemon re-read its config file, as SIGHUP does, and say what was applied, "
@@ -116,7 +126,7 @@ int run(int argc, char** argv) {
   planc->add_option("--capacity", pa.capacity, "Pool capacity, e.g. 80GiB: prints how many fit");
   // Global options may also follow the verb: kvpoolctl status --json.
   for (CLI::App* sub :
-       {status, stats, sessc, pagesc, prefixc, eventsc, evictc, flushc, reloadc, planc})
+       {status, stats, sessc, pagesc, prefixc, eventsc, evictc, flushc, resizec, reloadc, planc})
     sub->fallthrough();
   try {
     app.parse(argc, argv);
@@ -134,6 +144,7 @@ int run(int argc, char** argv) {
   if (eventsc->parsed()) return events_verb(g, from_seq, event_count);
   if (evictc->parsed()) return drop_verb(g, evict_count);
   if (flushc->parsed()) return drop_verb(g, 0);
+  if (resizec->parsed()) return resize_verb(g, resize_pages);
   if (reloadc->parsed()) return reload_verb(g);
   auto once = [&] { return status->parsed() ? status_verb(g) : stats_verb(g, format); };
   if (watch <= 0) return once();

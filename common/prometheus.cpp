@@ -153,6 +153,18 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
            [](const PoolStats& p) { return p.pins; });
   per_pool("kvpool_pins_expired_total", "counter", "Pins that ran out.",
            [](const PoolStats& p) { return p.pins_expired; });
+  per_pool("kvpool_pool_bytes", "gauge", "Memory the pool maps now (its segments).",
+           [](const PoolStats& p) { return p.segment_bytes; });
+  per_pool("kvpool_pool_max_pages", "gauge",
+           "Pages the pool may grow to (its size, for a fixed pool).",
+           [](const PoolStats& p) { return p.max_pages; });
+  out.family("kvpool_pool_resizes_total", "counter",
+             "Segments an elastic pool added (grow) or gave back (shrink).");
+  for (size_t k = 0; k < shown.size(); ++k) {
+    const PoolStats& p = s.pools[shown[k]];
+    out.sample("kvpool_pool_resizes_total", lbl[k] + ",direction=\"grow\"", p.grows);
+    out.sample("kvpool_pool_resizes_total", lbl[k] + ",direction=\"shrink\"", p.shrinks);
+  }
   per_pool("kvpool_host_tier_capacity_pages", "gauge",
            "Pages the pool's host tier can hold (0: no host tier).",
            [](const PoolStats& p) { return p.host_slots; });

@@ -362,6 +362,8 @@ const char* event_kind_name(uint8_t kind) {
       return "cleared";
     case Event::kGap:
       return "gap";
+    case Event::kResized:
+      return "resized";
     default:
       return "unknown";
   }
@@ -373,6 +375,10 @@ const char* event_cause_name(uint8_t cause) {
       return "evicted";
     case Event::kFlushed:
       return "flushed";
+    case Event::kGrown:
+      return "grown";
+    case Event::kShrunk:
+      return "shrunk";
     default:
       return "";
   }

@@ -457,13 +457,14 @@ Result<uint32_t> decode_pool_changed(const FrameHeader& header, std::span<const 
 // tenant), so it may see gaps in them that are other pools' events. A kGap event says the
 // subscriber fell behind the ring: `count` events were lost and `seq` is where it resumes.
 struct Event {
-  enum Kind : uint8_t { kStored = 0, kRemoved = 1, kCleared = 2, kGap = 3 };
-  enum Cause : uint8_t { kNone = 0, kEvicted = 1, kFlushed = 2 };
+  // kResized: an elastic pool grew or shrank by a segment; `count` is its page count after.
+  enum Kind : uint8_t { kStored = 0, kRemoved = 1, kCleared = 2, kGap = 3, kResized = 4 };
+  enum Cause : uint8_t { kNone = 0, kEvicted = 1, kFlushed = 2, kGrown = 3, kShrunk = 4 };
   uint64_t seq = 0;
   uint8_t kind = kStored;
   uint8_t cause = kNone;  // removed: why
   PageId page = kNoPage;  // stored, removed
-  uint64_t count = 0;     // cleared: blocks removed; gap: events lost
+  uint64_t count = 0;     // cleared: blocks removed; gap: events lost; resized: pages now
   BlockHash hash;         // stored, removed
   std::string tenant;     // stored, removed
   friend bool operator==(const Event&, const Event&) = default;
@@ -472,9 +473,10 @@ struct EventBatch {
   std::vector<Event> events;
   friend bool operator==(const EventBatch&, const EventBatch&) = default;
 };
-// "stored", "removed", "cleared", "gap" ("unknown" for another value), as tools print them.
+// "stored", "removed", "cleared", "gap", "resized" ("unknown" for another value), as tools
+// print them.
 const char* event_kind_name(uint8_t kind);
-// "evicted", "flushed" ("" for none).
+// "evicted", "flushed", "grown", "shrunk" ("" for none).
 const char* event_cause_name(uint8_t cause);
 void encode_event_batch(uint32_t request_id, const EventBatch& batch, std::vector<std::byte>& out);
 // An event_batch frame's payload (header.opcode must be event_batch | kReplyBit).

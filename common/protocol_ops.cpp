@@ -196,10 +196,10 @@ bool get_body(Reader& r, EventBatch& m) {
           r.get(e.hash.hi, "hash") && r.str(e.tenant, "tenant"))) {
       return false;
     }
-    if (e.kind > Event::kGap || e.cause > Event::kFlushed) {
+    if (e.kind > Event::kResized || e.cause > Event::kShrunk) {
       return r.fail(e.kind,
                     cat({r.what(), ": event ", i, " has kind ", e.kind, " and cause ", e.cause,
-                         " (kinds 0..3, causes 0..2)"}),
+                         " (kinds 0..4, causes 0..4)"}),
                     i);
     }
   }

@@ -33,7 +33,8 @@
 namespace kvpool::stats {
 
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
-// 3: PoolStats::layout, the KV-event batch counters; 4: the host tier's words in PoolStats.
+// 3: PoolStats::layout, the KV-event batch counters; 4: the host tier's and elastic pools' words
+// in PoolStats.
 inline constexpr uint32_t kLayoutVersion = 4;
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
@@ -131,8 +132,22 @@ struct PoolStats {
   uint64_t host_demote_ns = 0;   // time spent copying down, in all
   uint64_t host_promote_ns = 0;  // time spent copying up, in all
   uint64_t host_copy_failures = 0;
+  // Elastic pools (max_capacity; zeros for a fixed pool). Layout version 4.
+  uint32_t min_pages = 0;
+  uint32_t max_pages = 0;    // = total for a fixed pool
+  uint64_t grows = 0;        // segments added
+  uint64_t shrinks = 0;      // segments given back
+  uint32_t epoch = 0;        // the segment list's version
+  uint32_t history_len = 0;  // entries of history in use, ≤ kResizeHistory
+  struct Resize {
+    uint64_t unix_ms = 0;
+    uint32_t pages = 0;  // the pool's size after this resize
+    uint32_t unused = 0;
+  };
+  static constexpr size_t kResizeHistory = 8;
+  Resize history[kResizeHistory] = {};  // the last resizes, oldest first
 };
-static_assert(sizeof(PoolStats) == 528);
+static_assert(sizeof(PoolStats) == 688);
 
 // A decoded snapshot.
 struct Snapshot {

@@ -38,16 +38,18 @@ using config_yaml::Value;
 constexpr size_t kMaxConfigBytes = size_t{4} << 20;
 constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-constexpr std::string_view kRootKeys[] = {"socket",      "backend", "device",  "max_segment_bytes",
-                                          "limits",      "pools",   "tenants", "default_tenant",
-                                          "admin_group", "logging", "metrics", "events"};
+constexpr std::string_view kRootKeys[] = {
+    "socket",  "backend", "device",  "max_segment_bytes", "memory_budget",
+    "limits",  "pools",   "tenants", "default_tenant",    "admin_group",
+    "logging", "metrics", "events"};
 constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
 constexpr std::string_view kLimitKeys[] = {"max_sessions",          "max_sessions_per_uid",
                                            "hello_timeout_ms",      "max_buffered_bytes",
                                            "max_pages_per_session", "max_pages_per_tenant",
                                            "max_pin_ttl_ms",        "max_pinned_pages_per_tenant"};
-constexpr std::string_view kPoolKeys[] = {"name",     "policy", "capacity", "share_between_tenants",
-                                          "geometry", "layout", "host_tier"};
+constexpr std::string_view kPoolKeys[] = {
+    "name",   "policy",    "capacity",     "share_between_tenants", "geometry",
+    "layout", "host_tier", "max_capacity", "min_capacity",          "segment_size"};
 constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
@@ -89,6 +91,13 @@ class Parser : private NodeReader {
       config.device = static_cast<int>(get_uint(*v, 0, std::numeric_limits<int>::max()));
     }
     if (auto* v = find(f, "max_segment_bytes")) config.max_segment_bytes = parse_byte_size(*v);
+    if (auto* v = find(f, "memory_budget")) {
+      require_scalar(*v, "a size in bytes or a percentage");
+      Capacity c;
+      if (std::string err = parse_capacity(v->node.Scalar(), c); !err.empty()) fail(*v, err);
+      if (c.unit == Capacity::Unit::pages) fail(*v, "expected bytes or a percentage, not pages");
+      config.memory_budget = c;
+    }
     if (auto* v = find(f, "limits")) parse_limits(*v, config);
     if (auto* v = find(f, "logging")) {
       auto lf = fields(*v, kLoggingKeys);
@@ -245,6 +254,29 @@ class Parser : private NodeReader {
         pool.capacity_at.text = location(absent);
       }
       if (auto* h = find(f, "host_tier")) pool.host_tier = parse_pool_capacity(*h, pool.geometry);
+      if (auto* m = find(f, "max_capacity")) {
+        pool.max_capacity = parse_pool_capacity(*m, pool.geometry);
+        if (pool.max_capacity->unit == Capacity::Unit::fraction) {
+          fail(*m, "expected pages or bytes (an elastic pool's limits are absolute)");
+        }
+        if (pool.layout != KvLayout::page_major) {
+          fail(*m,
+               "only page_major pools can be elastic (a layer_major pool's planes are sized "
+               "by its page count)");
+        }
+      }
+      if (auto* m = find(f, "min_capacity")) {
+        if (!pool.max_capacity) fail(*m, "min_capacity needs max_capacity (an elastic pool)");
+        pool.min_capacity = parse_pool_capacity(*m, pool.geometry);
+        if (pool.min_capacity->unit == Capacity::Unit::fraction) {
+          fail(*m, "expected pages or bytes (an elastic pool's limits are absolute)");
+        }
+      }
+      if (auto* m = find(f, "segment_size")) {
+        if (!pool.max_capacity) fail(*m, "segment_size needs max_capacity (an elastic pool)");
+        pool.segment_size = parse_byte_size(*m);
+        if (pool.segment_size == 0) fail(*m, "must be at least one byte");
+      }
       config.pools.push_back(std::move(pool));
     }
   }

@@ -78,6 +78,13 @@ struct PoolConfig {
   // demoted into it and lookups promote them back. Pages or bytes (whole pages of the pool's
   // geometry), or a fraction of MemAvailable; none = no tier. Fixed until a restart.
   std::optional<Capacity> host_tier{};
+  // Elastic pools (docs/ARCHITECTURE.md, "Elastic pools"): with max_capacity the pool starts at
+  // `capacity` and grows by segments of segment_size when it runs out of free pages, while the
+  // daemon's memory_budget has room or another pool can give a segment back, down to its own
+  // min_capacity (default one segment). Pages or bytes; page_major pools only. Restart-only.
+  std::optional<Capacity> max_capacity{};
+  std::optional<Capacity> min_capacity{};
+  uint64_t segment_size = uint64_t{64} << 20;
   KeyLocation capacity_at{};  // the capacity key, or the pool's entry when it has none
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;
 };
@@ -125,6 +132,9 @@ struct Config {
   std::string backend = "auto";  // auto | host | cuda-vmm | cuda-ipc | fake-device
   int device = 0;
   uint64_t max_segment_bytes = 0;  // 0 = one segment per pool
+  // Device memory all elastic pools may map together (bytes, or a fraction of the backend's
+  // free memory at start); none = only each pool's max_capacity bounds it.
+  std::optional<Capacity> memory_budget{};
 
   // Connections (sessions) served at once; root and admin_group members may exceed it by
   // kAdminReservedSessions, so a flood of connections never locks an operator out.

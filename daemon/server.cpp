@@ -150,6 +150,14 @@ void Server::pump_subscribers() {
   }
 }
 
+void Server::notify_pool_changes() {
+  if (!service_.take_pool_change()) return;
+  // Sending may close a connection, which edits the set: walk a copy.
+  const std::vector<std::shared_ptr<Connection>> all(connections_.begin(), connections_.end());
+  for (const auto& c : all)
+    c->notify_pool_change();
+}
+
 void Server::publish_kv_events() {
   if (kv_publisher_ == nullptr) return;
   for (const auto& pool : service_.pools()) {

@@ -103,6 +103,9 @@ class Server {
   void pump_subscribers();
   // Hands each pool's pending KV events to the KvEventPublisher as one batch.
   void publish_kv_events();
+  // After a pool's segments changed: a pool_changed notice to each of its sessions that has not
+  // had one (not to subscribed connections, which carry only events).
+  void notify_pool_changes();
   // Closes the connections holding the most buffered bytes until the total is within
   // limits.max_buffered_bytes.
   void enforce_buffer_budget();

@@ -105,6 +105,17 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     account();
   }
 
+  // Queues a pool_changed notice when the session's pool has a segment list it was not told of.
+  void notify_pool_change() {
+    if (closed_ || subscribed_ || close_after_flush_ || !session_->attached) return;
+    const uint32_t epoch = session_->pool->info.epoch;
+    if (session_->known_epoch == epoch) return;
+    session_->known_epoch = epoch;
+    wire::encode_pool_changed(epoch, out_);
+    flush();
+    account();
+  }
+
   // Queues an error reply and closes once it is sent (or could not be).
   void fail(uint32_t request_id, uint16_t opcode, const wire::Error& e) {
     wire::encode_error(request_id, opcode, e, out_);
@@ -135,6 +146,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       // a reply (kvpoolctl flush && kvpoolctl status) finds what the hook published.
       if (server_.activity_ != nullptr) server_.activity_->on_activity();
       server_.publish_kv_events();
+      server_.notify_pool_changes();
       flush();
       server_.pump_subscribers();
       if (closed_) return;

@@ -62,6 +62,14 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
 wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
     const Config& config, std::unique_ptr<MemoryBackend> backend, const PoolConfig*& current) {
   std::unique_ptr<Service> svc(new Service(config, std::move(backend)));
+  if (config.memory_budget) {
+    const Capacity& b = *config.memory_budget;
+    svc->budget_bytes_ =
+        b.unit == Capacity::Unit::fraction
+            ? static_cast<uint64_t>(static_cast<double>(svc->backend_->available_bytes()) *
+                                    b.fraction)
+            : b.value;
+  }
   for (const PoolConfig& pc : config.pools) {
     current = &pc;
     const Geometry& g = pc.geometry;
@@ -104,12 +112,20 @@ wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
                        " available (MemAvailable, /proc/meminfo); use a smaller capacity or "
                        "larger pages");
     }
-    auto memory = svc->backend_->create(pages * per_page, config.max_segment_bytes, pc.name);
-    if (!memory.ok()) return memory.error();
-
     auto pool = std::make_unique<Pool>();
     pool->config = pc;
-    pool->memory = std::move(memory.value());
+    if (pc.max_capacity) {
+      auto n = svc->create_elastic(*pool, static_cast<uint32_t>(pages));
+      if (!n.ok()) return n.error();
+      pages = n.value();
+    } else {
+      auto memory = svc->backend_->create(pages * per_page, config.max_segment_bytes, pc.name);
+      if (!memory.ok()) return memory.error();
+      pool->memory = std::move(memory.value());
+      pool->info.reserved_bytes = pool->memory->reserved_bytes();
+      pool->info.scales_offset = pages * page_data_bytes(g);
+      pool->info.max_pages = static_cast<uint32_t>(pages);
+    }
     core::PoolOptions opts;
     opts.num_pages = static_cast<uint32_t>(pages);
     opts.policy = core::make_policy(pc.policy);
@@ -125,9 +141,6 @@ wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
     pool->info.device = svc->backend_->device();
     pool->info.device_uuid = svc->backend_->device_uuid();
     pool->info.segments = pool->memory->segments();
-    pool->info.reserved_bytes = pool->memory->reserved_bytes();
-    pool->info.scales_offset = uint64_t{pages} * pool->info.page_stride;
-    pool->info.max_pages = static_cast<uint32_t>(pages);
     pool->index = static_cast<uint16_t>(svc->pools_.size());
     log_event(LogLevel::info, "pool_ready",
               {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
@@ -137,6 +150,12 @@ wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
     svc->pools_.push_back(std::move(pool));
   }
   current = nullptr;
+  if (svc->elastic_bytes() > svc->budget_bytes_) {
+    return error(Errc::invalid_argument,
+                 "the elastic pools start with " + human_bytes(svc->elastic_bytes()) +
+                     " mapped, above memory_budget (" + human_bytes(svc->budget_bytes_) +
+                     "); lower their capacity or raise the budget");
+  }
   for (const TenantConfig& t : config.tenants)
     svc->tenant_index(t.name);
   if (!config.default_tenant.empty()) svc->tenant_index(config.default_tenant);
@@ -390,6 +409,11 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   // write them.
   if (s.attached && s.pool->host_tier) s.pool->host_tier->demote(paged_kv(*s.pool));
   if (deferred != nullptr && *deferred) return;  // finish_copy answers and times it
+  // A session learns of a new segment list before any reply that could hand it a page there.
+  if (s.attached && s.known_epoch != s.pool->info.epoch && op != wire::Opcode::segments) {
+    s.known_epoch = s.pool->info.epoch;
+    wire::encode_pool_changed(s.known_epoch, out);
+  }
   if (reply.ok()) {
     wire::encode_reply(request_id, reply.value(), out);
   } else {
@@ -423,6 +447,7 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
   s.pool = pool;
   s.owner = pool->pages->open_owner();
   s.attached = true;
+  s.known_epoch = pool->info.epoch;
   s.worker_name = r.worker_name;
   *fds = pool->memory->fds();
   wire::HelloReply h;
@@ -501,6 +526,8 @@ wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocReque
   if (n > new_pages_allowed(s)) return quota_error(s, n);
   auto hints = call_hints(s, r.hints);
   if (!hints.ok()) return hints.error();
+  // An elastic pool grows before it evicts, as far as its max and the budget allow.
+  if (s.pool->elastic() && s.pool->pages->stats().free < n) grow_for(*s.pool, n);
   wire::AllocReply a;
   a.pages.resize(n);
   const Status st = s.pool->pages->alloc(s.owner, a.pages, hints.value());

@@ -57,6 +57,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -104,6 +105,16 @@ struct Pool {
   KvEventFormat kv_format;
   // The host tier under the pool (pools[i].host_tier); null when none.
   std::unique_ptr<PoolHostTier> host_tier;
+  // Elastic pools (service_resize.cpp); min_pages is 0 for a fixed pool.
+  uint32_t min_pages = 0;
+  uint64_t hits_at_resize = 0;  // counters.hit_blocks at the last resize: the donor choice
+  uint64_t grows = 0;
+  uint64_t shrinks = 0;
+  // The last resizes, oldest first once full: (Unix ms, pages after), for kvpoolctl status.
+  static constexpr size_t kResizeHistory = 8;
+  std::array<std::pair<uint64_t, uint32_t>, kResizeHistory> resize_history{};
+  uint64_t resize_count = 0;
+  bool elastic() const { return min_pages != 0; }
 };
 
 // The pool's memory as the kernels and the daemon's copies see it.
@@ -123,7 +134,8 @@ struct SessionState {
   std::string worker_name;
   bool attached = false;
   Pool* pool = nullptr;
-  uint32_t tenant = 0;  // index into Service::tenants()
+  uint32_t known_epoch = 0;  // the pool's segment list this session was last told of
+  uint32_t tenant = 0;       // index into Service::tenants()
   core::OwnerId owner = 0;
   uint64_t held_pages = 0;  // distinct pages held, as of the last call
   // Set by a subscribe: the connection now carries events (the Server pushes them).
@@ -230,6 +242,22 @@ class Service {
   // resize.
   wire::Result<wire::Reply> segments(SessionState& s, std::span<const int>* fds);
   wire::Result<wire::Reply> resize(SessionState& s, const wire::ResizeRequest& r);
+  // Makes an elastic pool's memory and sets its info (create()); the pool's page count.
+  wire::Result<uint32_t> create_elastic(Pool& pool, uint32_t initial_pages);
+  // Grows an elastic pool by segments until it has `free_wanted` free pages, its max, or no
+  // memory the budget allows (taking segments from other pools as the policy says). Returns
+  // whether it grew.
+  bool grow_for(Pool& pool, uint64_t free_wanted);
+  // One segment more / fewer; the error names the cause (max, budget, pages in use).
+  wire::Result<bool> grow_one(Pool& pool);
+  wire::Result<bool> shrink_one(Pool& pool);
+  // Frees at least `bytes` of the budget by shrinking other elastic pools, lowest hit value per
+  // byte first, never `taker` and never below a pool's min; whether it got there.
+  bool reclaim(const Pool& taker, uint64_t bytes);
+  // Bytes the elastic pools map now, and what the budget allows (UINT64_MAX: no budget).
+  uint64_t elastic_bytes() const;
+  // After a resize: page count, info, epoch, history, log and event.
+  void resized(Pool& pool, bool grew);
   // A copy: run here, or handed to the caller through `deferred` (see handle()).
   wire::Result<wire::Reply> copy(SessionState& s, uint32_t request_id, const wire::CopyRequest& r,
                                  uint64_t started_ns, std::unique_ptr<CopyJob>* deferred);
@@ -262,6 +290,8 @@ class Service {
   // True once after an evict, flush or reload changed what the stats show (the stats publisher
   // then publishes before the reply leaves).
   bool take_operator_change() { return std::exchange(operator_change_, false); }
+  // True once after a pool's segments changed: the Server then tells its other sessions.
+  bool take_pool_change() { return std::exchange(pool_changed_, false); }
   const EventLog& events() const { return *events_; }
   // The KV event publisher's counters, shown in the stats snapshot (null = none). Not owned.
   void set_kv_event_counters(const KvEventCounters* counters) { kv_counters_ = counters; }
@@ -298,6 +328,8 @@ class Service {
   uint64_t reload_failures_ = 0;
   ConnectionStats connection_stats_;
   bool operator_change_ = false;
+  bool pool_changed_ = false;
+  uint64_t budget_bytes_ = UINT64_MAX;  // memory_budget resolved at start
   const KvEventCounters* kv_counters_ = nullptr;
 };
 

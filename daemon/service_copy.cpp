@@ -91,10 +91,11 @@ kernels::PagedKv paged_kv(const Pool& pool) {
   kv.geometry = pool.info.geometry;
   kv.layout = pool.info.layout;
   kv.num_pages = pool.pages->num_pages();
-  kv.scales =
-      page_scale_bytes(kv.geometry) == 0
-          ? nullptr
-          : reinterpret_cast<float*>(pool.memory->base() + uint64_t{kv.num_pages} * kv.page_stride);
+  // Page p's scales are at scales_offset + p · page_scale_bytes: after the last page of a fixed
+  // pool, at the start of its scales region for an elastic one.
+  kv.scales = page_scale_bytes(kv.geometry) == 0
+                  ? nullptr
+                  : reinterpret_cast<float*>(pool.memory->base() + pool.info.scales_offset);
   return kv;
 }
 

@@ -199,6 +199,20 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
     p.pinned_cached = ps.pinned_cached;
     p.pins = ps.counters.pins;
     p.pins_expired = ps.counters.pins_expired;
+    p.max_pages = pool.info.max_pages;
+    p.epoch = pool.info.epoch;
+    if (pool.elastic()) {
+      p.min_pages = pool.min_pages;
+      p.grows = pool.grows;
+      p.shrinks = pool.shrinks;
+      const uint64_t n = std::min<uint64_t>(pool.resize_count, Pool::kResizeHistory);
+      p.history_len = static_cast<uint32_t>(n);
+      for (uint64_t k = 0; k < n; ++k) {
+        const auto& [ms, pages] =
+            pool.resize_history[(pool.resize_count - n + k) % Pool::kResizeHistory];
+        p.history[k] = stats::PoolStats::Resize{ms, pages, 0};
+      }
+    }
     if (pool.host_tier) {
       const core::HostTier& t = pool.host_tier->tier();
       const HostTierCopyStats& c = pool.host_tier->copy_stats();

@@ -1,18 +1,306 @@
+// Elastic pools in the Service: creation, growth on demand, reclaiming segments from other pools
+// under the daemon's memory budget, admin resizes, and telling sessions of new segment lists.
+//
+// Mechanism (the memory backends and the pool core move pages, daemon/memory_backend.h and
+// PagePool::grow/shrink): a pool grows by one segment at the end of its pages region and shrinks
+// by its last one. A shrink is all or nothing: the core refuses it while a page past the new end
+// is held (pages_in_use, naming how many and the first); cached pages there move to free pages
+// below (copied here, before anything else runs) or are evicted, and evicted ones go down to the
+// pool's host tier while their segment is still mapped. Only then is the segment unmapped.
+//
+// Policy (grow_for): an alloc that finds fewer free pages than it asks for grows its pool,
+// segment by segment, while the pool is below its max and
+//   1. the budget has room, or
+//   2. the pool could not serve the alloc from its own cache (pressure), or its hits per byte
+//      since its last resize beat a donor's: then reclaim() shrinks other elastic pools above
+//      their min, lowest hits per byte first, until the segment fits.
+// So under a full budget a pool evicts its own cache before taking memory from a pool whose
+// cache earns more, and an idle pool's memory goes to a busy one.
+//
+// Sessions learn of a new segment list by a pool_changed notice (common/protocol.h): handle()
+// puts one before the reply of the session whose call resized the pool, the Server pushes one to
+// the pool's other sessions; each client then asks for the segments and maps them.
+#include <algorithm>
+#include <chrono>
+
+#include "common/byte_units.h"
+#include "daemon/log.h"
 #include "daemon/service.h"
 
 namespace kvpool::daemon {
+
+namespace {
+
+wire::Error resize_error(Errc code, std::string message, uint64_t value = 0) {
+  return wire::Error{Status(code, kNoItem, value), std::move(message)};
+}
+
+uint64_t pages_of(const Capacity& c, uint64_t per_page) {
+  return c.unit == Capacity::Unit::pages ? c.value : c.value / per_page;
+}
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
+wire::Result<uint32_t> Service::create_elastic(Pool& pool, uint32_t initial_pages) {
+  const PoolConfig& pc = pool.config;
+  const Geometry& g = pc.geometry;
+  const uint64_t stride = page_data_bytes(g);
+  const uint64_t scale = page_scale_bytes(g);
+  const uint64_t per_page = stride + scale;
+  const uint64_t gran = backend_->granularity();
+  const uint64_t max_pages =
+      std::min<uint64_t>(pages_of(*pc.max_capacity, per_page), core::kMaxPages);
+  const std::string where = "pool " + pc.name + ": ";
+  if (max_pages < initial_pages) {
+    return resize_error(Errc::invalid_argument, where + "max_capacity (" +
+                                                    std::to_string(max_pages) +
+                                                    " pages) is below capacity (" +
+                                                    std::to_string(initial_pages) + " pages)");
+  }
+  ElasticLayout l;
+  l.segment_bytes = round_up(std::max(pc.segment_size, stride), gran);
+  l.pages_region_bytes = round_up(max_pages * stride, gran);
+  l.scales_offset = l.pages_region_bytes;
+  l.scales_bytes = scale == 0 ? 0 : round_up(max_pages * scale, gran);
+  l.reserve_bytes = l.scales_offset + l.scales_bytes;
+  l.initial_pages_bytes =
+      std::min(round_up(uint64_t{initial_pages} * stride, l.segment_bytes), l.pages_region_bytes);
+  auto memory = backend_->create_elastic(l, pc.name);
+  if (!memory.ok()) return memory.error();
+  pool.memory = std::move(memory.value());
+  const uint64_t pages_per_segment = std::max<uint64_t>(1, l.segment_bytes / stride);
+  const uint64_t min_pages =
+      pc.min_capacity ? pages_of(*pc.min_capacity, per_page) : pages_per_segment;
+  pool.min_pages = static_cast<uint32_t>(std::clamp<uint64_t>(min_pages, 1, max_pages));
+  pool.info.reserved_bytes = pool.memory->reserved_bytes();
+  pool.info.scales_offset = l.scales_offset;
+  pool.info.max_pages = static_cast<uint32_t>(max_pages);
+  const uint64_t pages = std::min(pool.memory->pages_bytes_mapped() / stride, max_pages);
+  log_event(LogLevel::info, "pool_elastic",
+            {kv("pool", pc.name), kv("pages", pages), kv("min_pages", pool.min_pages),
+             kv("max_pages", max_pages), kv("segment_bytes", l.segment_bytes),
+             kv("reserved", human_bytes(l.reserve_bytes))});
+  return static_cast<uint32_t>(pages);
+}
+
+uint64_t Service::elastic_bytes() const {
+  uint64_t n = 0;
+  for (const auto& p : pools_) {
+    if (p->elastic()) n += p->memory->bytes();
+  }
+  return n;
+}
+
+void Service::resized(Pool& pool, bool grew) {
+  const uint32_t pages = pool.pages->num_pages();
+  pool.info.num_pages = pages;
+  pool.info.segments = pool.memory->segments();
+  pool.info.segment_bytes = pool.memory->bytes();
+  ++pool.info.epoch;
+  pool.hits_at_resize = pool.pages->stats().counters.hit_blocks;
+  ++(grew ? pool.grows : pool.shrinks);
+  pool.resize_history[pool.resize_count % Pool::kResizeHistory] = {unix_ms(), pages};
+  ++pool.resize_count;
+  pool_changed_ = true;
+  operator_change_ = true;
+  events_->append(LoggedEvent{{},
+                              pages,
+                              kNoPage,
+                              0,
+                              pool.index,
+                              wire::Event::kResized,
+                              grew ? wire::Event::kGrown : wire::Event::kShrunk});
+  log_event(LogLevel::info, grew ? "pool_grown" : "pool_shrunk",
+            {kv("pool", pool.config.name), kv("pages", pages), kv("bytes", pool.memory->bytes()),
+             kv("segments", pool.info.segments.size()), kv("epoch", pool.info.epoch)});
+}
+
+wire::Result<bool> Service::grow_one(Pool& pool) {
+  const uint64_t stride = pool.info.page_stride;
+  if (pool.pages->num_pages() >= pool.info.max_pages) {
+    return resize_error(Errc::exceeds_capacity,
+                        "pool " + pool.config.name + " is at its max_capacity (" +
+                            std::to_string(pool.info.max_pages) + " pages)");
+  }
+  const uint64_t before = pool.memory->bytes();
+  auto g = pool.memory->grow_segment();
+  if (!g.ok()) return g.error();
+  if (elastic_bytes() > budget_bytes_) {
+    // The segment came out larger than the caller planned for; give it back.
+    (void)pool.memory->shrink_segment();
+    return resize_error(Errc::out_of_pages, "pool " + pool.config.name + ": a segment of " +
+                                                human_bytes(pool.memory->bytes() - before) +
+                                                " would pass memory_budget (" +
+                                                human_bytes(budget_bytes_) + ")");
+  }
+  const uint64_t pages =
+      std::min<uint64_t>(pool.memory->pages_bytes_mapped() / stride, pool.info.max_pages);
+  KVPOOL_CHECK(pool.pages->grow(static_cast<uint32_t>(pages)).ok());
+  resized(pool, true);
+  return true;
+}
+
+wire::Result<bool> Service::shrink_one(Pool& pool) {
+  const uint64_t stride = pool.info.page_stride;
+  const std::vector<wire::SegmentInfo>& segs = pool.memory->segments();
+  // The last pages segment: the pages segment at the highest offset.
+  uint64_t last_bytes = 0;
+  uint64_t last_offset = 0;
+  for (const wire::SegmentInfo& seg : segs) {
+    if (seg.offset < pool.info.scales_offset && seg.offset >= last_offset) {
+      last_offset = seg.offset;
+      last_bytes = seg.bytes;
+    }
+  }
+  const uint64_t mapped = pool.memory->pages_bytes_mapped();
+  const uint32_t old_total = pool.pages->num_pages();
+  const auto new_total = static_cast<uint32_t>(
+      std::min<uint64_t>((mapped - std::min(mapped, last_bytes)) / stride, old_total));
+  if (segs.size() <= 1 || new_total < pool.min_pages || new_total == 0) {
+    return resize_error(Errc::invalid_argument,
+                        "pool " + pool.config.name + " cannot shrink below its min_capacity (" +
+                            std::to_string(pool.min_pages) + " pages) or its first segment");
+  }
+  std::vector<core::PageMove> moves;
+  const Status st = pool.pages->shrink(new_total, moves);
+  if (!st.ok()) {
+    return resize_error(st.code(),
+                        "pool " + pool.config.name + ": shrinking to " + std::to_string(new_total) +
+                            " pages: " + st.message(),
+                        st.value());
+  }
+  // Copies and demotions read the tail, which is still mapped: describe it at its old size.
+  kernels::PagedKv tail = paged_kv(pool);
+  tail.num_pages = old_total;
+  if (!moves.empty()) {
+    std::vector<PageId> src, dst;
+    for (const core::PageMove& m : moves) {
+      src.push_back(m.from);
+      dst.push_back(m.to);
+    }
+    kernels::CopyPagesArgs args;
+    args.kv = tail;
+    args.num_pairs = static_cast<uint32_t>(moves.size());
+    args.src = src.data();
+    args.dst = dst.data();
+    if (std::string err = pool.memory->copy_pages(args, old_total); !err.empty()) {
+      // The moved pages' bytes are not where the index says: drop them rather than serve them.
+      log_event(LogLevel::error, "shrink_copy_failed",
+                {kv("pool", pool.config.name), kv("error", err)});
+      pool.index_events->begin_flush();
+      pool.pages->flush();
+      pool.index_events->end_flush(pool.pages->indexed() == 0);
+    }
+  }
+  if (pool.host_tier) pool.host_tier->demote(tail);
+  auto r = pool.memory->shrink_segment();
+  KVPOOL_CHECK(r.ok());  // the core refused nothing, and more than one pages segment is mapped
+  resized(pool, false);
+  return true;
+}
+
+bool Service::reclaim(const Pool& taker, uint64_t bytes) {
+  const auto value = [](const Pool& p) {
+    const uint64_t hits = p.pages->stats().counters.hit_blocks - p.hits_at_resize;
+    return static_cast<double>(hits) /
+           static_cast<double>(std::max<uint64_t>(1, p.memory->bytes()));
+  };
+  std::vector<Pool*> donors;
+  for (const auto& p : pools_) {
+    if (p.get() != &taker && p->elastic() && p->pages->num_pages() > p->min_pages) {
+      donors.push_back(p.get());
+    }
+  }
+  std::sort(donors.begin(), donors.end(),
+            [&](const Pool* a, const Pool* b) { return value(*a) < value(*b); });
+  for (Pool* d : donors) {
+    while (elastic_bytes() + bytes > budget_bytes_ && shrink_one(*d).ok()) {
+    }
+    if (elastic_bytes() + bytes <= budget_bytes_) return true;
+  }
+  return false;
+}
+
+bool Service::grow_for(Pool& pool, uint64_t free_wanted) {
+  bool grew = false;
+  const uint64_t stride = pool.info.page_stride;
+  while (pool.pages->stats().free < free_wanted && pool.pages->num_pages() < pool.info.max_pages) {
+    const uint64_t region = pool.info.scales_offset;
+    const uint64_t next =
+        std::min(round_up(std::max(pool.config.segment_size, stride), backend_->granularity()),
+                 region - std::min(region, pool.memory->pages_bytes_mapped()));
+    if (elastic_bytes() + next > budget_bytes_) {
+      // A full budget: the pool's own cache first, unless its hits per byte beat a donor's.
+      const core::PoolStats st = pool.pages->stats();
+      const bool pressure = uint64_t{st.free} + st.cached - st.pinned_cached < free_wanted;
+      const uint64_t hits = st.counters.hit_blocks - pool.hits_at_resize;
+      bool busier = false;
+      for (const auto& p : pools_) {
+        if (p.get() == &pool || !p->elastic() || p->pages->num_pages() <= p->min_pages) continue;
+        const uint64_t other = p->pages->stats().counters.hit_blocks - p->hits_at_resize;
+        busier |= hits * p->memory->bytes() > other * pool.memory->bytes();
+      }
+      if (!(pressure || busier) || !reclaim(pool, next)) break;
+    }
+    if (!grow_one(pool).ok()) break;
+    grew = true;
+  }
+  return grew;
+}
 
 wire::Result<wire::Reply> Service::segments(SessionState& s, std::span<const int>* fds) {
   *fds = s.pool->memory->fds();
   wire::PoolInfo info = s.pool->info;
   info.tenant = tenant_names_[s.tenant];
+  s.known_epoch = info.epoch;
   return wire::Reply(wire::SegmentsReply{std::move(info)});
 }
 
 wire::Result<wire::Reply> Service::resize(SessionState& s, const wire::ResizeRequest& r) {
-  (void)s;
-  (void)r;
-  return wire::Error{Status(Errc::invalid_argument), "resize: not yet"};
+  if (auto ok = check_admin(s.peer, "resize"); !ok.ok()) return ok.error();
+  Pool& pool = *s.pool;
+  if (!pool.elastic()) {
+    return resize_error(
+        Errc::invalid_argument,
+        "pool " + pool.config.name + " is not elastic (give it max_capacity in the config)");
+  }
+  const uint32_t before = pool.pages->num_pages();
+  while (pool.pages->num_pages() < r.pages) {
+    const uint64_t next = round_up(std::max(pool.config.segment_size, pool.info.page_stride),
+                                   backend_->granularity());
+    if (elastic_bytes() + next > budget_bytes_ && !reclaim(pool, next)) {
+      if (pool.pages->num_pages() == before) {
+        return resize_error(Errc::out_of_pages,
+                            "pool " + pool.config.name + ": no segment fits memory_budget (" +
+                                human_bytes(budget_bytes_) + ", " + human_bytes(elastic_bytes()) +
+                                " mapped) and no other pool can give one back");
+      }
+      break;
+    }
+    auto g = grow_one(pool);
+    if (!g.ok()) {
+      if (pool.pages->num_pages() == before) return g.error();
+      break;
+    }
+  }
+  while (pool.pages->num_pages() > r.pages && pool.pages->num_pages() > pool.min_pages) {
+    auto sh = shrink_one(pool);
+    if (!sh.ok()) {
+      // Refused before anything changed: the error; part of the way: the size reached.
+      if (pool.pages->num_pages() == before) return sh.error();
+      break;
+    }
+  }
+  log_event(LogLevel::info, "admin_resize",
+            {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", pool.config.name),
+             kv("asked", r.pages), kv("from", before), kv("pages", pool.pages->num_pages())});
+  return wire::Reply(wire::ResizeReply{pool.pages->num_pages()});
 }
 
 }  // namespace kvpool::daemon

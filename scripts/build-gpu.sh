@@ -11,12 +11,13 @@ jobs=${KVPOOL_JOBS:-$(nproc)}
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVPOOL_PORTABLE=ON \
   -DKVPOOL_WERROR=ON -DKVPOOL_ZMQ=OFF -DKVPOOL_PYTHON=OFF >/dev/null
 cmake --build build/gpu -j "$jobs" --target kvpoold kvpool_gpu_pool_check kvpool_gpu_check \
-  kvpool-kernel-bench
-for b in daemon/kvpoold tests/gpu/kvpool_gpu_pool_check tests/gpu/kvpool_gpu_check; do
+  kvpool_gpu_tier_check kvpool-kernel-bench
+for b in daemon/kvpoold tests/gpu/kvpool_gpu_pool_check tests/gpu/kvpool_gpu_check \
+  tests/gpu/kvpool_gpu_tier_check; do
   if ldd "build/gpu/$b" | grep -E 'libstdc\+\+|libyaml|libcrypto|libcuda|libcudart|libzmq'; then
     echo "build/gpu/$b is not portable: it links the libraries above dynamically" >&2
     exit 1
   fi
 done
 du -sh build/gpu/daemon/kvpoold build/gpu/tests/gpu/kvpool_gpu_pool_check \
-  build/gpu/tests/gpu/kvpool_gpu_check
+  build/gpu/tests/gpu/kvpool_gpu_check build/gpu/tests/gpu/kvpool_gpu_tier_check

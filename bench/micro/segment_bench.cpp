@@ -156,7 +156,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--page-kib", page_kib, "Page size for the PagePool rows, KiB")
       ->capture_default_str();
-  app.add_option("--backends", backends, "fake-device, host")->capture_default_str();
+  app.add_option("--backends", backends, "fake-device, host, cuda-vmm")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   std::printf(
@@ -174,6 +174,14 @@ int main(int argc, char** argv) {
         backend = daemon::make_fake_device_backend();
       } else if (name == "host") {
         backend = std::make_unique<daemon::HostBackend>();
+      } else if (name == "cuda-vmm") {
+        std::string why;
+        auto b = daemon::make_backend("cuda-vmm", 0, why);
+        if (!b.ok()) {
+          std::printf("%-12s skipped: %s\n", name.c_str(), b.error().message.c_str());
+          continue;
+        }
+        backend = std::move(b.value());
       } else {
         std::fprintf(stderr, "unknown backend '%s'\n", name.c_str());
         return 2;

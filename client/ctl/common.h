@@ -68,6 +68,7 @@ int stats_verb(const Globals& g, const std::string& format);
 int sessions_verb(const Globals& g);
 int pages_verb(const Globals& g, uint32_t width);
 int drop_verb(const Globals& g, uint32_t count);  // evict (count > 0) or flush (0)
+int resize_verb(const Globals& g, uint32_t pages);
 int prefixes_verb(const Globals& g, uint32_t limit);
 int reload_verb(const Globals& g);
 int events_verb(const Globals& g, uint64_t from_seq, uint64_t count);

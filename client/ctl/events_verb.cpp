@@ -26,6 +26,12 @@ void print_json(const wire::Event& e, const std::string& pool) {
           "\"blocks\":%llu}\n",
           kSchema, seq, pool.c_str(), count);
       break;
+    case wire::Event::kResized:
+      std::printf(
+          "{\"schema\":%d,\"seq\":%llu,\"type\":\"resized\",\"pool\":\"%s\",\"cause\":\"%s\","
+          "\"pages\":%llu}\n",
+          kSchema, seq, pool.c_str(), wire::event_cause_name(e.cause), count);
+      break;
     default: {
       const std::string cause =
           e.kind == wire::Event::kRemoved
@@ -50,6 +56,10 @@ void print_text(const wire::Event& e) {
       break;
     case wire::Event::kCleared:
       std::printf("seq %-8llu cleared  every cached block of the pool (%llu)\n", seq, count);
+      break;
+    case wire::Event::kResized:
+      std::printf("seq %-8llu resized  the pool %s to %llu pages\n", seq,
+                  wire::event_cause_name(e.cause), count);
       break;
     default:
       std::printf("seq %-8llu %-8s block %s  page %u  tenant %s%s\n", seq,

@@ -1,4 +1,5 @@
-// kvpoolctl verbs that ask the daemon directly: sessions, pages, evict/flush, prefixes, reload.
+// kvpoolctl verbs that ask the daemon directly: sessions, pages, evict/flush, resize, prefixes,
+// reload.
 #include <algorithm>
 #include <string>
 
@@ -113,6 +114,27 @@ int drop_verb(const Globals& g, uint32_t count) {
   } else {
     std::printf("%s %u cached page(s) from pool %s\n", verb, r.value(),
                 display_text(c->pool().pool_name).c_str());
+  }
+  return 0;
+}
+
+int resize_verb(const Globals& g, uint32_t pages) {
+  auto c = connect(g);
+  if (!c) return 1;
+  const uint32_t before = c->pool().num_pages;
+  auto r = c->call(wire::ResizeRequest{pages});
+  if (!succeeded(r)) return 1;
+  const auto* reply = std::get_if<wire::ResizeReply>(&r.value());
+  if (reply == nullptr) {
+    std::fprintf(stderr, "kvpoolctl: the daemon answered resize with another reply\n");
+    return 1;
+  }
+  if (g.json) {
+    std::printf("{\"schema\":%d,\"pool\":\"%s\",\"from\":%u,\"pages\":%u}\n", kSchema,
+                json_escape(c->pool().pool_name).c_str(), before, reply->pages);
+  } else {
+    std::printf("pool %s: %u pages (was %u)\n", display_text(c->pool().pool_name).c_str(),
+                reply->pages, before);
   }
   return 0;
 }

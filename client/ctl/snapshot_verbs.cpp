@@ -60,6 +60,12 @@ int status_verb(const Globals& g) {
   if (g.json) {
     const std::string tenant =
         f.tenant.empty() ? "" : ",\"tenant\":\"" + json_escape(f.tenant) + "\"";
+    std::string history;
+    for (uint32_t k = 0; k < p.history_len && k < stats::PoolStats::kResizeHistory; ++k) {
+      history += (k == 0 ? "" : ",") + std::string("{\"unix_ms\":") +
+                 std::to_string(p.history[k].unix_ms) +
+                 ",\"pages\":" + std::to_string(p.history[k].pages) + "}";
+    }
     std::printf(
         "{\"schema\":%d,\"socket\":\"%s\",\"source\":\"%s\",\"pid\":%llu,\"uptime_s\":%.1f,"
         "\"pool\":\"%s\",\"backend\":\"%s\"%s,\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,"
@@ -68,7 +74,9 @@ int status_verb(const Globals& g) {
         "\"segments\":%u,\"device\":%d,\"pages\":{\"total\":%u,\"free\":%u,\"in_use\":%u,"
         "\"cached\":%u},\"indexed_blocks\":%u,\"policy\":\"%s\",\"pinned\":%u,"
         "\"pinned_cached\":%u,\"sessions\":%u,\"pool_sessions\":%u,\"host_tier\":{\"pages\":%u,"
-        "\"held\":%u,\"bytes\":%llu,\"demoted\":%llu,\"promoted\":%llu,\"dropped\":%llu}}\n",
+        "\"held\":%u,\"bytes\":%llu,\"demoted\":%llu,\"promoted\":%llu,\"dropped\":%llu},"
+        "\"elastic\":{\"min_pages\":%u,\"max_pages\":%u,\"grows\":%llu,\"shrinks\":%llu,"
+        "\"epoch\":%u,\"history\":[%s]}}\n",
         kSchema, json_escape(g.socket).c_str(), source_name(f),
         static_cast<unsigned long long>(s.daemon.pid),
         static_cast<double>(s.daemon.uptime_ms) / 1e3, json_escape(name).c_str(),
@@ -81,7 +89,9 @@ int status_verb(const Globals& g) {
         static_cast<unsigned long long>(p.host_bytes),
         static_cast<unsigned long long>(p.host_demoted),
         static_cast<unsigned long long>(p.host_promoted),
-        static_cast<unsigned long long>(p.host_dropped));
+        static_cast<unsigned long long>(p.host_dropped), p.min_pages, p.max_pages,
+        static_cast<unsigned long long>(p.grows), static_cast<unsigned long long>(p.shrinks),
+        p.epoch, history.c_str());
     return 0;
   }
   auto pct = [&](uint32_t n) { return p.total ? 100.0 * n / p.total : 0.0; };
@@ -104,6 +114,24 @@ int status_verb(const Globals& g) {
   std::printf("  eviction  %s policy, %s pages pinned (%s of them cached)\n",
               display_text(policy).c_str(), count_text(p.pinned, g.raw).c_str(),
               count_text(p.pinned_cached, g.raw).c_str());
+  if (p.min_pages != 0) {
+    std::printf(
+        "  elastic   %s pages now (min %s, max %s), %llu segment(s) added, %llu given back\n",
+        count_text(p.total, g.raw).c_str(), count_text(p.min_pages, g.raw).c_str(),
+        count_text(p.max_pages, g.raw).c_str(), static_cast<unsigned long long>(p.grows),
+        static_cast<unsigned long long>(p.shrinks));
+    if (p.history_len != 0) {
+      // Size over time: each of the last resizes, how long ago and the size it left.
+      const double now_s = static_cast<double>(s.daemon.start_unix_ms + s.daemon.uptime_ms) / 1e3;
+      std::printf("  sizes    ");
+      for (uint32_t k = 0; k < p.history_len && k < stats::PoolStats::kResizeHistory; ++k) {
+        const double ago = now_s - static_cast<double>(p.history[k].unix_ms) / 1e3;
+        std::printf(" %.0fs ago %s;", ago < 0 ? 0.0 : ago,
+                    count_text(p.history[k].pages, g.raw).c_str());
+      }
+      std::printf(" now %s\n", count_text(p.total, g.raw).c_str());
+    }
+  }
   if (p.host_slots != 0) {
     std::printf("  host tier %s of %s pages held (%s), %s demoted, %s promoted, %s dropped\n",
                 count_text(p.host_held, g.raw).c_str(), count_text(p.host_slots, g.raw).c_str(),

@@ -6,7 +6,11 @@
 #   2. the pool check on cuda-vmm and on cuda-ipc: kvpoold owns the pool in HBM, two worker
 #      processes attach, A publishes a prompt's K/V, B decodes over A's pages and matches its own
 #      recomputation, kill -9 of a worker and of the daemon, attach and alloc timings
-#      (kvpool_gpu_pool_check).
+#      (kvpool_gpu_pool_check);
+#   3. the tier check on cuda-vmm: an elastic pool with a host tier in pinned memory; B's
+#      lookup promotes A's demoted prompt and decodes over it, the pool grows and shrinks by a
+#      segment under held pages; grow/shrink latency per segment, promote and demote cost per
+#      page (kvpool_gpu_tier_check).
 # Binaries: build/gpu/ from scripts/build-gpu.sh (carried from the build machine; they need only
 # glibc and the driver), else build/release/. Without them the kernel check is built here with
 # nvcc from the project's sources; the pool check needs kvpoold and is then skipped, saying so.
@@ -68,4 +72,14 @@ for backend in cuda-vmm cuda-ipc; do
     if [[ $rc -eq 77 ]]; then echo "($backend is not usable here)"; elif [[ $rc -ne 0 ]]; then status=1; fi
   done
 done
+tier_check=$(pick build/gpu/tests/gpu/kvpool_gpu_tier_check \
+  build/release/tests/gpu/kvpool_gpu_tier_check)
+if [[ -n "$tier_check" ]]; then
+  for dtype in bf16 fp8_e4m3; do
+    echo "== tier check: cuda-vmm $dtype"
+    timeout 120 "$tier_check" --kvpoold "$kvpoold" --backend cuda-vmm --dtype "$dtype"
+    rc=$?
+    if [[ $rc -eq 77 ]]; then echo "(cuda-vmm is not usable here)"; elif [[ $rc -ne 0 ]]; then status=1; fi
+  done
+fi
 exit "$status"

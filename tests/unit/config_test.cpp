@@ -456,8 +456,7 @@ TEST(ConfigTest, PoolLayout) {
 TEST(ConfigErrorTest, PoolLayout) {
   expect_error(with_pools("    layout: vllm\n"), 10, "pools[0].layout",
                "\"vllm\" is not one of page_major, layer_major");
-  expect_error(with_pools("    layout: [page_major]\n"), 10, "pools[0].layout",
-               "must be a string");
+  expect_error(with_pools("    layout: [page_major]\n"), 10, "pools[0].layout", "must be a string");
   expect_error(with_pools("    layout: \n"), 10, "pools[0].layout", "");
 }
 
@@ -827,6 +826,51 @@ TEST(ConfigTest, ExampleFileParsesAndMatchesItsComments) {
   c.tenants.clear();
   c.source = "<built-in>";
   EXPECT_EQ(c, default_config());
+}
+
+}  // namespace
+}  // namespace kvpool::daemon
+
+// Host tiers and elastic pools ----------------------------------------------------------------
+
+namespace kvpool::daemon {
+namespace {
+
+constexpr std::string_view kPoolHead =
+    "pools:\n  - name: a\n    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: "
+    "16, dtype: fp16}\n    capacity: 64 pages\n";
+
+TEST(ConfigTest, HostTierAndElasticKeys) {
+  const Config c = parse_ok(std::string(kPoolHead) +
+                            "    host_tier: 1000 pages\n    max_capacity: 1MiB\n"
+                            "    min_capacity: 32 pages\n    segment_size: 4MiB\n"
+                            "memory_budget: 40%\n");
+  const PoolConfig& p = c.pools.at(0);
+  ASSERT_TRUE(p.host_tier && p.max_capacity && p.min_capacity);
+  EXPECT_EQ(p.host_tier->unit, Capacity::Unit::pages);
+  EXPECT_EQ(p.host_tier->value, 1000u);
+  EXPECT_EQ(p.max_capacity->unit, Capacity::Unit::bytes);
+  EXPECT_EQ(p.max_capacity->value, uint64_t{1} << 20);
+  EXPECT_EQ(p.min_capacity->value, 32u);
+  EXPECT_EQ(p.segment_size, uint64_t{4} << 20);
+  ASSERT_TRUE(c.memory_budget);
+  EXPECT_DOUBLE_EQ(c.memory_budget->fraction, 0.4);
+  // Without the keys: no tier, a fixed pool, no budget.
+  const Config plain = parse_ok(kPoolHead);
+  EXPECT_FALSE(plain.pools.at(0).host_tier || plain.pools.at(0).max_capacity ||
+               plain.memory_budget);
+}
+
+TEST(ConfigErrorTest, ElasticKeys) {
+  const std::string head(kPoolHead);
+  expect_error(head + "    layout: layer_major\n    max_capacity: 128 pages\n", 6,
+               "pools[0].max_capacity", "only page_major pools can be elastic");
+  expect_error(head + "    min_capacity: 8 pages\n", 5, "pools[0].min_capacity",
+               "needs max_capacity");
+  expect_error(head + "    segment_size: 2MiB\n", 5, "pools[0].segment_size", "needs max_capacity");
+  expect_error(head + "    max_capacity: 50%\n", 5, "pools[0].max_capacity", "pages or bytes");
+  expect_error(head + "    host_tier: 100B\n", 5, "pools[0].host_tier", "no whole page");
+  expect_error("memory_budget: 10 pages\n", 1, "memory_budget", "not pages");
 }
 
 }  // namespace

@@ -1,0 +1,215 @@
+// Integration: elastic pools (pools[i].max_capacity, memory_budget) in a real kvpoold with real
+// worker processes, on fake-device (the cuda-vmm sequence on memfd memory) and host. A pool grows
+// when an alloc finds no free page; a worker attached before the growth learns of the new
+// segments by the daemon's notice and reads, in a page of a new segment, the bytes another
+// worker wrote. Two pools under one budget trade segments: the one under pressure takes them
+// from the one whose pages are only cached, whose cached blocks survive (moved below) with
+// their bytes. A shrink is refused while a page past the new end is held, and goes through once
+// it is released; the worker's mapping then drops the segment. The stats snapshot records the
+// size over time.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "client/connection.h"
+#include "common/stats_layout.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/test_attach.h"
+
+namespace kvpool::testing {
+namespace {
+
+using client::Connection;
+
+// 2 layers × 2 KV heads × head dim 32 × 16 tokens × fp16 = 8 KiB a page; 2 MiB segments (the
+// fake-device granularity) hold 256 pages.
+constexpr uint32_t kPerSegment = 256;
+constexpr char kGeometry[] =
+    "{layers: 2, kv_heads: 2, head_dim: 32, tokens_per_page: 16, dtype: fp16}";
+
+std::string elastic_pool(const std::string& name, uint32_t segments, uint32_t max_segments,
+                         const std::string& dtype_geometry = kGeometry) {
+  return "  - name: " + name + "\n    geometry: " + dtype_geometry +
+         "\n    capacity: " + std::to_string(segments * kPerSegment) +
+         " pages\n    max_capacity: " + std::to_string(max_segments * kPerSegment) +
+         " pages\n    segment_size: 2MiB\n";
+}
+
+BlockHash block(uint64_t i) {
+  return BlockHash{0xE1A5'0000 + i, i};
+}
+
+void fill(const Connection& c, PageId p, uint64_t id) {
+  std::byte* b = c.page(p);
+  for (uint64_t i = 0; i < c.pool().page_stride; ++i)
+    b[i] = static_cast<std::byte>((id * 151 + i * 13 + (i >> 9)) & 0xff);
+}
+uint64_t wrong(const Connection& c, PageId p, uint64_t id) {
+  const std::byte* b = c.page(p);
+  uint64_t n = 0;
+  for (uint64_t i = 0; i < c.pool().page_stride; ++i)
+    n += b[i] != static_cast<std::byte>((id * 151 + i * 13 + (i >> 9)) & 0xff);
+  return n;
+}
+
+stats::PoolStats pool_stats(Connection& c, size_t pool) {
+  auto snap = c.snapshot();
+  EXPECT_TRUE(snap.ok());
+  stats::Snapshot s;
+  EXPECT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
+  return s.pools.at(pool);
+}
+
+class Elastic : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Elastic, GrowsOnDemandAndEveryWorkerMapsTheNewSegments) {
+  Daemon d(std::string("backend: ") + GetParam() + "\npools:\n" + elastic_pool("default", 1, 4));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto reader = attach(d, "reader");  // attached while the pool has one segment
+  ASSERT_TRUE(reader);
+  ASSERT_EQ(reader->pool().num_pages, kPerSegment);
+  ASSERT_EQ(reader->pool().max_pages, 4 * kPerSegment);
+
+  // Another process takes every page and 300 more: the pool grows by two segments.
+  Pipe written;
+  Pipe done;
+  const pid_t writer = spawn_worker([&] {
+    auto c = attach(d, "writer");
+    if (!c) return 1;
+    auto all = c->alloc(kPerSegment + 300);
+    if (!all.ok()) return 2;
+    if (c->pool().num_pages != 3 * kPerSegment) return 3;
+    std::vector<PublishItem> items;
+    for (uint32_t i = 0; i < all.value().size(); ++i) {
+      fill(*c, all.value()[i], i);
+      items.push_back({all.value()[i], block(i)});
+    }
+    if (!c->publish(items).ok()) return 4;
+    written.signal();
+    return done.wait() ? 0 : 5;  // holds its pages until the reader has looked
+  });
+  ASSERT_TRUE(written.wait());
+  // The reader's next call brings the notice; its lookup hits pages of the new segments.
+  std::vector<BlockHash> chain;
+  for (uint32_t i = 0; i < kPerSegment + 300; ++i)
+    chain.push_back(block(i));
+  auto hits = reader->lookup(chain);
+  ASSERT_TRUE(hits.ok()) << hits.error().message;
+  ASSERT_EQ(hits.value().size(), chain.size());
+  EXPECT_EQ(reader->pool().num_pages, 3 * kPerSegment);
+  uint64_t bad = 0, in_new = 0;
+  for (uint32_t i = 0; i < hits.value().size(); ++i) {
+    bad += wrong(*reader, hits.value()[i], i);
+    in_new += hits.value()[i] >= kPerSegment;
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(in_new, 300u);
+  done.signal();
+  EXPECT_EQ(wait_worker(writer), 0);
+  const stats::PoolStats p = pool_stats(*reader, 0);
+  EXPECT_EQ(p.total, 3 * kPerSegment);
+  EXPECT_EQ(p.grows, 2u);
+  EXPECT_EQ(p.history_len, 2u);
+  EXPECT_EQ(p.history[1].pages, 3 * kPerSegment);
+}
+
+TEST_P(Elastic, ShrinkIsRefusedWhileAPagePastTheEndIsHeld) {
+  Daemon d(std::string("backend: ") + GetParam() + "\npools:\n" + elastic_pool("default", 2, 4));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto c = attach(d, "w");
+  ASSERT_TRUE(c);
+  auto pages = c->alloc(kPerSegment + 1);  // the last one is in the second segment
+  ASSERT_TRUE(pages.ok());
+  const PageId tail = pages.value().back();
+  ASSERT_GE(tail, kPerSegment);
+  auto r = c->resize(kPerSegment);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().status.code(), Errc::pages_in_use) << r.error().message;
+  EXPECT_NE(r.error().message.find("in use"), std::string::npos) << r.error().message;
+  EXPECT_EQ(c->pool().num_pages, 2 * kPerSegment);  // unchanged
+  // Once the page is back, the same resize goes through and the worker's view follows.
+  fill(*c, pages.value()[0], 7);
+  ASSERT_TRUE(c->release(std::span(&pages.value().back(), 1)).ok());
+  auto ok = c->resize(kPerSegment);
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok.value(), kPerSegment);
+  EXPECT_EQ(c->pool().num_pages, kPerSegment);
+  EXPECT_EQ(wrong(*c, pages.value()[0], 7), 0u);  // pages below the end are untouched
+  // Below the pool's min (one segment) there is nothing to give.
+  EXPECT_FALSE(c->resize(1).ok() && c->pool().num_pages < kPerSegment);
+  EXPECT_EQ(c->pool().num_pages, kPerSegment);
+}
+
+TEST_P(Elastic, TwoPoolsUnderOneBudgetTradeSegments) {
+  // Four segments of budget: "a" starts with three, "b" with one.
+  Daemon d(std::string("backend: ") + GetParam() + "\nmemory_budget: 8MiB\npools:\n" +
+           elastic_pool("a", 3, 4) + elastic_pool("b", 1, 4));
+  ASSERT_TRUE(d.start()) << d.log();
+  // Worker A caches 600 blocks in pool a and keeps nothing in use.
+  {
+    auto a = attach(d, "a-worker", "a");
+    ASSERT_TRUE(a);
+    auto pages = a->alloc(600);
+    ASSERT_TRUE(pages.ok());
+    std::vector<PublishItem> items;
+    for (uint32_t i = 0; i < 600; ++i) {
+      fill(*a, pages.value()[i], 1000 + i);
+      items.push_back({pages.value()[i], block(1000 + i)});
+    }
+    ASSERT_TRUE(a->publish(items).ok());
+    ASSERT_TRUE(a->release(pages.value()).ok());
+  }
+  // Worker B needs more pages than pool b has and none of its own to evict: pressure. The
+  // budget is full, so pool a gives back a segment (its cached tail moves below or goes).
+  auto b = attach(d, "b-worker", "b");
+  ASSERT_TRUE(b);
+  auto got = b->alloc(kPerSegment + 100);
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(b->pool().num_pages, 2 * kPerSegment);
+  for (uint32_t i = 0; i < got.value().size(); ++i)
+    fill(*b, got.value()[i], 5000 + i);
+  // Pool a kept what still fits: every block it still finds has its bytes.
+  auto a = attach(d, "a-reader", "a");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->pool().num_pages, 2 * kPerSegment);
+  uint32_t found = 0;
+  for (uint32_t i = 0; i < 600; ++i) {
+    auto h = a->lookup(std::vector<BlockHash>{block(1000 + i)});
+    ASSERT_TRUE(h.ok());
+    if (h.value().empty()) continue;
+    ++found;
+    EXPECT_EQ(wrong(*a, h.value()[0], 1000 + i), 0u) << "block " << 1000 + i;
+    ASSERT_TRUE(a->release(h.value()).ok());
+  }
+  EXPECT_EQ(found, 2 * kPerSegment);  // 600 cached, room for 512 after the shrink
+  for (uint32_t i = 0; i < got.value().size(); ++i)
+    ASSERT_EQ(wrong(*b, got.value()[i], 5000 + i), 0u);
+  const stats::PoolStats pa = pool_stats(*b, 0);
+  const stats::PoolStats pb = pool_stats(*b, 1);
+  EXPECT_EQ(pa.shrinks, 1u);
+  EXPECT_EQ(pb.grows, 1u);
+  EXPECT_EQ(pa.segment_bytes + pb.segment_bytes, uint64_t{8} << 20);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Elastic, ::testing::Values("fake-device", "host"));
+
+TEST(ElasticConfig, LayerMajorPoolsCannotBeElastic) {
+  Daemon d(
+      "pools:\n  - name: default\n    layout: layer_major\n    geometry: {layers: 2, kv_heads: 2, "
+      "head_dim: 32, tokens_per_page: 16, dtype: fp16}\n    capacity: 256 pages\n    "
+      "max_capacity: 1024 pages\n");
+  EXPECT_FALSE(d.start());
+  EXPECT_NE(d.log().find("only page_major pools can be elastic"), std::string::npos) << d.log();
+}
+
+TEST(ElasticConfig, InitialSizesAboveTheBudgetAreRefused) {
+  Daemon d(std::string("backend: fake-device\nmemory_budget: 4MiB\npools:\n") +
+           elastic_pool("a", 2, 4) + elastic_pool("b", 1, 4));
+  EXPECT_FALSE(d.start());
+  EXPECT_NE(d.log().find("memory_budget"), std::string::npos) << d.log();
+}
+
+}  // namespace
+}  // namespace kvpool::testing
