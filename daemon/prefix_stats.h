@@ -41,6 +41,9 @@ class PrefixStats {
   // The pages a lookup hit, in chain order: page i is at depth i.
   void hit(std::span<const PageId> chain_hits, uint32_t now);
   const Counters& of(PageId page) const { return pages_[page]; }
+  // An elastic pool's new page count; a page an elastic shrink moved keeps its counters.
+  void resize(uint32_t pages) { pages_.resize(pages); }
+  void move(PageId from, PageId to) { pages_[to] = pages_[from]; }
 
   // Up to `limit` indexed pages of `pool` that `visible(ns)` allows, best first; `indexed`
   // receives how many indexed pages were visible.

@@ -99,6 +99,7 @@ uint64_t Service::elastic_bytes() const {
 
 void Service::resized(Pool& pool, bool grew) {
   const uint32_t pages = pool.pages->num_pages();
+  pool.prefix_stats->resize(pages);
   pool.info.num_pages = pages;
   pool.info.segments = pool.memory->segments();
   pool.info.segment_bytes = pool.memory->bytes();
@@ -183,6 +184,7 @@ wire::Result<bool> Service::shrink_one(Pool& pool) {
     for (const core::PageMove& m : moves) {
       src.push_back(m.from);
       dst.push_back(m.to);
+      pool.prefix_stats->move(m.from, m.to);
     }
     kernels::CopyPagesArgs args;
     args.kv = tail;
