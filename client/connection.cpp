@@ -1,10 +1,12 @@
 #include "client/connection.h"
 
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -69,6 +71,29 @@ int write_all(int fd, const std::byte* src, size_t n) {
   return 0;
 }
 
+constexpr uint16_t kNoticeOpcode =
+    static_cast<uint16_t>(static_cast<uint16_t>(wire::Opcode::pool_changed) | wire::kReplyBit);
+
+// Epochs are u32 counters: a is newer than b when it is ahead by less than half the range.
+bool newer(uint32_t a, uint32_t b) {
+  return static_cast<int32_t>(a - b) > 0;
+}
+
+// Rounds of segments requests one sync may take before it gives up on a pool that keeps changing.
+constexpr int kMaxSyncRounds = 16;
+
+// "" when a segments reply may replace `had` (only the segment list and what follows from it may
+// change), else what changed.
+std::string why_incompatible(const wire::PoolInfo& had, const wire::PoolInfo& now) {
+  if (now.geometry != had.geometry) return "its geometry";
+  if (now.layout != had.layout) return "its layout";
+  if (now.page_stride != had.page_stride) return "its page stride";
+  if (now.backend != had.backend) return "its backend";
+  if (now.reserved_bytes != had.reserved_bytes) return "its reserved bytes";
+  if (now.device_uuid != had.device_uuid) return "its device";
+  return {};
+}
+
 template <typename T>
 Result<T> expect(Result<wire::Reply> r) {
   if (!r.ok()) return r.error();
@@ -131,6 +156,7 @@ Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket
     return hello.error();
   }
   c->pool_ = hello.value().pool;
+  c->notified_epoch_ = c->pool_.epoch;
   c->session_id_ = hello.value().session_id;
   if (memory == Memory::none) {
     close_fds();
@@ -152,13 +178,13 @@ Connection::~Connection() {
 float* Connection::page_scales(PageId p) const {
   const uint64_t bytes = page_scale_bytes(pool_.geometry);
   if (bytes == 0 || base_ == nullptr) return nullptr;
-  std::byte* region = base_ + uint64_t{pool_.num_pages} * pool_.page_stride;
-  return reinterpret_cast<float*>(region + uint64_t{p} * bytes);
+  return reinterpret_cast<float*>(base_ + pool_.scales_offset + uint64_t{p} * bytes);
 }
 
 Error Connection::broken(Error e) {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+  in_have_ = 0;
   e.message += " (connection closed: the reply stream is out of step)";
   return e;
 }
@@ -167,45 +193,163 @@ Error Connection::lost(const std::string& what) {
   return error(Errc::connection_lost, "connection to kvpoold lost: " + what);
 }
 
-Result<wire::Reply> Connection::round_trip(uint32_t request_id, std::vector<int>* passed_fds) {
-  if (fd_ < 0) return lost("connection already failed");
-  // A daemon that refuses the connection sends its reason and closes, possibly before our
-  // request is out: so a failed send still reads whatever reply is waiting.
-  const int send_error = write_all(fd_, out_.data(), out_.size());
+void Connection::consume(size_t n) {
+  std::memmove(in_.data(), in_.data() + n, in_have_ - n);
+  in_have_ -= n;
+}
+
+Result<wire::FrameHeader> Connection::read_frame(std::vector<int>* passed_fds, int send_error) {
   // Read as much as is there: a whole small reply usually arrives in one recvmsg.
   if (in_.size() < kReadChunk) in_.resize(kReadChunk);
-  size_t have = 0;
   size_t need = wire::kHeaderBytes;
   std::optional<wire::FrameHeader> header;
-  while (have < need) {
-    const ssize_t r = receive(fd_, in_.data() + have, in_.size() - have, passed_fds);
-    if (r <= 0) {
-      if (send_error != 0) return lost(std::string("send: ") + std::strerror(send_error));
-      if (r == 0)
-        return lost(have == 0 ? "the daemon closed the connection"
-                              : "the daemon closed the connection mid-reply");
-      return lost(std::strerror(static_cast<int>(-r)));
-    }
-    have += static_cast<size_t>(r);
-    if (!header && have >= wire::kHeaderBytes) {
+  for (;;) {
+    if (!header && in_have_ >= wire::kHeaderBytes) {
       auto h = wire::decode_header(std::span(in_).first(wire::kHeaderBytes));
       if (!h.ok()) return broken(h.error());
       header = h.value();
       need = wire::kHeaderBytes + header->length;
       if (in_.size() < need) in_.resize(need);
     }
+    if (header && in_have_ >= need) return *header;
+    const ssize_t r = receive(fd_, in_.data() + in_have_, in_.size() - in_have_, passed_fds);
+    if (r <= 0) {
+      const bool started = in_have_ > 0;
+      if (send_error != 0) return lost(std::string("send: ") + std::strerror(send_error));
+      if (r == 0)
+        return lost(started ? "the daemon closed the connection mid-reply"
+                            : "the daemon closed the connection");
+      return lost(std::strerror(static_cast<int>(-r)));
+    }
+    in_have_ += static_cast<size_t>(r);
   }
-  // One request is in flight at a time, so nothing can follow the reply.
-  if (have != need) return broken(error(Errc::malformed_frame, "bytes after the reply"));
-  const auto payload = std::span(in_).subspan(wire::kHeaderBytes, header->length);
-  auto reply = wire::decode_reply(*header, payload);
+}
+
+Result<Ok> Connection::take_notice(const wire::FrameHeader& header) {
+  auto epoch =
+      wire::decode_pool_changed(header, std::span(in_).subspan(wire::kHeaderBytes, header.length));
+  consume(wire::kHeaderBytes + header.length);
+  if (!epoch.ok()) return broken(epoch.error());
+  if (newer(epoch.value(), notified_epoch_)) notified_epoch_ = epoch.value();
+  return Ok{};
+}
+
+Result<wire::Reply> Connection::round_trip(uint32_t request_id, std::vector<int>* passed_fds) {
+  if (fd_ < 0) return lost("connection already failed");
+  // A daemon that refuses the connection sends its reason and closes, possibly before our
+  // request is out: so a failed send still reads whatever reply is waiting.
+  const int send_error = write_all(fd_, out_.data(), out_.size());
+  wire::FrameHeader header;
+  for (;;) {
+    auto h = read_frame(passed_fds, send_error);
+    if (!h.ok()) return h.error();
+    header = h.value();
+    if (header.opcode != kNoticeOpcode) break;
+    // A pool_changed notice, pushed between replies: noted, and the reply is still to come.
+    if (auto n = take_notice(header); !n.ok()) return n.error();
+  }
+  const auto payload = std::span(in_).subspan(wire::kHeaderBytes, header.length);
+  auto reply = wire::decode_reply(header, payload);
+  // What follows the reply (a notice pushed after it) stays for the next read.
+  consume(wire::kHeaderBytes + header.length);
   // Request id 0 is the daemon refusing the connection itself (e.g. too many sessions).
-  if (header->request_id != request_id && header->request_id != 0) {
+  if (header.request_id != request_id && header.request_id != 0) {
     return broken(error(Errc::malformed_frame, "reply to request " +
-                                                   std::to_string(header->request_id) +
+                                                   std::to_string(header.request_id) +
                                                    ", expected " + std::to_string(request_id)));
   }
   return reply;
+}
+
+bool Connection::names_unmapped_page(const wire::Reply& reply) const {
+  const uint32_t n = pool_.num_pages;
+  if (const auto* a = std::get_if<wire::AllocReply>(&reply)) {
+    return std::any_of(a->pages.begin(), a->pages.end(), [n](PageId p) { return p >= n; });
+  }
+  if (const auto* l = std::get_if<wire::LookupReply>(&reply)) {
+    return std::any_of(l->pages.begin(), l->pages.end(), [n](PageId p) { return p >= n; });
+  }
+  if (const auto* p = std::get_if<wire::PublishReply>(&reply)) {
+    return std::any_of(p->results.begin(), p->results.end(),
+                       [n](const PublishResult& r) { return r.page >= n; });
+  }
+  return false;
+}
+
+void Connection::adopt(const wire::PoolInfo& info) {
+  // The session's own facts (its tenant) are the hello's; the rest is the pool's, as it is now.
+  std::string tenant = std::move(pool_.tenant);
+  pool_ = info;
+  pool_.tenant = std::move(tenant);
+}
+
+Result<bool> Connection::sync() {
+  struct Guard {
+    bool& flag;
+    explicit Guard(bool& f) : flag(f) { flag = true; }
+    ~Guard() { flag = false; }
+    Guard(const Guard&) = delete;
+    Guard& operator=(const Guard&) = delete;
+  } guard(syncing_);
+  bool changed = false;
+  for (int round = 0; round < kMaxSyncRounds; ++round) {
+    out_.clear();
+    const uint32_t id = next_id_++;
+    wire::encode_request(id, wire::SegmentsRequest{}, out_);
+    std::vector<int> fds;
+    auto r = expect<wire::SegmentsReply>(round_trip(id, &fds));
+    struct Closer {
+      std::vector<int>& fds;
+      ~Closer() {
+        for (int f : fds)
+          ::close(f);
+      }
+    } closer{fds};
+    if (!r.ok()) return r.error();
+    const wire::PoolInfo& info = r.value().pool;
+    if (std::string what = why_incompatible(pool_, info); !what.empty()) {
+      return error(Errc::malformed_frame, "segments reply for pool " + pool_.pool_name +
+                                              " changes " + what +
+                                              ", which a resize never changes");
+    }
+    // The reply may be newer than every notice read so far (a change that happened after them).
+    if (newer(info.epoch, notified_epoch_)) notified_epoch_ = info.epoch;
+    if (info.epoch != pool_.epoch || info.segments != pool_.segments) {
+      if (mapping_) {
+        auto u = mapping_->update(info, fds);
+        if (!u.ok()) return u.error();
+      }
+      adopt(info);
+      changed = true;
+    }
+    if (!newer(notified_epoch_, pool_.epoch)) return changed;
+  }
+  return error(Errc::internal, "pool " + pool_.pool_name + " kept changing: still behind after " +
+                                   std::to_string(kMaxSyncRounds) + " segments requests");
+}
+
+Result<bool> Connection::poll_notices() {
+  if (fd_ < 0) return lost("connection already failed");
+  for (;;) {
+    if (in_have_ == 0) {
+      pollfd p{fd_, POLLIN, 0};
+      const int n = ::poll(&p, 1, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return error(Errc::internal, std::string("poll: ") + std::strerror(errno));
+      if (n == 0) break;  // nothing waiting
+    }
+    // A frame has started (or bytes, or the daemon's close, are waiting): read it whole.
+    auto h = read_frame(nullptr, 0);
+    if (!h.ok()) return h.error();
+    if (h.value().opcode != kNoticeOpcode) {
+      return broken(error(Errc::malformed_frame, "a frame of opcode " +
+                                                     std::to_string(h.value().opcode) +
+                                                     " arrived with no request in flight"));
+    }
+    if (auto t = take_notice(h.value()); !t.ok()) return t.error();
+  }
+  if (!newer(notified_epoch_, pool_.epoch)) return false;
+  return sync();
 }
 
 Result<wire::Reply> Connection::call(const wire::Request& request) {
@@ -235,7 +379,22 @@ Result<wire::Reply> Connection::call(const wire::Request& request) {
   out_.clear();
   const uint32_t id = next_id_++;
   wire::encode_request(id, request, out_);
-  return round_trip(id, nullptr);
+  auto reply = round_trip(id, nullptr);
+  if (syncing_ || fd_ < 0) return reply;
+  const bool beyond = reply.ok() && names_unmapped_page(reply.value());
+  if (!beyond && !newer(notified_epoch_, pool_.epoch)) return reply;
+  // The pool changed (a notice came) or the reply names a page past the mapped ones: map what
+  // is new before the caller sees the reply. A failed sync fails a successful call (its pages
+  // could not be used), and is retried by the next call after a failed one.
+  auto synced = sync();
+  if (!reply.ok()) return reply;
+  if (!synced.ok()) return synced.error();
+  if (names_unmapped_page(reply.value())) {
+    return error(Errc::malformed_frame, "reply names a page beyond the pool's " +
+                                            std::to_string(pool_.num_pages) +
+                                            " pages, even after syncing its segments");
+  }
+  return reply;
 }
 
 Result<std::vector<PageId>> Connection::alloc(uint32_t count, const PageHints& hints) {
@@ -339,6 +498,26 @@ Result<wire::ReloadReply> Connection::reload() {
 
 Result<wire::SnapshotReply> Connection::snapshot() {
   return expect<wire::SnapshotReply>(call(wire::SnapshotRequest{}));
+}
+
+// Elastic pools -----------------------------------------------------------------------------
+
+Result<uint32_t> Connection::resize(uint32_t pages) {
+  auto r = expect<wire::ResizeReply>(call(wire::ResizeRequest{pages}));
+  if (!r.ok()) return r.error();
+  // The daemon pushed its notice before this reply, so call() has synced already; a daemon that
+  // did not is asked here.
+  if (r.value().pages != pool_.num_pages) {
+    auto s = sync();
+    if (!s.ok()) return s.error();
+  }
+  return r.value().pages;
+}
+
+Result<wire::PoolInfo> Connection::segments() {
+  auto r = expect<wire::SegmentsReply>(call(wire::SegmentsRequest{}));
+  if (!r.ok()) return r.error();
+  return std::move(r.value().pool);
 }
 
 }  // namespace kvpool::client

@@ -16,6 +16,20 @@
 // closes (destructor, exit, kill -9). A worker publishes a page only after writing all its
 // bytes, and reads a page only while holding a reference to it.
 //
+// Elastic pools grow and shrink by whole segments inside a virtual range reserved for their
+// largest size. The daemon pushes a pool_changed notice (with the pool's new epoch) to every
+// session of the pool, always before a reply that hands out a page of a new segment; call()
+// reads such notices while it waits for its reply and, before returning that reply, asks for the
+// current segments (a segments request) and maps what is new and unmaps what is gone
+// (PoolMapping::update). A reply naming a page at or beyond num_pages() triggers the same sync.
+// poll_notices() does it without a request, for engines that are idle (a shrink's memory is
+// released only once every worker has unmapped it). base() never changes: pointers into the pool
+// stay valid across a grow, and across a shrink for every page outside the removed segments. The
+// pages of a removed segment must not be touched after the sync; the daemon shrinks only
+// segments none of whose pages any session holds, so a worker that reads and writes only the
+// pages it holds is never affected. num_pages(), bytes() and pool() describe the pool as last
+// synced.
+//
 // Thread-safety: a Connection serves one call at a time; use one per thread or lock around it.
 #pragma once
 
@@ -52,7 +66,11 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
+  // The pool as last synced (num_pages, segments, epoch change when it grows or shrinks).
   const wire::PoolInfo& pool() const { return pool_; }
+  uint32_t num_pages() const { return pool_.num_pages; }
+  // Bytes of pool memory mapped now (the segments' sum).
+  uint64_t bytes() const { return pool_.segment_bytes; }
   uint64_t session_id() const { return session_id_; }
   // Where page 0 is in this process: host memory, or device memory of CUDA ordinal device().
   std::byte* base() const { return base_; }
@@ -66,7 +84,7 @@ class Connection {
     return layer_stride_bytes(pool_.geometry, pool_.layout, pool_.num_pages);
   }
   // The scales of page p in 8-bit pools (layers · kv_heads · 2 floats, kernels/paged_kv.h), in the
-  // side region after the last page; nullptr for 16-bit pools.
+  // side region at pool().scales_offset; nullptr for 16-bit pools.
   float* page_scales(PageId p) const;
 
   // hints (priority class, pin TTL) apply to the pages the call leaves this session holding;
@@ -103,7 +121,21 @@ class Connection {
   // The daemon's stats snapshot (common/stats_layout.h), decoded.
   Result<wire::SnapshotReply> snapshot();
 
-  // One request, one reply (the typed calls above use it).
+  // Elastic pools.
+  // Admin: grows or shrinks the pool by whole segments to the size nearest `pages` within its
+  // limits; returns its size now (this session's mapping follows before the call returns).
+  Result<uint32_t> resize(uint32_t pages);
+  // The pool as the daemon has it now (the descriptors that come with it are closed; the mapping
+  // is not changed: use poll_notices() or any call to follow a change).
+  Result<wire::PoolInfo> segments();
+  // Without blocking: reads the pool_changed notices already waiting on the socket and, when the
+  // pool changed, syncs the mapping (a segments request). Returns whether the mapping changed.
+  // For engines to call when idle, so a shrink's memory is released without waiting for their
+  // next request.
+  Result<bool> poll_notices();
+
+  // One request, one reply (the typed calls above use it). Notices read on the way are acted on
+  // (the mapping synced) before it returns.
   Result<wire::Reply> call(const wire::Request& request);
 
   // The socket, for tests that need to send raw bytes.
@@ -111,8 +143,23 @@ class Connection {
 
  private:
   explicit Connection(int fd) : fd_(fd) {}
-  // Sends out_, reads one reply frame into a Reply (or Error). Captures a passed fd, if any.
+  // Sends out_, reads one reply frame into a Reply (or Error), reading past any pool_changed
+  // notice (which sets notified_epoch_). Captures passed fds, if any.
   Result<wire::Reply> round_trip(uint32_t request_id, std::vector<int>* passed_fds);
+  // Reads until in_ starts with one whole frame (in_[0, kHeaderBytes + header.length)); bytes
+  // already buffered count. send_error: the errno of a failed send, reported when nothing comes.
+  Result<wire::FrameHeader> read_frame(std::vector<int>* passed_fds, int send_error);
+  // Drops the frame at the front of in_ (n bytes), keeping whatever followed it.
+  void consume(size_t n);
+  // Records a pool_changed notice held in in_ (an error breaks the connection).
+  Result<Ok> take_notice(const wire::FrameHeader& header);
+  // Segments request + PoolMapping::update until the mapping is at the newest epoch notified.
+  Result<bool> sync();
+  // Whether a reply names a page beyond the mapped pool (then sync() before returning it).
+  bool names_unmapped_page(const wire::Reply& reply) const;
+
+  // The pool as of the segments reply `info` (keeps what the hello said of the session).
+  void adopt(const wire::PoolInfo& info);
   Error lost(const std::string& what);
   // The byte stream is out of step (a reply that does not parse or does not pair with its
   // request): nothing more can be read from it safely, so the connection is closed.
@@ -124,7 +171,10 @@ class Connection {
   uint32_t next_id_ = 1;
   std::vector<std::byte> out_;
   std::vector<std::byte> in_;
+  size_t in_have_ = 0;  // bytes of in_ read and not yet consumed (a frame, or the start of one)
   wire::PoolInfo pool_;
+  uint32_t notified_epoch_ = 0;  // the newest epoch a pool_changed notice announced
+  bool syncing_ = false;         // inside sync(): its own calls do not sync again
   uint64_t session_id_ = 0;
   std::unique_ptr<PoolMapping> mapping_;
   std::byte* base_ = nullptr;  // mapping_->base()

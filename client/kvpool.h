@@ -6,6 +6,10 @@
  * A kvpool_conn is used by one thread at a time. Memory: page p of the pool is at
  * (char*)kvpool_base(c) + p * info.page_stride: host memory when info.device < 0, else device
  * memory on CUDA device info.device (an ordinal of this process).
+ * Elastic pools grow and shrink at run time (client/connection.h): every call follows a change
+ * the daemon announced before it returns, and kvpool_poll_notices() does so without a request.
+ * kvpool_base() never changes; pages of a removed segment (none this connection holds) must not
+ * be touched after the call that followed the shrink.
  */
 #ifndef KVPOOL_CLIENT_KVPOOL_H_
 #define KVPOOL_CLIENT_KVPOOL_H_
@@ -49,6 +53,13 @@ typedef struct {
   int32_t device;        /* CUDA ordinal in this process holding the pool; -1: host memory */
   uint8_t layout;        /* 0 page_major, 1 layer_major */
   uint64_t layer_stride; /* bytes from layer l to l+1 in layer_major, 0 otherwise */
+  /* Elastic pools (fields are only ever appended here). num_pages is the pool's size as this
+   * connection last synced it; max_pages is the most it may grow to (num_pages for a fixed
+   * pool); epoch counts its grows and shrinks; reserved_bytes is the virtual range at
+   * kvpool_base() kept for it (segment_bytes of it are mapped now). */
+  uint32_t max_pages;
+  uint32_t epoch;
+  uint64_t reserved_bytes;
 } kvpool_pool_info;
 
 typedef struct {
@@ -104,6 +115,14 @@ int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
  * destinations not published, no page both read and written. Returns when the copy is done. */
 int kvpool_copy(kvpool_conn* c, const kvpool_page_id* src, const kvpool_page_id* dst, size_t n);
 int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
+
+/* Elastic pools. Without blocking, reads the pool-changed notices already waiting and maps (or
+ * unmaps) the pool's new segments; *changed (may be NULL) = 1 when the mapping changed, else 0.
+ * For an idle worker, so that a shrink's memory is released without waiting for its next call. */
+int kvpool_poll_notices(kvpool_conn* c, int* changed);
+/* Admin: grows or shrinks the pool by whole segments to the size nearest `pages` within its
+ * limits; *now (may be NULL) = its size in pages after the call (this connection follows it). */
+int kvpool_resize(kvpool_conn* c, uint32_t pages, uint32_t* now);
 
 /* The name of an error code ("out_of_pages", ...); "unknown_error" for a value that is none. */
 const char* kvpool_error_name(int code);

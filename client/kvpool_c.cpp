@@ -75,7 +75,10 @@ void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out) {
                           p.segment_bytes,
                           c->conn->device(),
                           static_cast<uint8_t>(c->conn->layout()),
-                          c->conn->layer_stride()};
+                          c->conn->layer_stride(),
+                          p.max_pages,
+                          p.epoch,
+                          p.reserved_bytes};
 }
 
 int kvpool_set_hints(kvpool_conn* c, const kvpool_hints* hints) {
@@ -164,6 +167,21 @@ int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out) {
       kvpool_stats{s.total,     s.free,          s.in_use,     s.cached,    s.sessions,
                    s.lookups,   s.lookup_blocks, s.hit_blocks, s.allocated, s.released,
                    s.published, s.duplicates,    s.evicted,    s.flushed,   s.session_held_pages};
+  return KVPOOL_OK;
+}
+
+int kvpool_poll_notices(kvpool_conn* c, int* changed) {
+  if (changed != nullptr) *changed = 0;
+  auto r = c->conn->poll_notices();
+  if (!r.ok()) return fail(c, r);
+  if (changed != nullptr) *changed = r.value() ? 1 : 0;
+  return KVPOOL_OK;
+}
+
+int kvpool_resize(kvpool_conn* c, uint32_t pages, uint32_t* now) {
+  auto r = c->conn->resize(pages);
+  if (!r.ok()) return fail(c, r);
+  if (now != nullptr) *now = r.value();
   return KVPOOL_OK;
 }
 

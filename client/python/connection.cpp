@@ -78,6 +78,12 @@ void bind_connection(py::module_& m) {
       .def_readonly("num_pages", &wire::PoolInfo::num_pages)
       .def_readonly("page_stride", &wire::PoolInfo::page_stride)
       .def_readonly("mapped_bytes", &wire::PoolInfo::segment_bytes)
+      .def_readonly("reserved_bytes", &wire::PoolInfo::reserved_bytes,
+                    "the virtual range kept for the pool at its base (its largest size)")
+      .def_readonly("max_pages", &wire::PoolInfo::max_pages,
+                    "the pages an elastic pool may grow to (num_pages for a fixed pool)")
+      .def_readonly("epoch", &wire::PoolInfo::epoch,
+                    "the version of the pool's segment list: every grow or shrink increments it")
       .def_property_readonly(
           "layout", [](const wire::PoolInfo& p) { return std::string(layout_name(p.layout)); },
           "page_major (a page holds every layer) or layer_major (one dense plane per layer)")
@@ -213,6 +219,22 @@ void bind_connection(py::module_& m) {
           "flush",
           [](PyConnection& c) { return c.call([](client::Connection& k) { return k.flush(); }); },
           "Admin: drops every cached page.")
+      .def(
+          "poll_notices",
+          [](PyConnection& c) {
+            return c.call([](client::Connection& k) { return k.poll_notices(); });
+          },
+          "Without blocking: follows a grow or shrink the daemon announced (maps the new "
+          "segments, unmaps the removed ones); True when the mapping changed. For idle workers; "
+          "every other call does it too. Views stay valid: the pool's base never moves.")
+      .def(
+          "resize",
+          [](PyConnection& c, uint32_t pages) {
+            return c.call([&](client::Connection& k) { return k.resize(pages); });
+          },
+          py::arg("pages"),
+          "Admin: grows or shrinks an elastic pool to the size nearest pages within its limits; "
+          "returns its size in pages now.")
       .def("close", &PyConnection::close,
            "Drops this handle; the session ends when no view or SequenceCache uses it either.")
       .def("__enter__", [](py::object self) { return self; })

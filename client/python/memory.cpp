@@ -12,6 +12,7 @@
 #include <dlpack/dlpack.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -134,9 +135,11 @@ PoolView make_view(PyConnection& c, const std::string& dtype, const std::vector<
   }
   uint64_t end = 0;
   overflow |= __builtin_mul_overflow(last + 1, esize, &end);
-  if (!empty && (overflow || end > k.pool().segment_bytes)) {
-    throw py::value_error("view: reaches past the mapping of " +
-                          std::to_string(k.pool().segment_bytes) + " bytes" +
+  // The bound is the pool's reservation (segment_bytes for a fixed pool): the view of an elastic
+  // pool may cover pages it grows into later, as the base never moves.
+  const uint64_t limit = std::max(k.pool().reserved_bytes, k.pool().segment_bytes);
+  if (!empty && (overflow || end > limit)) {
+    throw py::value_error("view: reaches past the mapping of " + std::to_string(limit) + " bytes" +
                           (overflow ? std::string() : " (to byte " + std::to_string(end) + ")"));
   }
   return PoolView{c.ref, k.base() + offset, k.device(), type, shape, strides};

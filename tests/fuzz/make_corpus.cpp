@@ -141,6 +141,8 @@ int main(int argc, char** argv) {
       stream(kRoot, {hello(), AllocRequest{3}, PublishRequest{publish_items(p012, 0)},
                      ReleaseRequest{p012}, EvictRequest{1}, FlushRequest{}, SubscribeRequest{1}}));
   put("snapshot", stream(kRoot, {hello(), SnapshotRequest{}}));
+  put("segments-resize", stream(kRoot, {hello(), SegmentsRequest{}, ResizeRequest{8},
+                                        AllocRequest{2}, SegmentsRequest{}}));
 
   // Hints: priority classes and pins on every call that takes them, then what is refused: a
   // pin longer than limits.max_pin_ttl_ms, more pins than the tenant's share of the pool.

@@ -170,6 +170,9 @@ std::vector<Request> sample_requests() {
   v.emplace_back(SubscribeRequest{0});
   v.emplace_back(SubscribeRequest{UINT64_MAX});
   v.emplace_back(SnapshotRequest{});
+  v.emplace_back(SegmentsRequest{});
+  v.emplace_back(ResizeRequest{0});
+  v.emplace_back(ResizeRequest{UINT32_MAX});
   return v;
 }
 
@@ -182,7 +185,27 @@ PoolInfo sample_pool(KvDtype dtype) {
   p.pool_name = "default";
   p.backend = "host";
   p.tenant = "tenant-a";
-  p.segments = {SegmentInfo{8ull << 30, {}}};
+  p.segments = {SegmentInfo{8ull << 30, {}, 0}};
+  p.reserved_bytes = 8ull << 30;
+  p.scales_offset = 0x0102030405060708ull;  // distinct values: a swapped field shows
+  p.max_pages = 8192;
+  p.epoch = 3;
+  return p;
+}
+
+// An elastic pool: two segments of the pages region and the scales region, inside a larger
+// reservation, listed out of offset order.
+PoolInfo sample_elastic_pool() {
+  PoolInfo p = sample_pool(KvDtype::int8);
+  p.backend = "fake-device";
+  p.num_pages = 64;
+  p.max_pages = 1024;
+  p.epoch = UINT32_MAX;
+  p.reserved_bytes = 4ull << 30;
+  p.scales_offset = 2ull << 30;
+  p.segments = {SegmentInfo{64ull << 20, {}, 0}, SegmentInfo{2ull << 20, {}, 2ull << 30},
+                SegmentInfo{64ull << 20, {}, 64ull << 20}};
+  p.segment_bytes = (128ull + 2) << 20;
   return p;
 }
 
@@ -276,6 +299,12 @@ std::vector<Reply> sample_replies() {
   v.emplace_back(SubscribeReply{UINT64_MAX, UINT64_MAX, 0});
   v.emplace_back(SnapshotReply{});
   v.emplace_back(SnapshotReply{1, hex_bytes({1, 2, 3, 0, 0xff})});
+  v.emplace_back(SegmentsReply{});
+  v.emplace_back(SegmentsReply{sample_pool(KvDtype::fp16)});
+  v.emplace_back(SegmentsReply{sample_elastic_pool()});
+  v.emplace_back(SegmentsReply{sample_ipc_pool()});
+  v.emplace_back(ResizeReply{0});
+  v.emplace_back(ResizeReply{UINT32_MAX});
   return v;
 }
 
@@ -352,6 +381,89 @@ TEST(ProtocolRoundTrip, EventBatch) {
   auto r = decode_event_batch(h.value(), exact(bad));
   ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
   EXPECT_NE(r.error().message.find("kind 9"), std::string::npos) << r.error().message;
+}
+
+// Elastic pools -------------------------------------------------------------------------------
+
+TEST(ProtocolRoundTrip, OpcodesOfElasticPools) {
+  EXPECT_EQ(opcode_of(Request{SegmentsRequest{}}), Opcode::segments);
+  EXPECT_EQ(opcode_of(Request{ResizeRequest{}}), Opcode::resize);
+  EXPECT_EQ(opcode_of(Reply{SegmentsReply{}}), Opcode::segments);
+  EXPECT_EQ(opcode_of(Reply{ResizeReply{}}), Opcode::resize);
+  EXPECT_EQ(static_cast<uint16_t>(Opcode::segments), 25);
+  EXPECT_EQ(static_cast<uint16_t>(Opcode::resize), 26);
+  EXPECT_EQ(opcode_name(25), "segments");
+  EXPECT_EQ(opcode_name(26), "resize");
+  EXPECT_EQ(opcode_name(27), "pool_changed");
+  EXPECT_EQ(opcode_name(28), "");
+}
+
+TEST(ProtocolRoundTrip, ExactBytesOfResizeAndSegments) {
+  EXPECT_EQ(exact(payload_of(encode(1, Request{ResizeRequest{0x01020304}}))),
+            Builder().u32(0x01020304).bytes());
+  EXPECT_TRUE(payload_of(encode(1, Request{SegmentsRequest{}})).empty());
+  EXPECT_EQ(exact(payload_of(encode(1, Reply{ResizeReply{7}}))), Builder().u16(0).u32(7).bytes());
+  // A segments reply is the hello reply's PoolInfo without the session id.
+  const PoolInfo pool = sample_elastic_pool();
+  const Bytes hello = encode(1, Reply{HelloReply{9, pool}});
+  const Bytes segments = encode(1, Reply{SegmentsReply{pool}});
+  Bytes want = Builder().u16(0).bytes();
+  want.insert(want.end(), payload_of(hello).begin() + 2 + 8, payload_of(hello).end());
+  EXPECT_EQ(exact(payload_of(segments)), want);
+}
+
+TEST(ProtocolPoolChanged, RoundTrip) {
+  for (uint32_t epoch : {0u, 1u, 0x01020304u, UINT32_MAX}) {
+    Bytes frame;
+    encode_pool_changed(epoch, frame);
+    auto h = decode_header(frame);
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    EXPECT_EQ(h.value().opcode, rep_op(Opcode::pool_changed));
+    EXPECT_EQ(h.value().request_id, 0u);
+    EXPECT_EQ(exact(payload_of(frame)), Builder().u16(0).u32(epoch).bytes());
+    auto e = decode_pool_changed(h.value(), exact(payload_of(frame)));
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    EXPECT_EQ(e.value(), epoch);
+    // Neither a request nor a reply: a client reads it with decode_pool_changed.
+    EXPECT_FALSE(decode_reply(h.value(), exact(payload_of(frame))).ok());
+    EXPECT_TRUE(fails_with(Errc::unknown_opcode,
+                           decode_request_bytes(req_op(Opcode::pool_changed), Bytes{})));
+  }
+}
+
+TEST(ProtocolPoolChanged, WrongOpcodeIsRefused) {
+  const Bytes payload = Builder().u16(0).u32(5).bytes();
+  for (uint16_t op : {req_op(Opcode::pool_changed), rep_op(Opcode::segments),
+                      rep_op(Opcode::event_batch), uint16_t{0}}) {
+    const auto r = decode_pool_changed(header_for(op, payload.size()), payload);
+    EXPECT_TRUE(fails_with(Errc::unknown_opcode, r)) << op;
+  }
+}
+
+TEST(ProtocolPoolChanged, BadStatusIsRefused) {
+  const uint16_t op = rep_op(Opcode::pool_changed);
+  const Bytes payload = Builder().u16(static_cast<uint16_t>(Errc::internal)).u32(5).bytes();
+  const auto r = decode_pool_changed(header_for(op, payload.size()), payload);
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
+  EXPECT_NE(r.error().message.find("not ok"), std::string::npos) << r.error().message;
+}
+
+TEST(ProtocolPoolChanged, TruncatedOrLongPayloadsAreRefused) {
+  const uint16_t op = rep_op(Opcode::pool_changed);
+  const Bytes whole = Builder().u16(0).u32(5).bytes();
+  for (size_t cut = 0; cut < whole.size(); ++cut) {
+    const Bytes part = exact(std::span<const std::byte>(whole).first(cut));
+    EXPECT_TRUE(
+        fails_with(Errc::malformed_frame, decode_pool_changed(header_for(op, part.size()), part)))
+        << cut;
+  }
+  Bytes longer = whole;
+  longer.push_back(std::byte{0});
+  EXPECT_TRUE(fails_with(Errc::malformed_frame,
+                         decode_pool_changed(header_for(op, longer.size()), longer)));
+  // A header whose length disagrees with the bytes given.
+  EXPECT_TRUE(fails_with(Errc::malformed_frame,
+                         decode_pool_changed(header_for(op, whole.size() + 1), whole)));
 }
 
 TEST(ProtocolDecodeRequest, PrefixesLimitIsBounded) {
@@ -506,8 +618,13 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
                          .str("tenant-a")
                          .u32(UINT32_MAX)  // device −1: host memory
                          .u64(0)
-                         .u64(0)  // device uuid
-                         .u32(1)  // one segment
+                         .u64(0)                      // device uuid
+                         .u64(8ull << 30)             // reserved_bytes
+                         .u64(0x0102030405060708ull)  // scales_offset
+                         .u32(8192)                   // max_pages
+                         .u32(3)                      // epoch
+                         .u32(1)                      // one segment
+                         .u64(0)                      // at offset 0
                          .u64(8ull << 30)
                          .u32(0)  // of 8 GiB, no handle
                          .bytes();
@@ -685,9 +802,10 @@ TEST(ProtocolHeader, ShortSpan) {
 // decode_request errors ------------------------------------------------------------------------
 
 TEST(ProtocolDecodeRequest, UnknownOpcode) {
-  const uint16_t ops[] = {0,      13,     19,     24,     25,     63,     64,
-                          0x7fff, 0x8000, 0x8001, 0x8002, 0x8003, 0x8004, 0x8005,
-                          0x8006, 0x8007, 0x800c, 0x8014, 0xffff};
+  // 24 and 27 are pushed by the daemon, never requests.
+  const uint16_t ops[] = {0,      13,     19,     24,     27,     28,     63,
+                          64,     0x7fff, 0x8000, 0x8001, 0x8002, 0x8003, 0x8004,
+                          0x8005, 0x8006, 0x8007, 0x800c, 0x8014, 0xffff};
   for (uint16_t op : ops) {
     auto r = decode_request_bytes(op, Bytes{});
     ASSERT_TRUE(fails_with(Errc::unknown_opcode, r)) << op;
@@ -1118,7 +1236,7 @@ TEST(WireRobustness, RandomPayloadsForEveryOpcode) {
   Rng rng(20240611);
   size_t decoded = 0;
   size_t payloads = 0;
-  const uint16_t ops[] = {1, 2, 3, 4, 5, 6, 7, 20, 21, 22, 23};
+  const uint16_t ops[] = {1, 2, 3, 4, 5, 6, 7, 20, 21, 22, 23, 25, 26};
   for (uint16_t base : ops) {
     for (uint16_t op : {base, static_cast<uint16_t>(base | kReplyBit)}) {
       for (int i = 0; i < 100000; ++i) {
