@@ -97,9 +97,9 @@ int run(int argc, char** argv) {
   uint32_t resize_pages = 0;
   auto* resizec = app.add_subcommand(
       "resize",
-      "Grow or shrink an elastic pool by whole segments to the size nearest PAGES within its "
-      "min and max; a shrink is refused while a page past the new end is in use (root or admin "
-      "group)");
+      "Resize an elastic pool by whole segments within its min and max: below PAGES it grows to "
+      "the first size at or above PAGES, above it shrinks while it stays at or above PAGES; a "
+      "shrink is refused while a page past the new end is in use (root or admin group)");
   resizec->add_option("pages", resize_pages, "Pages wanted")
       ->required()
       ->check(CLI::Range(1u, UINT32_MAX));

@@ -153,8 +153,6 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
            [](const PoolStats& p) { return p.pins; });
   per_pool("kvpool_pins_expired_total", "counter", "Pins that ran out.",
            [](const PoolStats& p) { return p.pins_expired; });
-  per_pool("kvpool_pool_bytes", "gauge", "Memory the pool maps now (its segments).",
-           [](const PoolStats& p) { return p.segment_bytes; });
   per_pool("kvpool_pool_max_pages", "gauge",
            "Pages the pool may grow to (its size, for a fixed pool).",
            [](const PoolStats& p) { return p.max_pages; });

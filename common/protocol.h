@@ -245,8 +245,8 @@ struct SnapshotRequest {
 struct SegmentsRequest {
   friend bool operator==(const SegmentsRequest&, const SegmentsRequest&) = default;
 };
-// Grow or shrink an elastic pool by whole segments to the size nearest `pages` within its
-// limits (admin).
+// Resize an elastic pool by whole segments within its min and max (admin): a pool below `pages`
+// grows to the first size at or above it; one above shrinks while it stays at or above it.
 struct ResizeRequest {
   uint32_t pages = 0;
   friend bool operator==(const ResizeRequest&, const ResizeRequest&) = default;

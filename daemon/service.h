@@ -251,6 +251,7 @@ class Service {
   // One segment more / fewer; the error names the cause (max, budget, pages in use).
   wire::Result<bool> grow_one(Pool& pool);
   wire::Result<bool> shrink_one(Pool& pool);
+  uint32_t pages_after_shrink(const Pool& pool) const;
   // Frees at least `bytes` of the budget by shrinking other elastic pools, lowest hit value per
   // byte first, never `taker` and never below a pool's min; whether it got there.
   bool reclaim(const Pool& taker, uint64_t bytes);

@@ -147,23 +147,25 @@ wire::Result<bool> Service::grow_one(Pool& pool) {
   return true;
 }
 
-wire::Result<bool> Service::shrink_one(Pool& pool) {
-  const uint64_t stride = pool.info.page_stride;
-  const std::vector<wire::SegmentInfo>& segs = pool.memory->segments();
-  // The last pages segment: the pages segment at the highest offset.
+// The page count an elastic pool would have without its last pages segment.
+uint32_t Service::pages_after_shrink(const Pool& pool) const {
   uint64_t last_bytes = 0;
   uint64_t last_offset = 0;
-  for (const wire::SegmentInfo& seg : segs) {
+  for (const wire::SegmentInfo& seg : pool.memory->segments()) {
     if (seg.offset < pool.info.scales_offset && seg.offset >= last_offset) {
       last_offset = seg.offset;
       last_bytes = seg.bytes;
     }
   }
   const uint64_t mapped = pool.memory->pages_bytes_mapped();
+  return static_cast<uint32_t>(std::min<uint64_t>(
+      (mapped - std::min(mapped, last_bytes)) / pool.info.page_stride, pool.pages->num_pages()));
+}
+
+wire::Result<bool> Service::shrink_one(Pool& pool) {
   const uint32_t old_total = pool.pages->num_pages();
-  const auto new_total = static_cast<uint32_t>(
-      std::min<uint64_t>((mapped - std::min(mapped, last_bytes)) / stride, old_total));
-  if (segs.size() <= 1 || new_total < pool.min_pages || new_total == 0) {
+  const uint32_t new_total = pages_after_shrink(pool);
+  if (pool.memory->segments().size() <= 1 || new_total < pool.min_pages || new_total == 0) {
     return resize_error(Errc::invalid_argument,
                         "pool " + pool.config.name + " cannot shrink below its min_capacity (" +
                             std::to_string(pool.min_pages) + " pages) or its first segment");
@@ -291,7 +293,9 @@ wire::Result<wire::Reply> Service::resize(SessionState& s, const wire::ResizeReq
       break;
     }
   }
-  while (pool.pages->num_pages() > r.pages && pool.pages->num_pages() > pool.min_pages) {
+  // Down only when the pool was above the target, and only while it stays at or above it.
+  while (before > r.pages && pages_after_shrink(pool) >= std::max(r.pages, pool.min_pages) &&
+         pool.pages->num_pages() > pool.min_pages) {
     auto sh = shrink_one(pool);
     if (!sh.ok()) {
       // Refused before anything changed: the error; part of the way: the size reached.

@@ -202,6 +202,7 @@ int run(const std::string& backend, const std::string& dtype) {
           const int rc = reuse_from_host(d.socket(), grow_us, shrink_us);
           std::printf("| grow one segment (32 MiB) | %.1f us |\n| shrink one segment | %.1f us |\n",
                       median(grow_us), median(shrink_us));
+          std::fflush(stdout);
           return rc;
         }) == 0,
         "worker B's lookup promotes them from the host tier; its decode over them equals its "
@@ -211,6 +212,7 @@ int run(const std::string& backend, const std::string& dtype) {
     const int rc = measure(d.socket(), t);
     std::printf("| promote, per page | %.2f us |\n| demote, per page | %.2f us |\n", t.promote_us,
                 t.demote_us);
+    std::fflush(stdout);
     return rc;
   });
   check(m == 0, "promote and demote timings");
