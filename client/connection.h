@@ -122,8 +122,9 @@ class Connection {
   Result<wire::SnapshotReply> snapshot();
 
   // Elastic pools.
-  // Admin: grows or shrinks the pool by whole segments to the size nearest `pages` within its
-  // limits; returns its size now (this session's mapping follows before the call returns).
+  // Admin: resizes an elastic pool by whole segments within its min and max (below `pages` it
+  // grows to the first size at or above it, above it shrinks while it stays at or above it);
+  // returns its size now (this session's mapping follows before the call returns).
   Result<uint32_t> resize(uint32_t pages);
   // The pool as the daemon has it now (the descriptors that come with it are closed; the mapping
   // is not changed: use poll_notices() or any call to follow a change).

@@ -120,8 +120,9 @@ int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
  * unmaps) the pool's new segments; *changed (may be NULL) = 1 when the mapping changed, else 0.
  * For an idle worker, so that a shrink's memory is released without waiting for its next call. */
 int kvpool_poll_notices(kvpool_conn* c, int* changed);
-/* Admin: grows or shrinks the pool by whole segments to the size nearest `pages` within its
- * limits; *now (may be NULL) = its size in pages after the call (this connection follows it). */
+/* Admin: resizes an elastic pool by whole segments within its min and max: below `pages` it
+ * grows to the first size at or above it, above it shrinks while it stays at or above it;
+ * *now (may be NULL) = its size in pages after the call (this connection follows it). */
 int kvpool_resize(kvpool_conn* c, uint32_t pages, uint32_t* now);
 
 /* The name of an error code ("out_of_pages", ...); "unknown_error" for a value that is none. */

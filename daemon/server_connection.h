@@ -6,7 +6,9 @@
 // and comes back through copy_done on the loop.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -62,6 +64,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     boost::system::error_code ignored;
     socket_.close(ignored);
     if (subscribed_) server_.subscribers_.erase(this);
+    drop_fds();
     // Assigning {} would keep the capacity: these really give the memory back.
     std::vector<std::byte>().swap(in_);
     std::vector<std::byte>().swap(out_);
@@ -160,7 +163,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       arm_frame_timer("closing: the peer did not read its error reply within the frame timeout");
       return;
     }
-    if (copy_in_flight_ || pending_bytes() > kMaxBacklogBytes) {
+    if (copy_in_flight_ || pending_bytes() > kMaxBacklogBytes || !fds_to_pass_.empty()) {
       // Paused: buffered requests wait for the copy or for the peer to read (backpressure). A
       // partial frame waiting here is our doing, not the peer's, so its timer stops.
       if (!copy_in_flight_) reading_paused_ = true;
@@ -232,7 +235,8 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     size_t frames = 0;
     const size_t out_at_start = out_.size();
     frame_end_ = 0;
-    while (!close_after_flush_ && !subscribed_ && !copy_in_flight_ &&
+    // A reply with descriptors is sent before the next frame is read: one at a time.
+    while (!close_after_flush_ && !subscribed_ && !copy_in_flight_ && fds_to_pass_.empty() &&
            in_len_ - pos >= wire::kHeaderBytes) {
       // Checked before each reply is built, so a pipeline of large replies stops here.
       if (pending_bytes() > kMaxBacklogBytes || frames == kMaxFramesPerTurn ||
@@ -278,7 +282,16 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
         break;
       }
       if (!fds.empty()) {
-        fds_to_pass_ = fds;
+        // Copies of the pool's descriptors: an elastic pool may close or reallocate its own
+        // before this reply leaves.
+        for (const int fd : fds) {
+          const int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+          if (dup >= 0) fds_to_pass_.push_back(dup);
+        }
+        if (fds_to_pass_.size() != fds.size()) {
+          log_event(LogLevel::error, "fd_copy_failed",
+                    {kv("session", session_->id), kv("error", std::strerror(errno))});
+        }
         fds_at_ = reply_at;
       }
       if (arrival != 0) {
@@ -411,7 +424,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n > 0) {
         sent_ += static_cast<size_t>(n);
-        if (with_fds) fds_to_pass_ = {};
+        if (with_fds) drop_fds();
         continue;
       }
       if (n < 0 && errno == EINTR) continue;
@@ -472,8 +485,19 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::byte> out_;
   size_t sent_ = 0;
   uint64_t accounted_ = 0;  // buffer bytes as last told to the server (account())
-  // Owned by the pool's memory (≤ kMaxSegments); sent once, with the byte at fds_at_.
-  std::span<const int> fds_to_pass_;
+  // Our copies of the pool's descriptors (≤ kMaxSegments), sent once, with the byte at fds_at_,
+  // then closed.
+  std::vector<int> fds_to_pass_;
+
+ public:
+  ~Connection() { drop_fds(); }
+
+ private:
+  void drop_fds() {
+    for (const int fd : fds_to_pass_)
+      ::close(fd);
+    fds_to_pass_.clear();
+  }
   size_t fds_at_ = 0;
 
   bool closed_ = false;

@@ -212,6 +212,7 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   if (next.socket_group != config_.socket_group) restart.emplace_back("socket.group");
   if (next.backend != config_.backend) restart.emplace_back("backend");
   if (next.device != config_.device) restart.emplace_back("device");
+  if (next.memory_budget != config_.memory_budget) restart.emplace_back("memory_budget");
   // Whether tenants may share a pool is a permission, checked at attach: it applies live (and
   // the config that sets it was validated with it), the rest of a pool waits for a restart.
   // The eviction policy too: PagePool::set_policy hands the cached pages over.

@@ -154,7 +154,9 @@ struct CopyJob {
   kernels::CopyPagesArgs args;  // points into src and dst
   std::string error;            // set by run(): "" or the copier's error text
 
-  void run() { error = pool->memory->copy_pages(args, pool->pages->num_pages()); }
+  // The page count was taken on the loop (args.kv.num_pages): an elastic pool may resize while
+  // this runs, above the pages it copies, which its session holds.
+  void run() { error = pool->memory->copy_pages(args, args.kv.num_pages); }
 };
 
 class Service {
@@ -252,9 +254,14 @@ class Service {
   wire::Result<bool> grow_one(Pool& pool);
   wire::Result<bool> shrink_one(Pool& pool);
   uint32_t pages_after_shrink(const Pool& pool) const;
-  // Frees at least `bytes` of the budget by shrinking other elastic pools, lowest hit value per
-  // byte first, never `taker` and never below a pool's min; whether it got there.
-  bool reclaim(const Pool& taker, uint64_t bytes);
+  // Frees at least `bytes` of the budget by shrinking other elastic pools, lowest hits per byte
+  // first, only those below `below` hits per byte (< 0: any), never `taker`, never below a
+  // pool's min, never one running a copy; shrinks nothing when they cannot give enough.
+  bool reclaim(const Pool& taker, uint64_t bytes, double below);
+  // The bytes of the pool's next segment (the last one may be short); its hits per mapped byte
+  // since its last resize.
+  uint64_t next_segment_bytes(const Pool& pool) const;
+  double hits_per_byte(const Pool& pool) const;
   // Bytes the elastic pools map now, and what the budget allows (UINT64_MAX: no budget).
   uint64_t elastic_bytes() const;
   // After a resize: page count, info, epoch, history, log and event.

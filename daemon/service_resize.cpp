@@ -134,10 +134,10 @@ wire::Result<bool> Service::grow_one(Pool& pool) {
   if (!g.ok()) return g.error();
   if (elastic_bytes() > budget_bytes_) {
     // The segment came out larger than the caller planned for; give it back.
+    const uint64_t added = pool.memory->bytes() - before;
     (void)pool.memory->shrink_segment();
     return resize_error(Errc::out_of_pages, "pool " + pool.config.name + ": a segment of " +
-                                                human_bytes(pool.memory->bytes() - before) +
-                                                " would pass memory_budget (" +
+                                                human_bytes(added) + " would pass memory_budget (" +
                                                 human_bytes(budget_bytes_) + ")");
   }
   const uint64_t pages =
@@ -163,6 +163,12 @@ uint32_t Service::pages_after_shrink(const Pool& pool) const {
 }
 
 wire::Result<bool> Service::shrink_one(Pool& pool) {
+  if (pool.copies_in_flight > 0) {
+    // A deferred copy runs on the pool's copier off the loop; a shrink's moves would share it.
+    return resize_error(Errc::out_of_pages, "pool " + pool.config.name +
+                                                " is running a daemon-side copy; it gives back "
+                                                "no segment until the copy is done");
+  }
   const uint32_t old_total = pool.pages->num_pages();
   const uint32_t new_total = pages_after_shrink(pool);
   if (pool.memory->segments().size() <= 1 || new_total < pool.min_pages || new_total == 0) {
@@ -209,20 +215,35 @@ wire::Result<bool> Service::shrink_one(Pool& pool) {
   return true;
 }
 
-bool Service::reclaim(const Pool& taker, uint64_t bytes) {
-  const auto value = [](const Pool& p) {
-    const uint64_t hits = p.pages->stats().counters.hit_blocks - p.hits_at_resize;
-    return static_cast<double>(hits) /
-           static_cast<double>(std::max<uint64_t>(1, p.memory->bytes()));
-  };
+uint64_t Service::next_segment_bytes(const Pool& pool) const {
+  const uint64_t region = pool.info.scales_offset;
+  return std::min(
+      round_up(std::max(pool.config.segment_size, pool.info.page_stride), backend_->granularity()),
+      region - std::min(region, pool.memory->pages_bytes_mapped()));
+}
+
+double Service::hits_per_byte(const Pool& pool) const {
+  const uint64_t hits = pool.pages->stats().counters.hit_blocks - pool.hits_at_resize;
+  return static_cast<double>(hits) /
+         static_cast<double>(std::max<uint64_t>(1, pool.memory->bytes()));
+}
+
+bool Service::reclaim(const Pool& taker, uint64_t bytes, double below) {
   std::vector<Pool*> donors;
+  uint64_t can_give = 0;
   for (const auto& p : pools_) {
-    if (p.get() != &taker && p->elastic() && p->pages->num_pages() > p->min_pages) {
+    if (p.get() != &taker && p->elastic() && p->pages->num_pages() > p->min_pages &&
+        p->copies_in_flight == 0 && (below < 0 || hits_per_byte(*p) < below)) {
       donors.push_back(p.get());
+      const uint64_t floor = uint64_t{p->min_pages} * p->info.page_stride;
+      can_give +=
+          p->memory->pages_bytes_mapped() - std::min(floor, p->memory->pages_bytes_mapped());
     }
   }
+  // Nothing is shrunk for a reclaim that cannot succeed (a held page may still stop one).
+  if (elastic_bytes() + bytes > budget_bytes_ + can_give) return false;
   std::sort(donors.begin(), donors.end(),
-            [&](const Pool* a, const Pool* b) { return value(*a) < value(*b); });
+            [&](const Pool* a, const Pool* b) { return hits_per_byte(*a) < hits_per_byte(*b); });
   for (Pool* d : donors) {
     while (elastic_bytes() + bytes > budget_bytes_ && shrink_one(*d).ok()) {
     }
@@ -233,24 +254,14 @@ bool Service::reclaim(const Pool& taker, uint64_t bytes) {
 
 bool Service::grow_for(Pool& pool, uint64_t free_wanted) {
   bool grew = false;
-  const uint64_t stride = pool.info.page_stride;
   while (pool.pages->stats().free < free_wanted && pool.pages->num_pages() < pool.info.max_pages) {
-    const uint64_t region = pool.info.scales_offset;
-    const uint64_t next =
-        std::min(round_up(std::max(pool.config.segment_size, stride), backend_->granularity()),
-                 region - std::min(region, pool.memory->pages_bytes_mapped()));
+    const uint64_t next = next_segment_bytes(pool);
     if (elastic_bytes() + next > budget_bytes_) {
-      // A full budget: the pool's own cache first, unless its hits per byte beat a donor's.
+      // A full budget: the pool's own cache first, unless its hits per byte beat a donor's;
+      // under pressure (nothing of its own left to evict) any donor will do.
       const core::PoolStats st = pool.pages->stats();
       const bool pressure = uint64_t{st.free} + st.cached - st.pinned_cached < free_wanted;
-      const uint64_t hits = st.counters.hit_blocks - pool.hits_at_resize;
-      bool busier = false;
-      for (const auto& p : pools_) {
-        if (p.get() == &pool || !p->elastic() || p->pages->num_pages() <= p->min_pages) continue;
-        const uint64_t other = p->pages->stats().counters.hit_blocks - p->hits_at_resize;
-        busier |= hits * p->memory->bytes() > other * pool.memory->bytes();
-      }
-      if (!(pressure || busier) || !reclaim(pool, next)) break;
+      if (!reclaim(pool, next, pressure ? -1.0 : hits_per_byte(pool))) break;
     }
     if (!grow_one(pool).ok()) break;
     grew = true;
@@ -275,10 +286,10 @@ wire::Result<wire::Reply> Service::resize(SessionState& s, const wire::ResizeReq
         "pool " + pool.config.name + " is not elastic (give it max_capacity in the config)");
   }
   const uint32_t before = pool.pages->num_pages();
-  while (pool.pages->num_pages() < r.pages) {
-    const uint64_t next = round_up(std::max(pool.config.segment_size, pool.info.page_stride),
-                                   backend_->granularity());
-    if (elastic_bytes() + next > budget_bytes_ && !reclaim(pool, next)) {
+  while (pool.pages->num_pages() < r.pages && pool.pages->num_pages() < pool.info.max_pages) {
+    const uint64_t next = next_segment_bytes(pool);
+    // An operator's resize may take from any donor above its min.
+    if (elastic_bytes() + next > budget_bytes_ && !reclaim(pool, next, -1.0)) {
       if (pool.pages->num_pages() == before) {
         return resize_error(Errc::out_of_pages,
                             "pool " + pool.config.name + ": no segment fits memory_budget (" +

@@ -2,6 +2,9 @@
 
 #include <unistd.h>
 
+#include <atomic>
+#include <cstring>
+
 #include <algorithm>
 
 #include "common/device/memfd_vmm.h"
@@ -103,7 +106,14 @@ class ElasticVmmMemory final : public PoolMemory {
       return prefixed(mapped.error());
     }
     const auto at = static_cast<std::ptrdiff_t>(index);
-    segments_.insert(segments_.begin() + at, wire::SegmentInfo{bytes, {}, offset});
+    // A serial names this segment: a worker that missed a shrink and the grow that put a new
+    // segment at the same offset must see that it is other memory (cuda-vmm descriptors carry no
+    // identity a worker could compare).
+    static std::atomic<uint64_t> next_serial{1};
+    const uint64_t serial = next_serial.fetch_add(1, std::memory_order_relaxed);
+    std::vector<uint8_t> id(sizeof serial);
+    std::memcpy(id.data(), &serial, sizeof serial);
+    segments_.insert(segments_.begin() + at, wire::SegmentInfo{bytes, std::move(id), offset});
     fds_.insert(fds_.begin() + at, fd.value());
     if (offset < layout_.pages_region_bytes) {
       pages_mapped_ += bytes;

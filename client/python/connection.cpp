@@ -233,7 +233,8 @@ void bind_connection(py::module_& m) {
             return c.call([&](client::Connection& k) { return k.resize(pages); });
           },
           py::arg("pages"),
-          "Admin: grows or shrinks an elastic pool to the size nearest pages within its limits; "
+          "Admin: resizes an elastic pool by whole segments within its min and max (grows to the "
+          "first size at or above pages, or shrinks while it stays at or above it); "
           "returns its size in pages now.")
       .def("close", &PyConnection::close,
            "Drops this handle; the session ends when no view or SequenceCache uses it either.")

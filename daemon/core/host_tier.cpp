@@ -1,10 +1,21 @@
 #include "daemon/core/host_tier.h"
 
+#include <random>
+
 #include "daemon/core/check.h"
 
 namespace kvpool::core {
 
-HostTier::HostTier(uint32_t slots, uint64_t index_seed) : keys_(slots), index_(slots, index_seed) {
+namespace {
+// A secret key for the index's slot hash, so that no client can aim hashes at one probe run.
+uint64_t random_seed() {
+  std::random_device rd;
+  return (uint64_t{rd()} << 32) ^ rd() ^ 1;
+}
+}  // namespace
+
+HostTier::HostTier(uint32_t slots, uint64_t index_seed)
+    : keys_(slots), index_(slots, index_seed != 0 ? index_seed : random_seed()) {
   KVPOOL_CHECK(slots <= kMaxPages);
   lru_.reset(slots);
   free_.reserve(slots);
@@ -85,6 +96,18 @@ void HostTier::cancel_promote(SlotId slot) {
     return;
   }
   make_held(slot, k.ns, k.hash);
+}
+
+bool HostTier::erase(Namespace ns, const BlockHash& hash) {
+  const SlotId slot = find(ns, hash);
+  if (slot == kNoSlot) return false;
+  Key& k = keys_[slot];
+  KVPOOL_CHECK(index_.erase(k.ns, k.hash, slot));
+  lru_.unlink(slot);
+  k.state = SlotState::free;
+  free_.push_back(slot);
+  ++counters_.superseded;
+  return true;
 }
 
 void HostTier::discard(SlotId slot) {

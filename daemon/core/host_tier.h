@@ -42,16 +42,18 @@ using SlotId = uint32_t;
 inline constexpr SlotId kNoSlot = kNoPage;
 
 struct HostTierCounters {
-  uint64_t demoted = 0;    // blocks admitted (bytes copied down)
-  uint64_t refreshed = 0;  // admissions of a block already held (no copy needed)
-  uint64_t promoted = 0;   // blocks handed back to the device tier
-  uint64_t dropped = 0;    // blocks evicted from this tier to make room
-  uint64_t flushed = 0;    // blocks dropped by flush()
+  uint64_t demoted = 0;     // blocks admitted (bytes copied down)
+  uint64_t refreshed = 0;   // admissions of a block already held (no copy needed)
+  uint64_t promoted = 0;    // blocks handed back to the device tier
+  uint64_t dropped = 0;     // blocks evicted from this tier to make room
+  uint64_t flushed = 0;     // blocks dropped by flush()
+  uint64_t superseded = 0;  // copies dropped because the device tier holds the block again
 };
 
 class HostTier {
  public:
   // `slots` may be 0 (the tier then admits nothing).
+  // index_seed 0 picks a random one.
   HostTier(uint32_t slots, uint64_t index_seed);
 
   struct Admission {
@@ -72,6 +74,9 @@ class HostTier {
   void begin_promote(SlotId slot);
   void end_promote(SlotId slot);
   void cancel_promote(SlotId slot);
+  // Drops the block (ns, hash) if the tier holds it: the device tier has it again (a worker
+  // published it afresh), and the tiers stay exclusive. Returns whether it was there.
+  bool erase(Namespace ns, const BlockHash& hash);
   // Drops a HELD slot whose bytes could not be copied in (it must never be promoted).
   void discard(SlotId slot);
   // Drops every HELD slot; returns how many.

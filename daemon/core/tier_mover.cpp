@@ -17,6 +17,8 @@ TierMover::~TierMover() {
 
 void TierMover::stored(Namespace ns, const BlockHash& hash, PageId page) {
   if (next_ != nullptr) next_->stored(ns, hash, page);
+  // A block computed afresh while a copy waited below: the device tier's is the one to keep.
+  if (host_.held() != 0) host_.erase(ns, hash);
 }
 
 void TierMover::removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) {
@@ -26,11 +28,26 @@ void TierMover::removed(Namespace ns, const BlockHash& hash, PageId page, Remova
 
 std::span<const TierMover::Move> TierMover::admit_pending() {
   demotions_.clear();
+  bool reused = false;
   for (const Eviction& e : pending_) {
     const HostTier::Admission a = host_.admit(e.ns, e.hash);
     if (a.slot != kNoSlot && a.copy) demotions_.push_back({e.page, a.slot});
+    reused |= a.dropped;
   }
   pending_.clear();
+  if (reused && demotions_.size() > 1) {
+    // More evictions than the tier has room for: a slot admitted early in the batch was given
+    // again to a later block. Only its last block's copy counts, so that each slot is written
+    // (or discarded) once.
+    std::vector<bool> seen(host_.capacity(), false);
+    size_t keep = demotions_.size();
+    for (size_t i = demotions_.size(); i-- > 0;) {
+      if (seen[demotions_[i].slot]) continue;
+      seen[demotions_[i].slot] = true;
+      demotions_[--keep] = demotions_[i];
+    }
+    demotions_.erase(demotions_.begin(), demotions_.begin() + static_cast<std::ptrdiff_t>(keep));
+  }
   return demotions_;
 }
 

@@ -200,6 +200,41 @@ TEST_F(Tiered, AHashPublishedMeanwhileIsAnsweredWithTheDevicePage) {
   check();
 }
 
+TEST_F(Tiered, ABlockPublishedAfreshLeavesTheHostTier) {
+  cache({1, 2, 3, 4});
+  cache({5, 6, 7, 8});  // 1..4 demoted
+  mover.admit_pending();
+  ASSERT_NE(host.find(kNs, h(1)), kNoSlot);
+  cache({1});  // computed again and published on the device tier
+  mover.admit_pending();
+  EXPECT_EQ(host.find(kNs, h(1)), kNoSlot);  // the tiers stay exclusive
+  EXPECT_EQ(host.counters().superseded, 1u);
+  check();
+}
+
+TEST(TieredSmallHost, MoreEvictionsThanSlotsWriteEachSlotOnce) {
+  PagePool pool{PoolOptions{8, nullptr, 1}};
+  HostTier host{2, 1};
+  TierMover mover{pool, host, nullptr};
+  const OwnerId owner = pool.open_owner();
+  std::vector<PageId> pages(8);
+  ASSERT_TRUE(pool.alloc(owner, pages).ok());
+  std::vector<PublishItem> items;
+  for (uint64_t i = 0; i < 8; ++i)
+    items.push_back({pages[i], h(i)});
+  std::vector<PublishResult> out(8);
+  ASSERT_TRUE(pool.publish(owner, kNs, items, out).ok());
+  ASSERT_TRUE(pool.release(owner, pages).ok());
+  ASSERT_TRUE(pool.alloc(owner, pages).ok());  // evicts all 8 in one call
+  const auto moves = mover.admit_pending();
+  ASSERT_EQ(moves.size(), 2u);  // only the last two blocks' copies: one per slot
+  EXPECT_NE(moves[0].slot, moves[1].slot);
+  for (const auto& m : moves)
+    EXPECT_EQ(host.find(kNs, host.slot_hash(m.slot)), m.slot);
+  EXPECT_EQ(host.held(), 2u);
+  EXPECT_EQ(host.check_invariants(), "");
+}
+
 TEST_F(Tiered, FlushRemovalsAreNotDemoted) {
   cache({1, 2});
   pool.flush();
