@@ -85,22 +85,6 @@ void check(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-// Worker A: computes the prompt and publishes its full pages.
-int publish_prompt(const std::string& socket) {
-  auto c = Connection::attach(socket, "worker-a");
-  if (!c.ok()) return report(1, c.error().message);
-  PoolKernels k(*c.value());
-  auto pages = c.value()->alloc(kFullPages + 1);
-  if (!pages.ok()) return report(2, pages.error().message);
-  if (std::string err = append_prompt(k, pages.value(), 0, kPromptTokens); !err.empty())
-    return report(3, err);
-  std::vector<PublishItem> items;
-  for (uint32_t i = 0; i < kFullPages; ++i)
-    items.push_back({pages.value()[i], prompt_hash(i)});
-  auto r = c.value()->publish(items);
-  return r.ok() ? 0 : report(4, r.error().message);
-}
-
 // Worker B: hits A's pages, appends the tail, compares with its own recomputation.
 int reuse_prompt(const std::string& socket) {
   auto c = Connection::attach(socket, "worker-b");
@@ -287,7 +271,7 @@ int run(const Options& o) {
       "pool check: backend %s, dtype %s, %u layers x %u KV heads x head dim %u, %u "
       "tokens/page\n",
       o.backend.c_str(), o.dtype.c_str(), kLayers, kKvHeads, kHeadDim, kTokensPerPage);
-  const int a = run_child([&] { return publish_prompt(d.socket()); });
+  const int a = run_child([&] { return publish_prompt(d.socket(), false); });
   check(a == 0, "worker A appends a 100-token prompt into daemon pages and publishes 6 pages");
   const int b = run_child([&] { return reuse_prompt(d.socket()); });
   check(b == 0, "worker B hits A's 6 pages; its decode over them equals its own recomputation");

@@ -162,4 +162,20 @@ int report(int code, const std::string& what) {
   return code;
 }
 
+int publish_prompt(const std::string& socket, bool release) {
+  auto c = client::Connection::attach(socket, "worker-a");
+  if (!c.ok()) return report(1, c.error().message);
+  client::PoolKernels k(*c.value());
+  auto pages = c.value()->alloc(kFullPages + 1);
+  if (!pages.ok()) return report(2, pages.error().message);
+  if (std::string err = append_prompt(k, pages.value(), 0, kPromptTokens); !err.empty())
+    return report(3, err);
+  std::vector<PublishItem> items;
+  for (uint32_t i = 0; i < kFullPages; ++i)
+    items.push_back({pages.value()[i], prompt_hash(i)});
+  if (!c.value()->publish(items).ok()) return report(4, "publish failed");
+  if (release && !c.value()->release(pages.value()).ok()) return report(5, "release failed");
+  return 0;
+}
+
 }  // namespace kvpool::gpu_check

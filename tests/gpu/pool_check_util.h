@@ -44,6 +44,11 @@ std::vector<float> decode_prompt(client::PoolKernels& k, const std::vector<PageI
 // Page p's bytes and, for 8-bit pools, its scales, copied to the host.
 std::vector<std::byte> page_image(const client::Connection& c, PageId p);
 
+// Worker A of the checks: attaches to `socket`, appends the prompt into kFullPages + 1 new pages
+// and publishes the full ones under prompt_hash(i); with `release`, lets its pages go after.
+// Returns 0 or report()'s code.
+int publish_prompt(const std::string& socket, bool release);
+
 // Prints "what" to stderr and returns code (for worker processes' exit codes).
 int report(int code, const std::string& what);
 

@@ -61,22 +61,6 @@ std::string tier_config(const std::string& backend, const std::string& dtype) {
          dtype + "}\n    capacity: 256 pages\n";
 }
 
-// Worker A: computes the prompt, publishes its full pages, releases them.
-int publish_prompt(const std::string& socket) {
-  auto c = Connection::attach(socket, "worker-a");
-  if (!c.ok()) return report(1, c.error().message);
-  PoolKernels k(*c.value());
-  auto pages = c.value()->alloc(kFullPages + 1);
-  if (!pages.ok()) return report(2, pages.error().message);
-  if (std::string err = append_prompt(k, pages.value(), 0, kPromptTokens); !err.empty())
-    return report(3, err);
-  std::vector<PublishItem> items;
-  for (uint32_t i = 0; i < kFullPages; ++i)
-    items.push_back({pages.value()[i], prompt_hash(i)});
-  if (!c.value()->publish(items).ok()) return report(4, "publish failed");
-  return c.value()->release(pages.value()).ok() ? 0 : report(5, "release failed");
-}
-
 // Worker B: finds the prompt in the host tier, decodes over the promoted pages and compares with
 // its own recomputation; then holds them while the pool grows and shrinks above them.
 int reuse_from_host(const std::string& socket, std::vector<double>& grow_us,
@@ -191,7 +175,7 @@ int run(const std::string& backend, const std::string& dtype) {
   }
   std::printf("tier check: backend %s, dtype %s, pages of %u layers x %u KV heads x %u x %u\n",
               backend.c_str(), dtype.c_str(), kLayers, kKvHeads, kHeadDim, kTokensPerPage);
-  check(testing::run_worker([&] { return publish_prompt(d.socket()); }) == 0,
+  check(testing::run_worker([&] { return publish_prompt(d.socket(), true); }) == 0,
         "worker A appends a 100-token prompt and publishes 6 pages");
   {
     auto admin = Connection::attach(d.socket(), "admin", "", Connection::Memory::none);
