@@ -11,9 +11,11 @@
 // Policy (grow_for): an alloc that finds fewer free pages than it asks for grows its pool,
 // segment by segment, while the pool is below its max and
 //   1. the budget has room, or
-//   2. the pool could not serve the alloc from its own cache (pressure), or its hits per byte
-//      since its last resize beat a donor's: then reclaim() shrinks other elastic pools above
-//      their min, lowest hits per byte first, until the segment fits.
+//   2. reclaim() can free a segment's worth: it shrinks other elastic pools above their min and
+//      running no daemon-side copy, lowest hits per byte since their last resize first, taking
+//      only from pools that earn less per byte than this one unless this one is under pressure
+//      (its free and unpinned cached pages cannot serve the alloc); it shrinks nothing when the
+//      donors together cannot give enough.
 // So under a full budget a pool evicts its own cache before taking memory from a pool whose
 // cache earns more, and an idle pool's memory goes to a busy one.
 //
