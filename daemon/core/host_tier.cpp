@@ -37,6 +37,15 @@ void HostTier::make_held(SlotId slot, Namespace ns, const BlockHash& hash) {
   lru_.push_back(0, slot);
 }
 
+void HostTier::unhold(SlotId slot, SlotState next) {
+  Key& k = keys_[slot];
+  KVPOOL_CHECK(k.state == SlotState::held);
+  KVPOOL_CHECK(index_.erase(k.ns, k.hash, slot));
+  lru_.unlink(slot);
+  k.state = next;
+  if (next == SlotState::free) free_.push_back(slot);
+}
+
 HostTier::Admission HostTier::admit(Namespace ns, const BlockHash& hash) {
   Admission a;
   if (const SlotId held = find(ns, hash); held != kNoSlot) {
@@ -47,15 +56,12 @@ HostTier::Admission HostTier::admit(Namespace ns, const BlockHash& hash) {
     return a;
   }
   if (free_.empty()) {
-    const SlotId victim = lru_.pop_front(0);
-    if (victim == kNoPage) return a;  // every slot is being promoted
-    Key& k = keys_[victim];
-    KVPOOL_CHECK(index_.erase(k.ns, k.hash, victim));
+    if (lru_.empty(0)) return a;  // every slot is being promoted
+    const SlotId victim = lru_.front(0);
     a.dropped = true;
-    a.dropped_ns = k.ns;
-    a.dropped_hash = k.hash;
-    k.state = SlotState::free;
-    free_.push_back(victim);
+    a.dropped_ns = keys_[victim].ns;
+    a.dropped_hash = keys_[victim].hash;
+    unhold(victim, SlotState::free);
     ++counters_.dropped;
   }
   a.slot = free_.back();
@@ -67,11 +73,7 @@ HostTier::Admission HostTier::admit(Namespace ns, const BlockHash& hash) {
 }
 
 void HostTier::begin_promote(SlotId slot) {
-  Key& k = keys_[slot];
-  KVPOOL_CHECK(k.state == SlotState::held);
-  KVPOOL_CHECK(index_.erase(k.ns, k.hash, slot));
-  lru_.unlink(slot);
-  k.state = SlotState::promoting;
+  unhold(slot, SlotState::promoting);
   ++promoting_;
 }
 
@@ -101,32 +103,20 @@ void HostTier::cancel_promote(SlotId slot) {
 bool HostTier::erase(Namespace ns, const BlockHash& hash) {
   const SlotId slot = find(ns, hash);
   if (slot == kNoSlot) return false;
-  Key& k = keys_[slot];
-  KVPOOL_CHECK(index_.erase(k.ns, k.hash, slot));
-  lru_.unlink(slot);
-  k.state = SlotState::free;
-  free_.push_back(slot);
+  unhold(slot, SlotState::free);
   ++counters_.superseded;
   return true;
 }
 
 void HostTier::discard(SlotId slot) {
-  Key& k = keys_[slot];
-  KVPOOL_CHECK(k.state == SlotState::held);
-  KVPOOL_CHECK(index_.erase(k.ns, k.hash, slot));
-  lru_.unlink(slot);
-  k.state = SlotState::free;
-  free_.push_back(slot);
+  unhold(slot, SlotState::free);
   --counters_.demoted;
 }
 
 uint32_t HostTier::flush() {
   uint32_t n = 0;
-  for (SlotId slot = lru_.pop_front(0); slot != kNoPage; slot = lru_.pop_front(0)) {
-    Key& k = keys_[slot];
-    KVPOOL_CHECK(index_.erase(k.ns, k.hash, slot));
-    k.state = SlotState::free;
-    free_.push_back(slot);
+  while (!lru_.empty(0)) {
+    unhold(lru_.front(0), SlotState::free);
     ++n;
   }
   counters_.flushed += n;

@@ -101,6 +101,8 @@ class HostTier {
     SlotState state = SlotState::free;
   };
   void make_held(SlotId slot, Namespace ns, const BlockHash& hash);
+  // A HELD slot leaves the index and the queue and becomes `next` (FREE: back on the stack).
+  void unhold(SlotId slot, SlotState next);
 
   std::vector<Key> keys_;
   std::vector<SlotId> free_;

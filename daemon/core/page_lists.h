@@ -76,6 +76,8 @@ class PageLists {
     links_[page] = Link{};
   }
 
+  // The oldest page of `list`, left in it; kNoPage when the list is empty.
+  PageId front(uint8_t list) const { return heads_[list]; }
   // The oldest page of `list`, unlinked; kNoPage when the list is empty.
   PageId pop_front(uint8_t list) {
     const PageId page = heads_[list];

@@ -90,32 +90,12 @@ int reuse_prompt(const std::string& socket) {
   auto c = Connection::attach(socket, "worker-b");
   if (!c.ok()) return report(1, c.error().message);
   Connection& conn = *c.value();
-  PoolKernels k(conn);
   std::vector<BlockHash> chain;
   for (uint32_t i = 0; i < kFullPages; ++i)
     chain.push_back(prompt_hash(i));
   auto hits = conn.lookup(chain);
   if (!hits.ok() || hits.value().size() != kFullPages) return report(2, "prefix not hit");
-  auto tail = conn.alloc(1);
-  auto own = conn.alloc(kFullPages + 1);
-  if (!tail.ok() || !own.ok()) return report(3, "alloc failed");
-  std::string err = append_prompt(k, tail.value(), kFullPages * kTokensPerPage, kPromptTokens);
-  if (err.empty()) err = append_prompt(k, own.value(), 0, kPromptTokens);
-  if (!err.empty()) return report(4, err);
-  for (uint32_t i = 0; i < kFullPages; ++i) {
-    if (page_image(conn, hits.value()[i]) != page_image(conn, own.value()[i]))
-      return report(5, "a reused page differs from the recomputed one");
-  }
-  std::vector<PageId> table = hits.value();
-  table.push_back(tail.value()[0]);
-  const auto shared = decode_prompt(k, table, err);
-  const auto mine = decode_prompt(k, own.value(), err);
-  if (!err.empty()) return report(6, err);
-  if (shared.empty() || shared != mine) return report(7, "decode over shared pages differs");
-  for (float x : shared) {
-    if (!std::isfinite(x)) return report(8, "decode output is not finite");
-  }
-  return 0;
+  return check_reused_prompt(conn, hits.value());
 }
 
 // Holds pages and waits to be killed.

@@ -178,4 +178,28 @@ int publish_prompt(const std::string& socket, bool release) {
   return 0;
 }
 
+int check_reused_prompt(client::Connection& conn, const std::vector<PageId>& found) {
+  client::PoolKernels k(conn);
+  auto tail = conn.alloc(1);
+  auto own = conn.alloc(kFullPages + 1);
+  if (!tail.ok() || !own.ok()) return report(3, "alloc failed");
+  std::string err = append_prompt(k, tail.value(), kFullPages * kTokensPerPage, kPromptTokens);
+  if (err.empty()) err = append_prompt(k, own.value(), 0, kPromptTokens);
+  if (!err.empty()) return report(4, err);
+  for (uint32_t i = 0; i < kFullPages; ++i) {
+    if (page_image(conn, found[i]) != page_image(conn, own.value()[i]))
+      return report(5, "a reused page differs from the recomputed one");
+  }
+  std::vector<PageId> table = found;
+  table.push_back(tail.value()[0]);
+  const auto shared = decode_prompt(k, table, err);
+  const auto mine = decode_prompt(k, own.value(), err);
+  if (!err.empty()) return report(6, err);
+  if (shared.empty() || shared != mine) return report(7, "decode over shared pages differs");
+  for (float x : shared) {
+    if (!std::isfinite(x)) return report(8, "decode output is not finite");
+  }
+  return 0;
+}
+
 }  // namespace kvpool::gpu_check

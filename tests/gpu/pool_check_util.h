@@ -49,6 +49,12 @@ std::vector<std::byte> page_image(const client::Connection& c, PageId p);
 // Returns 0 or report()'s code.
 int publish_prompt(const std::string& socket, bool release);
 
+// Worker B's check of the prompt's kFullPages pages `found` (from a lookup): appends the tail
+// into a page of its own, recomputes the whole prompt into pages of its own, and requires the
+// found pages to equal the recomputed ones byte for byte and the decode over them (plus the tail)
+// to equal the decode over the recomputation, finite. Returns 0 or report()'s code (3 to 8).
+int check_reused_prompt(client::Connection& conn, const std::vector<PageId>& found);
+
 // Prints "what" to stderr and returns code (for worker processes' exit codes).
 int report(int code, const std::string& what);
 

@@ -18,7 +18,6 @@
 // CI runs it on fake-device; tests/gpu/run.sh runs it on cuda-vmm.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -32,7 +31,6 @@ namespace kvpool::gpu_check {
 namespace {
 
 using client::Connection;
-using client::PoolKernels;
 using Clock = std::chrono::steady_clock;
 
 int failures = 0;
@@ -68,7 +66,6 @@ int reuse_from_host(const std::string& socket, std::vector<double>& grow_us,
   auto c = Connection::attach(socket, "worker-b");
   if (!c.ok()) return report(1, c.error().message);
   Connection& conn = *c.value();
-  PoolKernels k(conn);
   std::vector<BlockHash> chain;
   for (uint32_t i = 0; i < kFullPages; ++i)
     chain.push_back(prompt_hash(i));
@@ -78,24 +75,10 @@ int reuse_from_host(const std::string& socket, std::vector<double>& grow_us,
     if (t != wire::kTierHost) return report(3, "a block did not come from the host tier");
   }
   const std::vector<PageId> found = hits.value().pages;
-  auto tail = conn.alloc(1);
-  auto own = conn.alloc(kFullPages + 1);
-  if (!tail.ok() || !own.ok()) return report(4, "alloc failed");
-  std::string err = append_prompt(k, tail.value(), kFullPages * kTokensPerPage, kPromptTokens);
-  if (err.empty()) err = append_prompt(k, own.value(), 0, kPromptTokens);
-  if (!err.empty()) return report(5, err);
+  if (const int rc = check_reused_prompt(conn, found); rc != 0) return rc;
   std::vector<std::vector<std::byte>> images;
-  for (uint32_t i = 0; i < kFullPages; ++i) {
-    images.push_back(page_image(conn, found[i]));
-    if (images.back() != page_image(conn, own.value()[i]))
-      return report(6, "a promoted page differs from the recomputed one");
-  }
-  std::vector<PageId> table = found;
-  table.push_back(tail.value()[0]);
-  const auto shared = decode_prompt(k, table, err);
-  const auto mine = decode_prompt(k, own.value(), err);
-  if (!err.empty()) return report(7, err);
-  if (shared.empty() || shared != mine) return report(8, "decode over promoted pages differs");
+  for (const PageId p : found)
+    images.push_back(page_image(conn, p));
 
   // 3. Grow by a segment and shrink back, eight times, while these pages stay held.
   const uint32_t base = conn.pool().num_pages;
