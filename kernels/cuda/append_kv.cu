@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/cuda/dtype_load.cuh"
 #include "kernels/cuda/kernels_cuda.h"
@@ -145,6 +146,14 @@ std::string append_kv(const AppendArgs& a, void* stream) {
   if (g.head_dim % 8 != 0) return "append_kv: head_dim must be a multiple of 8";
   if (a.kv.layout == KvLayout::layer_major && a.kv.num_pages == 0) {
     return "append_kv: a layer_major pool needs kv.num_pages";
+  }
+  // 16-bit pools are written with 16-byte stores of 8 elements: every row must start on a
+  // 16-byte boundary, which holds when the base and (page_major) the page stride do, as rows are
+  // head_dim · 2 bytes apart, a multiple of 16. 8-bit pools are written byte by byte.
+  const bool page_major = a.kv.layout == KvLayout::page_major;
+  if (!dtype_is_quantized(g.dtype) && (reinterpret_cast<uintptr_t>(a.kv.base) % 16 != 0 ||
+                                       (page_major && a.kv.page_stride % 16 != 0))) {
+    return "append_kv: kv.base and kv.page_stride must be multiples of 16 bytes for a 16-bit pool";
   }
   auto s = static_cast<cudaStream_t>(stream);
   switch (g.dtype) {

@@ -33,6 +33,7 @@
 #include "kernels/cuda/dtype_load.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/kv_tile.cuh"
+#include "kernels/cuda/smem_attribute.cuh"
 #include "kernels/online_softmax.h"
 #include "kernels/split_plan.h"
 
@@ -270,10 +271,10 @@ std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void
         constexpr int kD = decltype(d)::value;
         constexpr int kG = decltype(g)::value;
         constexpr int kSmem = DecodeShape<kDt, kD, kG>::kSmemBytes;
-        const auto kernel = decode_kernel<kDt, kD, kG>;
-        err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        err = allow_dynamic_smem<decode_kernel<kDt, kD, kG>, kSmem>();
         if (err == cudaSuccess) {
-          kernel<<<grid, kThreads, kSmem, s>>>(a, split, chunks, ws_acc, ws_stats);
+          decode_kernel<kDt, kD, kG>
+              <<<grid, kThreads, kSmem, s>>>(a, split, chunks, ws_acc, ws_stats);
         }
       });
     });

@@ -29,6 +29,7 @@
 #include "kernels/cuda/dtype_load.cuh"
 #include "kernels/cuda/kernels_cuda.h"
 #include "kernels/cuda/kv_tile.cuh"
+#include "kernels/cuda/smem_attribute.cuh"
 #include "kernels/online_softmax.h"
 
 namespace kvpool::kernels::cuda {
@@ -182,9 +183,10 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
       constexpr int kSmem = ExtendShape<kDt, kD>::kPipelineBytes;
       const uint32_t rows = ExtendShape<kDt, kD>::kQueryVectors / group;
       const dim3 grid((total_new_tokens + rows - 1) / rows, g.kv_heads);
-      const auto kernel = extend_kernel<kDt, kD>;
-      err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      if (err == cudaSuccess) kernel<<<grid, kThreads, kSmem, s>>>(a, total_new_tokens, rows);
+      err = allow_dynamic_smem<extend_kernel<kDt, kD>, kSmem>();
+      if (err == cudaSuccess) {
+        extend_kernel<kDt, kD><<<grid, kThreads, kSmem, s>>>(a, total_new_tokens, rows);
+      }
     });
   });
   if (err != cudaSuccess) return std::string("extend: ") + cudaGetErrorString(err);

@@ -24,7 +24,8 @@
 // Instantiated for head dims 64, 128, 256 and the four KV dtypes; decode also for query-group
 // buckets 1, 4, 8 (a group of 2 or 3 runs in bucket 4 with zero query rows for the rest). The
 // group is at most kMaxGroup. decode and extend need kv.base and kv.page_stride to be multiples
-// of 16 bytes and kv.scales of 8 (their 16-byte row copies).
+// of 16 bytes and kv.scales of 8 (their 16-byte row copies); so does append_kv into a 16-bit pool
+// (its 16-byte stores). Each is checked before the launch and named in the error.
 #pragma once
 
 #include <cstddef>

@@ -9,10 +9,11 @@
 //   3. attach cost (import + map, against an attach that maps nothing) and the alloc round trip;
 //   4. the daemon is killed while a worker maps the pool: what the worker can still read.
 // Prints one line per check and a table of the measurements; exits 0 when every check passed,
-// 1 otherwise, 77 when the backend cannot run here (no GPU for cuda-vmm / cuda-ipc).
+// 1 otherwise, 77 when a CUDA backend cannot start on a machine without an NVIDIA device node
+// (beside a GPU, a daemon that does not start is a failure).
 //
 // Usage: kvpool_gpu_pool_check --kvpoold PATH --backend cuda-vmm|cuda-ipc|fake-device|host
-//                              [--dtype bf16|fp16|int8|fp8_e4m3]
+//                              [--dtype bf16|fp16|int8|fp8_e4m3] [--daemon-log FILE]
 // In CI it runs on fake-device (the same sequence on memfd memory, CPU kernels); tests/gpu/run.sh
 // runs it on cuda-vmm and cuda-ipc.
 #include <signal.h>
@@ -41,32 +42,6 @@ using client::Connection;
 using client::PoolKernels;
 using Clock = std::chrono::steady_clock;
 using testing::Daemon;
-
-struct Options {
-  std::string kvpoold;
-  std::string backend = "fake-device";
-  std::string dtype = "bf16";
-};
-
-bool parse_options(int argc, char** argv, Options& o) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 < argc && a == "--kvpoold") {
-      o.kvpoold = argv[++i];
-    } else if (i + 1 < argc && a == "--backend") {
-      o.backend = argv[++i];
-    } else if (i + 1 < argc && a == "--dtype") {
-      o.dtype = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: kvpool_gpu_pool_check [--kvpoold PATH] [--backend cuda-vmm|cuda-ipc|"
-                   "fake-device|host] [--dtype bf16|fp16|int8|fp8_e4m3]\n");
-      return false;
-    }
-  }
-  if (!o.kvpoold.empty()) ::setenv("KVPOOLD_BIN", o.kvpoold.c_str(), 1);
-  return true;
-}
 
 pid_t spawn(const std::function<int()>& fn) {
   return testing::spawn_worker(fn);
@@ -134,11 +109,15 @@ void check_kill9(const std::string& socket) {
   int ready[2];
   if (::pipe(ready) != 0) std::abort();
   const uint32_t before = in_use(socket);
-  const pid_t victim = spawn([&] { return hold_and_wait(socket, ready[1]); });
+  const pid_t victim = spawn([&] {
+    ::close(ready[0]);
+    return hold_and_wait(socket, ready[1]);
+  });
+  // The parent keeps no write end: a victim that dies before signalling ends the read with EOF.
+  ::close(ready[1]);
   char ch = 0;
   const bool held = ::read(ready[0], &ch, 1) == 1;
   ::close(ready[0]);
-  ::close(ready[1]);
   const pid_t survivor = spawn([&] { return keep_working(socket, 20); });
   ::kill(victim, SIGKILL);
   wait_child(victim);
@@ -204,6 +183,8 @@ void check_daemon_crash(Daemon& d, const std::string& backend) {
   int go[2];
   if (::pipe(ready) != 0 || ::pipe(go) != 0) std::abort();
   const pid_t worker = spawn([&] {
+    ::close(ready[0]);
+    ::close(go[1]);
     auto c = Connection::attach(d.socket(), "crash-witness");
     if (!c.ok()) return report(1, c.error().message);
     PoolKernels k(*c.value());
@@ -212,40 +193,48 @@ void check_daemon_crash(Daemon& d, const std::string& backend) {
     if (std::string err = append_prompt(k, pages.value(), 0, kPromptTokens); !err.empty())
       return report(3, err);
     std::vector<std::vector<std::byte>> before;
-    for (PageId p : pages.value())
+    for (PageId p : pages.value()) {
       before.push_back(page_image(*c.value(), p));
+      if (before.back().empty()) return report(8, "a page could not be read back");
+    }
     (void)!::write(ready[1], "x", 1);
     char ch = 0;
     if (::read(go[0], &ch, 1) != 1) return 4;
     for (size_t i = 0; i < pages.value().size(); ++i) {
-      if (page_image(*c.value(), pages.value()[i]) != before[i]) return 5;
+      const auto now = page_image(*c.value(), pages.value()[i]);
+      if (now.empty() || now != before[i]) return 5;
     }
     std::string err;
     decode_prompt(k, pages.value(), err);
     if (!err.empty()) return report(6, err);
     return c.value()->alloc(1).ok() ? 7 : 0;  // the daemon is gone: calls fail cleanly
   });
+  // Each side keeps only its own ends, so a worker that dies early ends the parent's read (EOF)
+  // instead of hanging it, and a parent that dies ends the worker's.
+  ::close(ready[1]);
+  ::close(go[0]);
   char ch = 0;
   const bool ready_ok = ::read(ready[0], &ch, 1) == 1;
   d.kill9();
   (void)!::write(go[1], "x", 1);
   const int rc = wait_child(worker);
-  for (int fd : {ready[0], ready[1], go[0], go[1]})
-    ::close(fd);
+  ::close(ready[0]);
+  ::close(go[1]);
   check(ready_ok && rc == 0, "after kill -9 of kvpoold (" + backend +
                                  ") a worker still reads its pages and decodes over them; its "
                                  "calls fail with connection_lost (exit " +
                                  std::to_string(rc) + ")");
-  const bool restarted = d.start();
+  const bool restarted = d.start(std::chrono::seconds(60));
   check(restarted && in_use(d.socket()) == 0, "a restarted kvpoold serves a fresh pool");
 }
 
-int run(const Options& o) {
+int run(const CheckOptions& o) {
+  // A worker that died early must fail its check, not end this process at the write to its pipe.
+  ::signal(SIGPIPE, SIG_IGN);
   Daemon d(pool_config(o.backend, o.dtype));
-  if (!d.start()) {
-    std::printf("kvpoold did not start on backend %s:\n%s", o.backend.c_str(), d.log().c_str());
-    const bool gpu_backend = o.backend.rfind("cuda-", 0) == 0;
-    return gpu_backend ? 77 : 1;
+  if (const int rc = start_daemon(d, o.backend); rc != 0) {
+    keep_daemon_log(d, o.daemon_log, "pool check " + o.backend + " " + o.dtype);
+    return rc;
   }
   std::printf(
       "pool check: backend %s, dtype %s, %u layers x %u KV heads x head dim %u, %u "
@@ -276,6 +265,8 @@ int run(const Options& o) {
                 t.attach_map_us, t.attach_none_us, t.attach_map_us - t.attach_none_us,
                 t.alloc_p50_us, t.alloc_p99_us);
   }
+  d.stop();
+  keep_daemon_log(d, o.daemon_log, "pool check " + o.backend + " " + o.dtype);
   std::printf("\n%s: %d check(s) failed\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;
 }
@@ -284,7 +275,8 @@ int run(const Options& o) {
 }  // namespace kvpool::gpu_check
 
 int main(int argc, char** argv) {
-  kvpool::gpu_check::Options o;
-  if (!kvpool::gpu_check::parse_options(argc, argv, o)) return 2;
-  return kvpool::gpu_check::run(o);
+  kvpool::gpu_check::CheckOptions o;
+  const int rc = kvpool::gpu_check::parse_check_options(argc, argv, "kvpool_gpu_pool_check",
+                                                        "cuda-vmm|cuda-ipc|fake-device|host", o);
+  return rc >= 0 ? rc : kvpool::gpu_check::run(o);
 }

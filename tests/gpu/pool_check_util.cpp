@@ -4,6 +4,11 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "kernels/cpu/kernels_cpu.h"
+#include "tests/gpu/gpu_presence.h"
 
 #ifdef KVPOOL_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -22,10 +27,13 @@ float kv_value(uint32_t layer, uint32_t token, uint32_t head, uint32_t d, uint32
 }
 
 // Host arrays handed to a kernel: as they are for a host pool, copied to device memory (and
-// freed on destruction) for a GPU pool.
+// freed on destruction) for a GPU pool. Every CUDA call is checked: put() returns nullptr and
+// get() false when a copy failed, so a fault never leaves stale or zeroed buffers to compare.
 class Staging {
  public:
   explicit Staging(bool device) : device_(device) {}
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
   ~Staging() {
 #ifdef KVPOOL_WITH_CUDA
     for (void* p : owned_)
@@ -39,7 +47,10 @@ class Staging {
     void* d = nullptr;
     if (cudaMalloc(&d, host.size() * sizeof(T)) != cudaSuccess) return nullptr;
     owned_.push_back(d);
-    cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+    if (cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) !=
+        cudaSuccess) {
+      return nullptr;
+    }
     return static_cast<T*>(d);
 #else
     return nullptr;
@@ -47,13 +58,16 @@ class Staging {
   }
   // Back to the host after the kernels on the default stream finished.
   template <typename T>
-  void get(std::vector<T>& host, const T* src) {
-    if (!device_) return;
+  [[nodiscard]] bool get(std::vector<T>& host, const T* src) {
+    if (!device_) return true;
 #ifdef KVPOOL_WITH_CUDA
-    cudaMemcpy(host.data(), src, host.size() * sizeof(T), cudaMemcpyDeviceToHost);
+    return cudaDeviceSynchronize() == cudaSuccess &&
+           cudaMemcpy(host.data(), src, host.size() * sizeof(T), cudaMemcpyDeviceToHost) ==
+               cudaSuccess;
 #else
     (void)host;
     (void)src;
+    return false;
 #endif
   }
 
@@ -61,6 +75,14 @@ class Staging {
   bool device_;
   std::vector<void*> owned_;
 };
+
+// The query decode_prompt uses, the same in every process.
+std::vector<float> prompt_query() {
+  std::vector<float> q(size_t{kQHeads} * kHeadDim);
+  for (size_t i = 0; i < q.size(); ++i)
+    q[i] = std::sin(0.37f * static_cast<float>(i));
+  return q;
+}
 
 }  // namespace
 
@@ -112,15 +134,13 @@ std::string append_prompt(client::PoolKernels& k, const std::vector<PageId>& pag
 
 std::vector<float> decode_prompt(client::PoolKernels& k, const std::vector<PageId>& table,
                                  std::string& err) {
-  std::vector<float> q(size_t{kQHeads} * kHeadDim);
-  for (size_t i = 0; i < q.size(); ++i)
-    q[i] = std::sin(0.37f * static_cast<float>(i));
+  std::vector<float> q = prompt_query();
   std::vector<float> out(kLayers * q.size());
   std::vector<PageId> tab = table;
   std::vector<uint32_t> context = {kPromptTokens};
   for (uint32_t layer = 0; layer < kLayers; ++layer) {
     Staging st(k.on_device());
-    std::vector<float> o(q.size());
+    std::vector<float> o(q.size(), std::nanf(""));
     kernels::DecodeArgs a;
     a.layer = layer;
     a.num_seqs = 1;
@@ -132,12 +152,75 @@ std::vector<float> decode_prompt(client::PoolKernels& k, const std::vector<PageI
     a.context_lens = st.put(context);
     a.scale = 1.0f / std::sqrt(float(kHeadDim));
     a.split_tokens = 32;  // several chunks: the split path and its merge
+    if (a.q == nullptr || a.out == nullptr || a.block_tables == nullptr ||
+        a.context_lens == nullptr) {
+      err = "staging the decode's arguments on the device failed";
+      return {};
+    }
     err = k.decode(a, kPromptTokens);
     if (!err.empty()) return {};
-    st.get(o, a.out);
+    if (!st.get(o, a.out)) {
+      err = "copying the decode's output back to the host failed";
+      return {};
+    }
     std::copy(o.begin(), o.end(), out.begin() + static_cast<std::ptrdiff_t>(layer * q.size()));
   }
   return out;
+}
+
+std::vector<float> decode_prompt_on_cpu(const client::Connection& c,
+                                        const std::vector<PageId>& table, std::string& err) {
+  const Geometry& g = c.pool().geometry;
+  if (c.layout() != KvLayout::page_major) {
+    err = "the CPU reference reads page images of page_major pools only";
+    return {};
+  }
+  const uint64_t data = page_data_bytes(g);
+  const uint64_t scale_floats = page_scale_bytes(g) / sizeof(float);
+  const auto n = static_cast<uint32_t>(table.size());
+  std::vector<std::byte> pages(n * data);
+  std::vector<float> scales(n * scale_floats);
+  for (uint32_t i = 0; i < n; ++i) {
+    const std::vector<std::byte> image = page_image(c, table[i]);
+    if (image.empty()) {
+      err = "copying page " + std::to_string(table[i]) + " to the host failed";
+      return {};
+    }
+    std::memcpy(&pages[i * data], image.data(), data);
+    std::memcpy(&scales[i * scale_floats], image.data() + data, scale_floats * sizeof(float));
+  }
+  std::vector<PageId> tab(n);
+  std::iota(tab.begin(), tab.end(), 0u);
+  const std::vector<float> q = prompt_query();
+  std::vector<float> out(kLayers * q.size());
+  const uint32_t context = kPromptTokens;
+  for (uint32_t layer = 0; layer < kLayers; ++layer) {
+    kernels::DecodeArgs a;
+    a.kv =
+        kernels::PagedKv{pages.data(),         data, scale_floats != 0 ? scales.data() : nullptr, g,
+                         KvLayout::page_major, n};
+    a.layer = layer;
+    a.num_seqs = 1;
+    a.num_q_heads = kQHeads;
+    a.q = q.data();
+    a.out = out.data() + layer * q.size();
+    a.block_tables = tab.data();
+    a.block_table_stride = n;
+    a.context_lens = &context;
+    a.scale = 1.0f / std::sqrt(float(kHeadDim));
+    if (err = kernels::cpu::decode(a, n); !err.empty()) return {};
+  }
+  return out;
+}
+
+double max_abs_error(const std::vector<float>& got, const std::vector<float>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(double(got[i]) - double(want[i]));
+    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+  }
+  return worst;
 }
 
 std::vector<std::byte> page_image(const client::Connection& c, PageId p) {
@@ -151,10 +234,16 @@ std::vector<std::byte> page_image(const client::Connection& c, PageId p) {
     return b;
   }
 #ifdef KVPOOL_WITH_CUDA
-  cudaMemcpy(b.data(), c.page(p), data, cudaMemcpyDeviceToHost);
-  if (s != nullptr) cudaMemcpy(b.data() + data, s, scales, cudaMemcpyDeviceToHost);
-#endif
+  if (cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(b.data(), c.page(p), data, cudaMemcpyDeviceToHost) != cudaSuccess ||
+      (s != nullptr &&
+       cudaMemcpy(b.data() + data, s, scales, cudaMemcpyDeviceToHost) != cudaSuccess)) {
+    return {};
+  }
   return b;
+#else
+  return {};
+#endif
 }
 
 int report(int code, const std::string& what) {
@@ -187,19 +276,87 @@ int check_reused_prompt(client::Connection& conn, const std::vector<PageId>& fou
   if (err.empty()) err = append_prompt(k, own.value(), 0, kPromptTokens);
   if (!err.empty()) return report(4, err);
   for (uint32_t i = 0; i < kFullPages; ++i) {
-    if (page_image(conn, found[i]) != page_image(conn, own.value()[i]))
-      return report(5, "a reused page differs from the recomputed one");
+    const auto reused = page_image(conn, found[i]);
+    if (reused.empty() || reused != page_image(conn, own.value()[i]))
+      return report(5, "a reused page differs from the recomputed one (or could not be read)");
   }
   std::vector<PageId> table = found;
   table.push_back(tail.value()[0]);
   const auto shared = decode_prompt(k, table, err);
-  const auto mine = decode_prompt(k, own.value(), err);
+  const auto mine = err.empty() ? decode_prompt(k, own.value(), err) : std::vector<float>{};
   if (!err.empty()) return report(6, err);
   if (shared.empty() || shared != mine) return report(7, "decode over shared pages differs");
   for (float x : shared) {
     if (!std::isfinite(x)) return report(8, "decode output is not finite");
   }
+  // Against the CPU kernels over the same bytes: fp32 accumulation in another order, so a few
+  // ulps of the output's range (as the kernel check allows).
+  const auto reference = decode_prompt_on_cpu(conn, table, err);
+  if (!err.empty()) return report(9, "CPU reference decode: " + err);
+  double range = 1e-6;
+  for (float x : reference)
+    range = std::max(range, double(std::fabs(x)));
+  const double worst = max_abs_error(shared, reference);
+  if (!(worst <= 2e-5 * range + 1e-6)) {
+    return report(10, "decode differs from the CPU kernels' decode over the same pages: max|err| " +
+                          std::to_string(worst) + " of a range of " + std::to_string(range));
+  }
   return 0;
+}
+
+int parse_check_options(int argc, char** argv, const char* tool, const char* backends,
+                        CheckOptions& o) {
+  const std::string usage = std::string("usage: ") + tool + " [--kvpoold PATH] [--backend " +
+                            backends +
+                            "] [--dtype bf16|fp16|int8|fp8_e4m3] [--daemon-log FILE] "
+                            "[--version]\n";
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (i + 1 < argc && a == "--kvpoold") {
+      ::setenv("KVPOOLD_BIN", argv[++i], 1);
+    } else if (i + 1 < argc && a == "--backend") {
+      o.backend = argv[++i];
+    } else if (i + 1 < argc && a == "--dtype") {
+      o.dtype = argv[++i];
+    } else if (i + 1 < argc && a == "--daemon-log") {
+      o.daemon_log = argv[++i];
+    } else if (a == "--version") {
+      std::printf("%s (kvpool)\n", tool);
+      return 0;
+    } else if (a == "--help" || a == "-h") {
+      std::fputs(usage.c_str(), stdout);
+      return 0;
+    } else {
+      std::fprintf(stderr, "%s: unknown or incomplete argument '%s'\n%s", tool, a.c_str(),
+                   usage.c_str());
+      return 2;
+    }
+  }
+  return -1;
+}
+
+int start_daemon(testing::Daemon& d, const std::string& backend) {
+  const bool cuda = backend.rfind("cuda-", 0) == 0;
+  if (d.start(cuda ? std::chrono::seconds(60) : std::chrono::seconds(10))) return 0;
+  const bool no_gpu = cuda && !nvidia_device_node_present();
+  const std::string log = d.log();
+  // The log's last line is usually the reason: it goes on the FAILED line a summary shows.
+  const size_t end = log.find_last_not_of('\n');
+  const size_t from = end == std::string::npos ? 0 : log.rfind('\n', end);
+  const std::string last = end == std::string::npos
+                               ? "(no log)"
+                               : log.substr(from == std::string::npos ? 0 : from + 1,
+                                            end - (from == std::string::npos ? 0 : from + 1) + 1);
+  std::printf("%s kvpoold did not start on backend %s%s: %s\n%s\n", no_gpu ? "SKIPPED" : "FAILED",
+              backend.c_str(), no_gpu ? " (no NVIDIA device node here)" : "", last.c_str(),
+              log.c_str());
+  return no_gpu ? 77 : 1;
+}
+
+void keep_daemon_log(const testing::Daemon& d, const std::string& path, const std::string& title) {
+  if (path.empty()) return;
+  std::ofstream out(path, std::ios::app);
+  out << "== " << title << "\n" << d.log();
 }
 
 }  // namespace kvpool::gpu_check

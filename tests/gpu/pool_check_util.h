@@ -10,6 +10,7 @@
 
 #include "client/connection.h"
 #include "client/pool_kernels.h"
+#include "tests/integration/daemon_harness.h"
 
 namespace kvpool::gpu_check {
 
@@ -41,7 +42,13 @@ inline std::string append_prompt(client::PoolKernels& k, const std::vector<PageI
 std::vector<float> decode_prompt(client::PoolKernels& k, const std::vector<PageId>& table,
                                  std::string& err);
 
-// Page p's bytes and, for 8-bit pools, its scales, copied to the host.
+// The same decode with the CPU kernels over page images of `table` (page_major pools): what the
+// pool's kernels must match within a few ulps of the output's range. Sets err on failure.
+std::vector<float> decode_prompt_on_cpu(const client::Connection& c,
+                                        const std::vector<PageId>& table, std::string& err);
+
+// Page p's bytes and, for 8-bit pools, its scales, copied to the host; empty when a copy from
+// device memory failed.
 std::vector<std::byte> page_image(const client::Connection& c, PageId p);
 
 // Worker A of the checks: attaches to `socket`, appends the prompt into kFullPages + 1 new pages
@@ -52,10 +59,30 @@ int publish_prompt(const std::string& socket, bool release);
 // Worker B's check of the prompt's kFullPages pages `found` (from a lookup): appends the tail
 // into a page of its own, recomputes the whole prompt into pages of its own, and requires the
 // found pages to equal the recomputed ones byte for byte and the decode over them (plus the tail)
-// to equal the decode over the recomputation, finite. Returns 0 or report()'s code (3 to 8).
+// to equal the decode over the recomputation, finite, and the CPU kernels' decode over the same
+// bytes within a few ulps. Returns 0 or report()'s code (3 to 10).
 int check_reused_prompt(client::Connection& conn, const std::vector<PageId>& found);
 
 // Prints "what" to stderr and returns code (for worker processes' exit codes).
 int report(int code, const std::string& what);
+
+// The command line the pool and tier checks share.
+struct CheckOptions {
+  std::string backend = "fake-device";
+  std::string dtype = "bf16";
+  std::string daemon_log;  // kvpoold's log is appended here at the end, when set
+};
+// Parses --kvpoold PATH (sets $KVPOOLD_BIN), --backend, --dtype, --daemon-log FILE, --version,
+// --help. Returns -1 to go on, else the exit code (0 after --version/--help, 2 on bad usage).
+int parse_check_options(int argc, char** argv, const char* tool, const char* backends,
+                        CheckOptions& o);
+
+// Starts `d` (60 s allowed on CUDA backends, whose first CUDA call can be slow). Returns 0 when
+// it runs; else prints its log and returns 77 when a CUDA backend failed on a machine without an
+// NVIDIA device node, 1 otherwise (a daemon that fails beside a GPU is a failure, not a skip).
+int start_daemon(testing::Daemon& d, const std::string& backend);
+
+// Appends the daemon's log, under a title line, to `path` (nothing when path is empty).
+void keep_daemon_log(const testing::Daemon& d, const std::string& path, const std::string& title);
 
 }  // namespace kvpool::gpu_check

@@ -11,10 +11,10 @@
 //   3. the pool grows by a segment and shrinks back (admin resize) while worker B holds the
 //      prompt's pages below, which stay intact; grow and shrink latency per segment.
 // Prints one line per check and a table; exits 0 when every check passed, 1 otherwise, 77 when
-// the backend cannot run here.
+// a CUDA backend cannot start on a machine without an NVIDIA device node.
 //
 // Usage: kvpool_gpu_tier_check --kvpoold PATH --backend cuda-vmm|fake-device|host
-//                              [--dtype bf16|fp16|int8|fp8_e4m3]
+//                              [--dtype bf16|fp16|int8|fp8_e4m3] [--daemon-log FILE]
 // CI runs it on fake-device; tests/gpu/run.sh runs it on cuda-vmm.
 #include <algorithm>
 #include <chrono>
@@ -77,8 +77,10 @@ int reuse_from_host(const std::string& socket, std::vector<double>& grow_us,
   const std::vector<PageId> found = hits.value().pages;
   if (const int rc = check_reused_prompt(conn, found); rc != 0) return rc;
   std::vector<std::vector<std::byte>> images;
-  for (const PageId p : found)
+  for (const PageId p : found) {
     images.push_back(page_image(conn, p));
+    if (images.back().empty()) return report(8, "a promoted page could not be read back");
+  }
 
   // 3. Grow by a segment and shrink back, eight times, while these pages stay held.
   const uint32_t base = conn.pool().num_pages;
@@ -93,7 +95,8 @@ int reuse_from_host(const std::string& socket, std::vector<double>& grow_us,
     if (!s.ok() || s.value() != base) return report(10, "shrink failed");
   }
   for (uint32_t i = 0; i < kFullPages; ++i) {
-    if (page_image(conn, found[i]) != images[i]) return report(11, "a held page changed");
+    const auto now = page_image(conn, found[i]);
+    if (now.empty() || now != images[i]) return report(11, "a held page changed (or unreadable)");
   }
   return 0;
 }
@@ -150,11 +153,13 @@ int measure(const std::string& socket, TierTiming& out) {
   return 0;
 }
 
-int run(const std::string& backend, const std::string& dtype) {
+int run(const CheckOptions& o) {
+  const std::string& backend = o.backend;
+  const std::string& dtype = o.dtype;
   testing::Daemon d(tier_config(backend, dtype));
-  if (!d.start()) {
-    std::printf("kvpoold did not start on backend %s:\n%s", backend.c_str(), d.log().c_str());
-    return backend.rfind("cuda-", 0) == 0 ? 77 : 1;
+  if (const int rc = start_daemon(d, backend); rc != 0) {
+    keep_daemon_log(d, o.daemon_log, "tier check " + backend + " " + dtype);
+    return rc;
   }
   std::printf("tier check: backend %s, dtype %s, pages of %u layers x %u KV heads x %u x %u\n",
               backend.c_str(), dtype.c_str(), kLayers, kKvHeads, kHeadDim, kTokensPerPage);
@@ -183,6 +188,8 @@ int run(const std::string& backend, const std::string& dtype) {
     return rc;
   });
   check(m == 0, "promote and demote timings");
+  d.stop();
+  keep_daemon_log(d, o.daemon_log, "tier check " + backend + " " + dtype);
   std::printf("\n%s: %d check(s) failed\n", failures == 0 ? "PASS" : "FAIL", failures);
   return failures == 0 ? 0 : 1;
 }
@@ -191,22 +198,8 @@ int run(const std::string& backend, const std::string& dtype) {
 }  // namespace kvpool::gpu_check
 
 int main(int argc, char** argv) {
-  std::string backend = "fake-device";
-  std::string dtype = "bf16";
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 < argc && a == "--kvpoold") {
-      ::setenv("KVPOOLD_BIN", argv[++i], 1);
-    } else if (i + 1 < argc && a == "--backend") {
-      backend = argv[++i];
-    } else if (i + 1 < argc && a == "--dtype") {
-      dtype = argv[++i];
-    } else {
-      std::fprintf(stderr,
-                   "usage: kvpool_gpu_tier_check [--kvpoold PATH] [--backend cuda-vmm|"
-                   "fake-device|host] [--dtype bf16|fp16|int8|fp8_e4m3]\n");
-      return 2;
-    }
-  }
-  return kvpool::gpu_check::run(backend, dtype);
+  kvpool::gpu_check::CheckOptions o;
+  const int rc = kvpool::gpu_check::parse_check_options(argc, argv, "kvpool_gpu_tier_check",
+                                                        "cuda-vmm|fake-device|host", o);
+  return rc >= 0 ? rc : kvpool::gpu_check::run(o);
 }

@@ -72,7 +72,7 @@ std::string kvpoold_binary() {
 #endif
 }
 
-bool Daemon::start() {
+bool Daemon::start(std::chrono::milliseconds timeout) {
   std::string cmd = kvpoold_binary() + " --socket " + socket_;
   if (!config_.empty()) cmd += " --config " + config_;
   if (!extra_.empty()) cmd += " " + extra_;
@@ -87,7 +87,7 @@ bool Daemon::start() {
     ::execl("/bin/sh", "sh", "-c", ("exec " + cmd).c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (!running()) return false;
     // Ready means the daemon said so: it listens on its socket before the last start-up steps

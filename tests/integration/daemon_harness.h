@@ -5,6 +5,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <string>
@@ -33,10 +34,10 @@ class Daemon {
   explicit Daemon(const std::string& config_yaml, const std::string& extra_args = "");
   ~Daemon();  // SIGKILL if still running
 
-  // Starts the process and waits (up to 10 s) until it logs event=ready and its socket accepts
-  // connections.
-  // Returns false, with the daemon's log in log(), if it exits or never becomes ready.
-  bool start();
+  // Starts the process and waits (up to `timeout`) until it logs event=ready and its socket
+  // accepts connections. Returns false, with the daemon's log in log(), if it exits or never
+  // becomes ready (then it is still running: the destructor or kill9() ends it).
+  bool start(std::chrono::milliseconds timeout = std::chrono::seconds(10));
   // SIGTERM and wait; returns the exit status (as waitpid reports it) or -1.
   int stop();
   // SIGKILL and wait.

@@ -1,0 +1,236 @@
+// The CUDA kernels as a target of the kernel check, and the decode bandwidth benchmark.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/kernels_cuda.h"
+#include "tests/gpu/cuda_target.h"
+
+namespace kvpool::gpu_check {
+
+using namespace kvpool::kernels;
+
+namespace {
+
+std::string cuda_error(const char* what, cudaError_t e) {
+  return e == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+class CudaTarget final : public KernelTarget {
+ public:
+  CudaTarget(std::string name, int sm_count) : name_(std::move(name)), sm_count_(sm_count) {}
+  std::string name() const override { return name_; }
+
+  std::string alloc(void** ptr, size_t bytes) override {
+    return cuda_error("cudaMalloc", cudaMalloc(ptr, bytes));
+  }
+  void release(void* ptr) override {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  std::string upload(void* dst, const void* src, size_t bytes) override {
+    return cuda_error("cudaMemcpy to the device",
+                      cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+  }
+  std::string download(void* dst, const void* src, size_t bytes) override {
+    return cuda_error("cudaMemcpy to the host",
+                      cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  }
+  std::string fill(void* dst, int byte, size_t bytes) override {
+    return cuda_error("cudaMemset", cudaMemset(dst, byte, bytes));
+  }
+  std::string synchronize() override {
+    if (std::string e = cuda_error("cudaDeviceSynchronize", cudaDeviceSynchronize()); !e.empty())
+      return e;
+    return cuda_error("kernel", cudaGetLastError());
+  }
+
+  size_t decode_workspace_bytes(const DecodeArgs& a, uint32_t max_context) override {
+    return cuda::decode_workspace_bytes(a, max_context, sm_count_);
+  }
+  std::string decode(const DecodeArgs& a, uint32_t max_context, uint32_t, void* workspace,
+                     size_t workspace_bytes) override {
+    return cuda::decode(a, max_context, sm_count_, workspace, workspace_bytes, nullptr);
+  }
+  std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, uint32_t) override {
+    return cuda::extend(a, total_new_tokens, nullptr);
+  }
+  std::string append_kv(const AppendArgs& a, uint32_t) override {
+    return cuda::append_kv(a, nullptr);
+  }
+  std::string copy_pages(const CopyPagesArgs& a, uint32_t) override {
+    return cuda::copy_pages(a, nullptr);
+  }
+
+ private:
+  std::string name_;
+  int sm_count_;
+};
+
+// The benchmark runs in a process of its own: a CUDA error ends it.
+#define CHECK_CUDA(x)                                                                          \
+  do {                                                                                         \
+    const cudaError_t e_ = (x);                                                                \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+template <typename T>
+T* to_device(const std::vector<T>& v) {
+  T* d = nullptr;
+  CHECK_CUDA(cudaMalloc(&d, std::max<size_t>(1, v.size()) * sizeof(T)));
+  if (!v.empty()) CHECK_CUDA(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return d;
+}
+
+// Benchmark ------------------------------------------------------------------------------------
+
+__global__ void copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    dst[i] = src[i];
+  }
+}
+
+float time_ms(cudaEvent_t a, cudaEvent_t b) {
+  float ms = 0;
+  CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+  return ms;
+}
+
+}  // namespace
+
+int run_cuda_bench() {
+  int sm_count = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t e0, e1;
+  CHECK_CUDA(cudaEventCreate(&e0));
+  CHECK_CUDA(cudaEventCreate(&e1));
+  // L2 flush buffer: writing it evicts everything the last run left in L2.
+  const size_t flush_bytes = size_t(256) << 20;
+  void* flush = nullptr;
+  CHECK_CUDA(cudaMalloc(&flush, flush_bytes));
+  auto cold = [&] { CHECK_CUDA(cudaMemsetAsync(flush, 0, flush_bytes)); };
+
+  // Device copy bandwidth: bytes read / time, the same accounting as decode (which only reads).
+  const size_t copy_bytes = size_t(4) << 30;
+  uint4 *src = nullptr, *dst = nullptr;
+  CHECK_CUDA(cudaMalloc(&src, copy_bytes));
+  CHECK_CUDA(cudaMalloc(&dst, copy_bytes));
+  CHECK_CUDA(cudaMemset(src, 1, copy_bytes));
+  float best = 1e30f;
+  for (int r = 0; r < 5; ++r) {
+    cold();
+    CHECK_CUDA(cudaEventRecord(e0));
+    copy_kernel<<<sm_count * 8, 512>>>(src, dst, copy_bytes / 16);
+    CHECK_CUDA(cudaEventRecord(e1));
+    CHECK_CUDA(cudaEventSynchronize(e1));
+    best = std::min(best, time_ms(e0, e1));
+  }
+  const double copy_read_gbs = double(copy_bytes) / (best * 1e-3) / 1e9;
+  std::printf("device copy: %.0f GB/s read (+ as much written), 4 GiB, best of 5\n", copy_read_gbs);
+  cudaFree(src);
+  cudaFree(dst);
+
+  std::printf("\n%-9s %5s %7s %10s %10s %9s %8s\n", "dtype", "batch", "context", "KV MB", "time us",
+              "GB/s", "of copy");
+  std::mt19937 rng(7);
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
+    const Geometry g{1, 8, 128, 16, dt};
+    const uint64_t per_token = 2ull * 8 * 128 * dtype_bytes(dt);
+    for (uint32_t batch : {1u, 16u, 64u}) {
+      for (uint32_t ctx : {1024u, 4096u, 16384u, 65536u}) {
+        const uint32_t blocks = ctx / 16;
+        const uint32_t pages = batch * blocks;
+        const uint64_t stride = page_data_bytes(g);
+        void* base = nullptr;
+        CHECK_CUDA(cudaMalloc(&base, uint64_t(pages) * stride));
+        CHECK_CUDA(cudaMemset(base, 0x3c, uint64_t(pages) * stride));
+        std::vector<float> scales_h(dtype_is_quantized(dt) ? size_t(pages) * 16 : 0, 0.01f);
+        float* scales = scales_h.empty() ? nullptr : to_device(scales_h);
+        std::vector<PageId> table(pages);
+        std::iota(table.begin(), table.end(), 0u);
+        std::shuffle(table.begin(), table.end(), rng);
+        PageId* d_table = to_device(table);
+        std::vector<uint32_t> lens(batch, ctx);
+        uint32_t* d_lens = to_device(lens);
+        std::vector<float> q(size_t(batch) * 32 * 128, 0.01f);
+        float* d_q = to_device(q);
+        float* d_out = nullptr;
+        CHECK_CUDA(cudaMalloc(&d_out, q.size() * sizeof(float)));
+        DecodeArgs a;
+        a.kv = PagedKv{base, stride, scales, g};
+        a.num_seqs = batch;
+        a.num_q_heads = 32;
+        a.q = d_q;
+        a.out = d_out;
+        a.block_tables = d_table;
+        a.block_table_stride = blocks;
+        a.context_lens = d_lens;
+        a.scale = 0.088f;
+        const size_t ws_bytes = cuda::decode_workspace_bytes(a, ctx, sm_count);
+        void* ws = nullptr;
+        if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+        float t = 1e30f;
+        for (int r = 0; r < 5; ++r) {
+          cold();
+          CHECK_CUDA(cudaEventRecord(e0));
+          const std::string err = cuda::decode(a, ctx, sm_count, ws, ws_bytes, nullptr);
+          CHECK_CUDA(cudaEventRecord(e1));
+          CHECK_CUDA(cudaEventSynchronize(e1));
+          if (!err.empty()) {
+            std::fprintf(stderr, "decode: %s\n", err.c_str());
+            return 1;
+          }
+          t = std::min(t, time_ms(e0, e1));
+        }
+        const double bytes = double(batch) * ctx * per_token;
+        const double gbs = bytes / (t * 1e-3) / 1e9;
+        std::printf("%-9s %5u %7u %10.1f %10.1f %9.0f %7.0f%%\n",
+                    std::string(dtype_name(dt)).c_str(), batch, ctx, bytes / 1e6, t * 1e3, gbs,
+                    100.0 * gbs / copy_read_gbs);
+        for (void* ptr :
+             {base, static_cast<void*>(scales), static_cast<void*>(d_table),
+              static_cast<void*>(d_lens), static_cast<void*>(d_q), static_cast<void*>(d_out), ws}) {
+          if (ptr) cudaFree(ptr);
+        }
+      }
+    }
+  }
+  cudaFree(flush);
+  return 0;
+}
+
+std::unique_ptr<KernelTarget> make_cuda_target(std::string& device, std::string& err) {
+  int devices = 0;
+  if (const cudaError_t e = cudaGetDeviceCount(&devices); e != cudaSuccess) {
+    err = cuda_error("cudaGetDeviceCount", e);
+    return nullptr;
+  }
+  if (devices == 0) {
+    err = "cudaGetDeviceCount: no CUDA device";
+    return nullptr;
+  }
+  cudaDeviceProp prop{};
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, 0); e != cudaSuccess) {
+    err = cuda_error("cudaGetDeviceProperties", e);
+    return nullptr;
+  }
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s, %d SMs, %.0f GB, compute %d.%d", prop.name,
+                prop.multiProcessorCount, double(prop.totalGlobalMem) / 1e9, prop.major,
+                prop.minor);
+  device = buf;
+  return std::make_unique<CudaTarget>(std::string("CUDA on ") + prop.name,
+                                      prop.multiProcessorCount);
+}
+
+}  // namespace kvpool::gpu_check

@@ -1,0 +1,56 @@
+// The CUDA kernels' host-side argument checks, which run before any CUDA call and so need no GPU:
+// a misaligned pool is refused with an error naming the requirement, never launched.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/cuda/kernels_cuda.h"
+
+namespace kvpool::kernels {
+namespace {
+
+// An address that is never dereferenced: the checks refuse it before any launch.
+void* misaligned() {
+  return reinterpret_cast<void*>(uintptr_t{0x10008});
+}
+
+PagedKv pool(KvDtype dtype, void* base, uint64_t stride) {
+  const Geometry g{2, 2, 128, 16, dtype};
+  return PagedKv{base, stride, nullptr, g, KvLayout::page_major, 8};
+}
+
+TEST(CudaKernelArgs, AppendIntoA16BitPoolNeeds16ByteAlignment) {
+  const float k = 0;
+  const int64_t slot = 0;
+  const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
+  AppendArgs a{pool(KvDtype::bf16, misaligned(), stride), 0, 1, &k, &k, &slot};
+  EXPECT_NE(cuda::append_kv(a, nullptr).find("multiples of 16 bytes"), std::string::npos);
+  a.kv = pool(KvDtype::fp16, reinterpret_cast<void*>(uintptr_t{0x10000}), stride + 8);
+  EXPECT_NE(cuda::append_kv(a, nullptr).find("multiples of 16 bytes"), std::string::npos);
+}
+
+TEST(CudaKernelArgs, DecodeAndExtendNeed16ByteAlignment) {
+  const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
+  const float q = 0;
+  float out = 0;
+  const PageId table = 0;
+  const uint32_t len = 1;
+  const uint32_t offsets[2] = {0, 1};
+  DecodeArgs d;
+  d.kv = pool(KvDtype::bf16, misaligned(), stride);
+  d.num_seqs = 1;
+  d.num_q_heads = 2;
+  d.q = &q;
+  d.out = &out;
+  d.block_tables = &table;
+  d.block_table_stride = 1;
+  d.context_lens = &len;
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("multiples of 16 bytes"),
+            std::string::npos);
+  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f};
+  EXPECT_NE(cuda::extend(e, 1, nullptr).find("multiples of 16 bytes"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvpool::kernels
