@@ -131,6 +131,7 @@ int run_cuda_bench() {
     cold();
     CHECK_CUDA(cudaEventRecord(e0));
     copy_kernel<<<sm_count * 8, 512>>>(src, dst, copy_bytes / 16);
+    CHECK_CUDA(cudaGetLastError());
     CHECK_CUDA(cudaEventRecord(e1));
     CHECK_CUDA(cudaEventSynchronize(e1));
     best = std::min(best, time_ms(e0, e1));

@@ -67,11 +67,28 @@ class TargetBuffers {
     if (p != nullptr && !v.empty()) note(t_.upload(p, v.data(), v.size() * sizeof(T)));
     return p;
   }
-  // A buffer of `n` floats that reads NaN until written.
+  // A buffer of `n` floats that reads NaN until written, followed by kGuard more that must stay
+  // so (a kernel writing past its output is caught, not hidden in a larger allocation).
+  static constexpr size_t kGuard = 64;
   float* nan_floats(size_t n) {
-    auto* p = static_cast<float*>(raw(n * sizeof(float)));
-    if (p != nullptr) note(t_.fill(p, 0xff, n * sizeof(float)));
+    auto* p = static_cast<float*>(raw((n + kGuard) * sizeof(float)));
+    if (p != nullptr) note(t_.fill(p, 0xff, (n + kGuard) * sizeof(float)));
     return p;
+  }
+  // Copies the first host.size() floats of a nan_floats buffer back and checks its guard.
+  void get_output(std::vector<float>& host, const float* src) {
+    std::vector<float> all(host.size() + kGuard);
+    get(all, src);
+    if (!error_.empty()) return;
+    std::copy(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(host.size()), host.begin());
+    for (size_t i = host.size(); i < all.size(); ++i) {
+      uint32_t bits = 0;
+      std::memcpy(&bits, &all[i], sizeof bits);
+      if (bits != 0xffffffffu) {
+        return note("the kernel wrote past its output (float " + std::to_string(i) + " of a " +
+                    std::to_string(host.size()) + "-float output)");
+      }
+    }
   }
   template <typename T>
   void get(std::vector<T>& host, const T* src) {
@@ -132,18 +149,27 @@ void Matrix::expect_close(const char* what, const Case& c, uint32_t detail, cons
   std::snprintf(head, sizeof head, "%-7s %s %s=%-7u", what, describe(c).c_str(),
                 what[0] == 'd' ? "split" : "new", detail);
   if (!err.empty()) return error(head, err);
-  double worst = 0;
-  double scale = 1e-6;
-  for (float w : want)
-    scale = std::max(scale, double(std::fabs(w)));
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(double(got[i]) - double(want[i]));
-    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+  // Each output row (one query head of one token) against its own range: fp32 accumulation on
+  // both sides in a different order, a few ulps of that row's values. A row of a short context
+  // (whose output is close to one V row) does not widen the bound of a long one.
+  const size_t row = c.head_dim;
+  double worst = 0;  // max |err| / bound over the rows; ≤ 1 passes
+  double worst_abs = 0;
+  for (size_t r = 0; r + row <= want.size(); r += row) {
+    double range = 0;
+    for (size_t i = r; i < r + row; ++i)
+      range = std::max(range, double(std::fabs(want[i])));
+    const double bound = 2e-5 * range + 1e-6;
+    for (size_t i = r; i < r + row; ++i) {
+      double e = std::fabs(double(got[i]) - double(want[i]));
+      if (std::isnan(e)) e = INFINITY;
+      worst_abs = std::max(worst_abs, e);
+      worst = std::max(worst, e / bound);
+    }
   }
-  // fp32 accumulation on both sides in a different order: a few ulps of the output range.
-  const bool ok = worst <= 2e-5 * scale + 1e-6;
-  char tail[64];
-  std::snprintf(tail, sizeof tail, " max|err|=%.2e", worst);
+  const bool ok = worst <= 1.0 && got.size() == want.size();
+  char tail[96];
+  std::snprintf(tail, sizeof tail, " max|err|=%.2e (%.2f of the bound)", worst_abs, worst);
   result(ok, std::string(head) + tail);
 }
 
@@ -247,7 +273,7 @@ void Matrix::run_case(const Case& c) {
     if (err.empty()) err = t_.decode(d, max_ctx, p.num_pages, ws, ws_bytes);
     if (err.empty()) err = t_.synchronize();
     if (err.empty()) {
-      run.get(got, d.out);
+      run.get_output(got, d.out);
       err = run.error();
     }
     expect_close("decode", c, split, err, got, want);
@@ -283,7 +309,7 @@ void Matrix::run_case(const Case& c) {
     if (err.empty()) err = t_.extend(ed, offsets.back(), p.num_pages);
     if (err.empty()) err = t_.synchronize();
     if (err.empty()) {
-      run.get(egot, ed.out);
+      run.get_output(egot, ed.out);
       err = run.error();
     }
     expect_close("extend", c, longest, err, egot, ewant);
@@ -483,11 +509,12 @@ class CpuStandIn final : public KernelTarget {
   }
 
  private:
+  // The longest context of the call, one token short: the smallest error a real off-by-one
+  // makes (one key of up to 5,000 missing from one sequence's softmax).
   static const uint32_t* shorter(const uint32_t* lens, uint32_t n, std::vector<uint32_t>& out) {
     out.assign(lens, lens + n);
-    for (uint32_t& l : out) {
-      if (l > 1) --l;
-    }
+    auto longest = std::max_element(out.begin(), out.end());
+    if (longest != out.end() && *longest > 1) --*longest;
     return out.data();
   }
 
@@ -515,14 +542,16 @@ std::unique_ptr<KernelTarget> make_cpu_stand_in(Fault fault) {
   return std::make_unique<CpuStandIn>(fault);
 }
 
-int run_kernel_matrix(KernelTarget& target, bool verbose, const std::vector<KvDtype>& dtypes) {
+int run_kernel_matrix(KernelTarget& target, bool verbose, const MatrixSelection& selection) {
   Matrix m(target, verbose);
+  const std::vector<KvDtype>& dtypes = selection.dtypes;
   const auto wanted = [&](KvDtype dt) {
     return dtypes.empty() || std::find(dtypes.begin(), dtypes.end(), dt) != dtypes.end();
   };
   std::printf("kernel check on %s\n", target.name().c_str());
+  uint32_t index = 0;
   for (const Case& c : matrix_cases()) {
-    if (wanted(c.dtype)) m.run_case(c);
+    if (wanted(c.dtype) && index++ % std::max(1u, selection.sample) == 0) m.run_case(c);
   }
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp16, KvDtype::fp8_e4m3, KvDtype::int8}) {
     if (!wanted(dt)) continue;

@@ -49,8 +49,8 @@ class KernelTarget {
 };
 
 // A deliberate bug in the CPU stand-in, to show that the matrix fails when a kernel is wrong:
-// decode and extend read one token fewer of every context longer than 1, append writes each
-// token one slot later, copy writes each page one page later.
+// decode and extend read one token fewer of the longest context in each call, append writes
+// each token one slot later, copy writes each page one page later.
 enum class Fault : uint8_t { none, decode, extend, append, copy };
 
 // Parses "none", "decode", "extend", "append", "copy"; false for anything else.
@@ -60,10 +60,16 @@ bool parse_fault(const std::string& text, Fault& out);
 // reference takes AVX2 where the CPU has it), so the stand-in matrix also compares the two.
 std::unique_ptr<KernelTarget> make_cpu_stand_in(Fault fault);
 
-// Runs the matrix on `target`: every case, or those of `dtypes` when it is not empty. Prints a
-// FAILED line for every failed comparison or error, and with `verbose` one line per comparison;
-// ends with "GPU TESTS PASSED: N comparisons" or "GPU TESTS FAILED: k of N comparisons". Returns
-// the number of failures.
-int run_kernel_matrix(KernelTarget& target, bool verbose, const std::vector<KvDtype>& dtypes = {});
+// Which share of the matrix to run: every case, or those of `dtypes` when it is not empty, and of
+// those every `sample`-th attention case (append and copy always run).
+struct MatrixSelection {
+  std::vector<KvDtype> dtypes;
+  uint32_t sample = 1;
+};
+
+// Runs the matrix on `target`. Prints a FAILED line for every failed comparison or error, and
+// with `verbose` one line per comparison; ends with "GPU TESTS PASSED: N comparisons" or "GPU
+// TESTS FAILED: k of N comparisons". Returns the number of failures.
+int run_kernel_matrix(KernelTarget& target, bool verbose, const MatrixSelection& selection = {});
 
 }  // namespace kvpool::gpu_check

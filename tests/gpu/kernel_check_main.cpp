@@ -13,6 +13,7 @@
 // device (old driver, no permission) is a failure, never a skip.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,10 +26,12 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kvpool_gpu_check [--tests] [--bench] [--verbose] [--dtype LIST] [--stand-in cpu]\n"
-    "                        [--inject-fault decode|extend|append|copy] [--version]\n"
+    "usage: kvpool_gpu_check [--tests] [--bench] [--verbose] [--dtype LIST] [--sample K]\n"
+    "                        [--stand-in cpu] [--inject-fault decode|extend|append|copy]\n"
+    "                        [--version]\n"
     "  --tests          the kernel matrix: every kernel against the CPU kernels (default: both)\n"
     "  --dtype LIST     only these KV dtypes' cases (comma-separated: bf16,fp16,fp8_e4m3,int8)\n"
+    "  --sample K       every K-th attention case only (append and copy always run)\n"
     "  --bench          the decode bandwidth table (GPU only)\n"
     "  --verbose        a line per comparison (otherwise only FAILED lines and the verdict)\n"
     "  --stand-in cpu   run the matrix with the CPU kernels standing in for the CUDA ones\n"
@@ -56,7 +59,7 @@ int main(int argc, char** argv) {
   bool verbose = false;
   bool stand_in = false;
   Fault fault = Fault::none;
-  std::vector<kvpool::KvDtype> dtypes;
+  MatrixSelection selection;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--tests") {
@@ -69,10 +72,17 @@ int main(int argc, char** argv) {
       stand_in = true;
       ++i;
     } else if (a == "--dtype" && i + 1 < argc) {
-      if (!parse_dtypes(argv[++i], dtypes)) {
+      if (!parse_dtypes(argv[++i], selection.dtypes)) {
         std::fprintf(stderr, "kvpool_gpu_check: --dtype takes bf16, fp16, fp8_e4m3, int8\n");
         return 2;
       }
+    } else if (a == "--sample" && i + 1 < argc) {
+      const long k = std::strtol(argv[++i], nullptr, 10);
+      if (k < 1 || k > 1000) {
+        std::fprintf(stderr, "kvpool_gpu_check: --sample takes 1 to 1000\n");
+        return 2;
+      }
+      selection.sample = static_cast<uint32_t>(k);
     } else if (a == "--inject-fault" && i + 1 < argc && parse_fault(argv[i + 1], fault)) {
       ++i;
     } else if (a == "--version") {
@@ -103,7 +113,7 @@ int main(int argc, char** argv) {
   }
   if (stand_in) {
     auto target = make_cpu_stand_in(fault);
-    return run_kernel_matrix(*target, verbose, dtypes) == 0 ? 0 : 1;
+    return run_kernel_matrix(*target, verbose, selection) == 0 ? 0 : 1;
   }
 #ifdef KVPOOL_GPU_CHECK_CUDA
   std::string device;
@@ -121,11 +131,17 @@ int main(int argc, char** argv) {
   std::printf("device: %s\n", device.c_str());
   std::fflush(stdout);
   int rc = 0;
-  if (tests && run_kernel_matrix(*target, verbose, dtypes) != 0) rc = 1;
+  if (tests && run_kernel_matrix(*target, verbose, selection) != 0) rc = 1;
   if (bench && run_cuda_bench() != 0) rc = 1;
   return rc;
 #else
+  if (nvidia_device_node_present()) {
+    std::printf(
+        "kvpool_gpu_check: FAILED: built without CUDA beside an NVIDIA GPU (build with "
+        "scripts/build-gpu.sh)\n");
+    return 1;
+  }
   std::printf("kvpool_gpu_check: built without CUDA; only --stand-in cpu runs: skipped\n");
-  return nvidia_device_node_present() ? 1 : 77;
+  return 77;
 #endif
 }

@@ -232,6 +232,7 @@ int run(const CheckOptions& o) {
   // A worker that died early must fail its check, not end this process at the write to its pipe.
   ::signal(SIGPIPE, SIG_IGN);
   Daemon d(pool_config(o.backend, o.dtype));
+  keep_daemon_log_on_sigterm(d, o.daemon_log, "pool check " + o.backend + " " + o.dtype);
   if (const int rc = start_daemon(d, o.backend); rc != 0) {
     keep_daemon_log(d, o.daemon_log, "pool check " + o.backend + " " + o.dtype);
     return rc;

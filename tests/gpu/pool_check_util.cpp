@@ -1,5 +1,9 @@
 #include "tests/gpu/pool_check_util.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -98,36 +102,89 @@ BlockHash prompt_hash(uint32_t block) {
   return BlockHash{0x5000 + uint64_t{block}, 0xabcdefull * (block + 1)};
 }
 
-std::string append_prompt(client::PoolKernels& k, const std::vector<PageId>& pages,
-                          uint32_t first_page_token, uint32_t first, uint32_t last) {
+namespace {
+
+// One layer's K and V of prompt tokens [first, last) and their slots in `pages` (page i holds
+// tokens first_page_token + 16·i …), as every worker computes them.
+struct PromptRows {
+  std::vector<float> k, v;
+  std::vector<int64_t> slots;
+};
+PromptRows prompt_rows(uint32_t layer, const std::vector<PageId>& pages, uint32_t first_page_token,
+                       uint32_t first, uint32_t last) {
   const uint32_t n = last - first;
-  std::vector<float> kk(size_t{n} * kKvHeads * kHeadDim);
-  std::vector<float> vv(kk.size());
-  std::vector<int64_t> slots(n);
-  for (uint32_t layer = 0; layer < kLayers; ++layer) {
-    for (uint32_t i = 0; i < n; ++i) {
-      const uint32_t t = first + i;
-      const uint32_t rel = t - first_page_token;
-      slots[i] = int64_t{pages[rel / kTokensPerPage]} * kTokensPerPage + rel % kTokensPerPage;
-      for (uint32_t h = 0; h < kKvHeads; ++h) {
-        for (uint32_t d = 0; d < kHeadDim; ++d) {
-          kk[(size_t{i} * kKvHeads + h) * kHeadDim + d] = kv_value(layer, t, h, d, 0);
-          vv[(size_t{i} * kKvHeads + h) * kHeadDim + d] = kv_value(layer, t, h, d, 1);
-        }
+  PromptRows r{std::vector<float>(size_t{n} * kKvHeads * kHeadDim),
+               std::vector<float>(size_t{n} * kKvHeads * kHeadDim), std::vector<int64_t>(n)};
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t t = first + i;
+    const uint32_t rel = t - first_page_token;
+    r.slots[i] = int64_t{pages[rel / kTokensPerPage]} * kTokensPerPage + rel % kTokensPerPage;
+    for (uint32_t h = 0; h < kKvHeads; ++h) {
+      for (uint32_t d = 0; d < kHeadDim; ++d) {
+        r.k[(size_t{i} * kKvHeads + h) * kHeadDim + d] = kv_value(layer, t, h, d, 0);
+        r.v[(size_t{i} * kKvHeads + h) * kHeadDim + d] = kv_value(layer, t, h, d, 1);
       }
     }
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string append_prompt(client::PoolKernels& k, const std::vector<PageId>& pages,
+                          uint32_t first_page_token, uint32_t first, uint32_t last) {
+  for (uint32_t layer = 0; layer < kLayers; ++layer) {
+    PromptRows rows = prompt_rows(layer, pages, first_page_token, first, last);
     Staging st(k.on_device());
     kernels::AppendArgs a;
     a.layer = layer;
-    a.num_tokens = n;
-    a.k = st.put(kk);
-    a.v = st.put(vv);
-    a.slots = st.put(slots);
+    a.num_tokens = last - first;
+    a.k = st.put(rows.k);
+    a.v = st.put(rows.v);
+    a.slots = st.put(rows.slots);
     if (a.k == nullptr || a.v == nullptr || a.slots == nullptr) return "staging failed";
     if (std::string err = k.append_kv(a); !err.empty()) return err;
 #ifdef KVPOOL_WITH_CUDA
     if (k.on_device() && cudaDeviceSynchronize() != cudaSuccess) return "append_kv failed";
 #endif
+  }
+  return "";
+}
+
+std::string compare_with_cpu_append(const client::Connection& c, const std::vector<PageId>& found) {
+  const Geometry& g = c.pool().geometry;
+  const uint64_t data = page_data_bytes(g);
+  const uint64_t scale_floats = page_scale_bytes(g) / sizeof(float);
+  std::vector<std::byte> pages(kFullPages * data);
+  std::vector<float> scales(kFullPages * scale_floats);
+  std::vector<PageId> ids(kFullPages);
+  std::iota(ids.begin(), ids.end(), 0u);
+  const kernels::PagedKv kv{
+      pages.data(),         data,      scale_floats != 0 ? scales.data() : nullptr, g,
+      KvLayout::page_major, kFullPages};
+  for (uint32_t layer = 0; layer < kLayers; ++layer) {
+    PromptRows rows = prompt_rows(layer, ids, 0, 0, kFullPages * kTokensPerPage);
+    const kernels::AppendArgs a{
+        kv, layer, kFullPages * kTokensPerPage, rows.k.data(), rows.v.data(), rows.slots.data()};
+    if (std::string err = kernels::cpu::append_kv(a, kFullPages); !err.empty())
+      return "CPU append: " + err;
+  }
+  for (uint32_t i = 0; i < kFullPages; ++i) {
+    const std::vector<std::byte> image = page_image(c, found[i]);
+    if (image.empty()) return "page " + std::to_string(found[i]) + " could not be read back";
+    if (std::memcmp(image.data(), &pages[i * data], data) != 0) {
+      return "page " + std::to_string(found[i]) + " (block " + std::to_string(i) +
+             ") differs from the CPU append of the same tokens";
+    }
+    for (uint64_t j = 0; j < scale_floats; ++j) {
+      float got = 0;
+      std::memcpy(&got, image.data() + data + j * sizeof(float), sizeof got);
+      const float want = scales[i * scale_floats + j];
+      if (!(std::fabs(got - want) <= 1e-6f * std::fabs(want))) {
+        return "page " + std::to_string(found[i]) + ": scale " + std::to_string(j) + " is " +
+               std::to_string(got) + ", the CPU append's " + std::to_string(want);
+      }
+    }
   }
   return "";
 }
@@ -289,6 +346,11 @@ int check_reused_prompt(client::Connection& conn, const std::vector<PageId>& fou
   for (float x : shared) {
     if (!std::isfinite(x)) return report(8, "decode output is not finite");
   }
+  // The shared pages against the CPU's append of the same tokens (bytes exact, scales to 1e-6, as
+  // the kernel check holds append to), so a wrong append cannot pass by being wrong everywhere.
+  if (conn.layout() == KvLayout::page_major) {
+    if (err = compare_with_cpu_append(conn, found); !err.empty()) return report(11, err);
+  }
   // Against the CPU kernels over the same bytes: fp32 accumulation in another order, so a few
   // ulps of the output's range (as the kernel check allows).
   const auto reference = decode_prompt_on_cpu(conn, table, err);
@@ -357,6 +419,54 @@ void keep_daemon_log(const testing::Daemon& d, const std::string& path, const st
   if (path.empty()) return;
   std::ofstream out(path, std::ios::app);
   out << "== " << title << "\n" << d.log();
+}
+
+namespace {
+
+// What the SIGTERM handler copies: fixed buffers, as a handler may not allocate.
+char g_log_src[512];
+char g_log_dst[512];
+char g_log_title[256];
+pid_t g_log_owner = -1;
+
+void write_all(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w <= 0) return;
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void copy_log_and_die(int sig) {
+  if (::getpid() == g_log_owner) {
+    const int out = ::open(g_log_dst, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    const int in = ::open(g_log_src, O_RDONLY);
+    if (out >= 0) {
+      write_all(out, g_log_title, std::strlen(g_log_title));
+      char buf[4096];
+      ssize_t n = 0;
+      while (in >= 0 && (n = ::read(in, buf, sizeof buf)) > 0)
+        write_all(out, buf, static_cast<size_t>(n));
+    }
+    if (in >= 0) ::close(in);
+    if (out >= 0) ::close(out);
+  }
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+}  // namespace
+
+void keep_daemon_log_on_sigterm(const testing::Daemon& d, const std::string& path,
+                                const std::string& title) {
+  if (path.empty()) return;
+  const std::string head = "== " + title + " (ended by SIGTERM)\n";
+  std::snprintf(g_log_src, sizeof g_log_src, "%s", d.log_path().c_str());
+  std::snprintf(g_log_dst, sizeof g_log_dst, "%s", path.c_str());
+  std::snprintf(g_log_title, sizeof g_log_title, "%s", head.c_str());
+  g_log_owner = ::getpid();
+  ::signal(SIGTERM, copy_log_and_die);
 }
 
 }  // namespace kvpool::gpu_check

@@ -47,6 +47,10 @@ std::vector<float> decode_prompt(client::PoolKernels& k, const std::vector<PageI
 std::vector<float> decode_prompt_on_cpu(const client::Connection& c,
                                         const std::vector<PageId>& table, std::string& err);
 
+// "" when the kFullPages pages `found` hold exactly what the CPU append of the prompt writes
+// (data bytes equal, scales within 1e-6); else what differs. page_major pools.
+std::string compare_with_cpu_append(const client::Connection& c, const std::vector<PageId>& found);
+
 // Page p's bytes and, for 8-bit pools, its scales, copied to the host; empty when a copy from
 // device memory failed.
 std::vector<std::byte> page_image(const client::Connection& c, PageId p);
@@ -60,7 +64,8 @@ int publish_prompt(const std::string& socket, bool release);
 // into a page of its own, recomputes the whole prompt into pages of its own, and requires the
 // found pages to equal the recomputed ones byte for byte and the decode over them (plus the tail)
 // to equal the decode over the recomputation, finite, and the CPU kernels' decode over the same
-// bytes within a few ulps. Returns 0 or report()'s code (3 to 10).
+// bytes within a few ulps; the pages must also equal the CPU append of the same tokens. Returns 0
+// or report()'s code (3 to 11).
 int check_reused_prompt(client::Connection& conn, const std::vector<PageId>& found);
 
 // Prints "what" to stderr and returns code (for worker processes' exit codes).
@@ -84,5 +89,11 @@ int start_daemon(testing::Daemon& d, const std::string& backend);
 
 // Appends the daemon's log, under a title line, to `path` (nothing when path is empty).
 void keep_daemon_log(const testing::Daemon& d, const std::string& path, const std::string& title);
+
+// The same if this process is ended by SIGTERM (a step's timeout): a hung check still leaves the
+// daemon's log behind, then dies of the signal. Forked workers inherit the handler but do not
+// copy. One daemon per process.
+void keep_daemon_log_on_sigterm(const testing::Daemon& d, const std::string& path,
+                                const std::string& title);
 
 }  // namespace kvpool::gpu_check

@@ -35,7 +35,8 @@
 #                pool and tier checks on fake-device and host (what CI runs; the bench is skipped)
 # Binaries: $KVPOOL_GPU_BIN (a folder) if set, else build/gpu-bin, build/gpu, build/release. A
 # missing kernel check is built here with nvcc from the project's sources when nvcc exists.
-# KVPOOL_GPU_CHECK_DTYPES (e.g. "fp8_e4m3,int8") limits the kernel matrix to those dtypes.
+# KVPOOL_GPU_CHECK_ARGS (e.g. "--dtype fp8_e4m3,int8" or "--sample 4") narrows the kernel matrix;
+# the summary's first line says so.
 # Exit status: 0 every step passed (or skipped for want of a GPU); 1 otherwise; 2 bad usage.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -51,6 +52,8 @@ for arg in "$@"; do
   esac
 done
 
+# A crashing check with large pinned or device mappings must not spend the call writing a core.
+ulimit -c 0
 OUT=${OUT:-build/gpu-out}
 mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
@@ -118,10 +121,14 @@ find_bin() {
 # Why `bin` cannot run here ("" when it loads and answers --version within 10 s).
 load_problem() {
   local bin=$1 out rc
-  out=$(ldd "$bin" 2>&1)
-  if grep -q 'not found' <<<"$out"; then
-    grep -m1 'not found' <<<"$out" | sed 's/^[[:space:]]*//'
-    return
+  if command -v ldd >/dev/null 2>&1; then
+    # A missing library ("libx.so => not found") or a glibc too old ("version `GLIBC_2.36' not
+    # found"); a static binary ("not a dynamic executable") loads.
+    out=$(ldd "$bin" 2>&1)
+    if grep -qE "=> not found|version .* not found" <<<"$out"; then
+      grep -m1 -E "=> not found|version .* not found" <<<"$out" | sed 's/^[[:space:]]*//'
+      return
+    fi
   fi
   out=$(timeout 10 "$bin" --version 2>&1)
   rc=$?
@@ -139,12 +146,17 @@ build_kernel_check() {
     kernels/cuda/copy_pages.cu kernels/cpu/*.cpp common/geometry.cpp common/status.cpp)
   for src in "${srcs[@]}"; do
     obj=$out/$(echo "$src" | tr / _).o
-    nvcc "${flags[@]}" -x "$([[ $src == *.cu ]] && echo cu || echo c++)" -c "$src" -o "$obj" &
+    nvcc "${flags[@]}" -x "$([[ $src == *.cu ]] && echo cu || echo c++)" -c "$src" -o "$obj" >&2 &
     pids+=($!)
     objs+=("$obj")
   done
-  for pid in "${pids[@]}"; do wait "$pid" || return 1; done
-  nvcc "${flags[@]}" "${objs[@]}" -o "$out/kvpool_gpu_check" -lpthread || return 1
+  for pid in "${pids[@]}"; do
+    if ! wait "$pid"; then
+      kill "${pids[@]}" 2>/dev/null
+      return 1
+    fi
+  done
+  nvcc "${flags[@]}" "${objs[@]}" -o "$out/kvpool_gpu_check" -lpthread >&2 || return 1
   echo "$out/kvpool_gpu_check"
 }
 
@@ -173,6 +185,10 @@ for name in kvpool_gpu_check kvpoold kvpool_gpu_pool_check kvpool_gpu_tier_check
 done
 
 # --- the steps --------------------------------------------------------------------------------
+step_pid=""
+trap '[[ -n $step_pid ]] && kill -TERM "$step_pid" 2>/dev/null; exit 143' TERM
+# (TERM for both: a background job of a script ignores INT.)
+trap '[[ -n $step_pid ]] && kill -TERM "$step_pid" 2>/dev/null; exit 130' INT
 record() {  # STATUS name detail
   results+=("$1|$2|$3")
   printf '%-4s %-26s %s\n' "$1" "$2" "$3"
@@ -195,13 +211,17 @@ run_step() {
   [[ -f $log ]] && before=$(wc -l <"$log")
   echo "== $name: $* (timeout ${limit} s)" >>"$log"
   local rc
+  # timeout runs the step in a process group of its own (kvpoold and workers included) and
+  # passes a TERM or INT on to it: if run.sh itself is stopped, so is the step.
   if ((verbose)); then
-    timeout -k 5 "$limit" "$@" 2>&1 | tee -a "$log"
-    rc=${PIPESTATUS[0]}
+    timeout -k 5 "$limit" "$@" > >(tee -a "$log") 2>&1 &
   else
-    timeout -k 5 "$limit" "$@" >>"$log" 2>&1
-    rc=$?
+    timeout -k 5 "$limit" "$@" >>"$log" 2>&1 &
   fi
+  step_pid=$!
+  wait "$step_pid"
+  rc=$?
+  step_pid=""
   local took=$((SECONDS - now))
   echo "== $name: exit $rc after ${took} s" >>"$log"
   local line
@@ -213,7 +233,9 @@ run_step() {
   elif ((rc == 124 || rc == 137 && took >= limit)); then
     record FAIL "$name" "timed out after ${limit} s"
   elif ((rc == 77)); then
-    if ((has_gpu)); then
+    if ((rehearse)); then
+      record FAIL "$name" "exit 77 ('no usable GPU') in a rehearsal, which needs none"
+    elif ((has_gpu)); then
       record FAIL "$name" "exit 77 ('no usable GPU') although this machine has one"
     else
       record SKIP "$name" "no GPU here"
@@ -243,7 +265,12 @@ needs() {
 check=${bins[kvpool_gpu_check]}
 kverbose=()
 ((verbose)) && kverbose=(--verbose)
-[[ -n ${KVPOOL_GPU_CHECK_DTYPES:-} ]] && kverbose+=(--dtype "$KVPOOL_GPU_CHECK_DTYPES")
+if [[ -n ${KVPOOL_GPU_CHECK_ARGS:-} ]]; then
+  read -r -a extra <<<"$KVPOOL_GPU_CHECK_ARGS"
+  kverbose+=("${extra[@]}")
+  gpu_line+="; kernel matrix narrowed: $KVPOOL_GPU_CHECK_ARGS (KVPOOL_GPU_CHECK_ARGS)"
+  echo "== kernel matrix narrowed: $KVPOOL_GPU_CHECK_ARGS (KVPOOL_GPU_CHECK_ARGS)" >>"$machine"
+fi
 if ((rehearse)); then
   needs kvpool_gpu_check kernel-tests &&
     run_step kernel-tests "$OUT/kernel-tests.log" "$check" --tests --stand-in cpu "${kverbose[@]}"
@@ -293,8 +320,10 @@ for r in "${results[@]}"; do
 done
 if ((failed > 0 || incomplete)); then
   verdict=FAIL
-elif ((passed == 0)); then
+elif ((passed == 0)) && ((!rehearse)); then
   verdict=SKIPPED
+elif ((passed == 0)); then
+  verdict=FAIL
 else
   verdict=PASS
 fi

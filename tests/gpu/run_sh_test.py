@@ -34,8 +34,8 @@ ALL_STEPS = [
 ]
 
 # One script for every binary: the step it was asked to run follows from its arguments, and the
-# plan (lines "step=pass|fail|many-fails|exit77|hang|crash", "load:<binary>=noload") says what to
-# do.
+# plan (lines "step=pass|fail|many-fails|exit77|hang|stubborn|crash", "load:<binary>=noload")
+# says what to do; stubborn hangs with SIGTERM ignored.
 STAND_IN = r"""#!/usr/bin/env bash
 me=$(basename "$0")
 pick() {  # the plan's line "step=behaviour", else pass
@@ -72,6 +72,7 @@ case "$(pick "$step")" in
   many-fails) for i in $(seq 1 30); do echo "FAILED $step case $i"; done; exit 1 ;;
   exit77) echo "no usable GPU"; exit 77 ;;
   hang) sleep 1000 ;;
+  stubborn) trap '' TERM; sleep 1000 ;;
   crash) kill -SEGV $$ ;;
 esac
 """
@@ -210,8 +211,54 @@ def test_a_hung_step_is_cut_off_and_the_others_still_run(h):
     assert sum(s == "PASS" for s, _ in status.values()) == 6
     # Two cut-off steps of 2 s; the rest are quick. No stand-in may outlive the run.
     assert h.elapsed < 30, h.elapsed
-    left = subprocess.run(["pgrep", "-f", "sleep 1000"], capture_output=True, text=True)
-    assert left.stdout.strip() == "", "a hung stand-in was left running"
+    assert _no_stand_in_left(), "a hung stand-in was left running"
+
+
+def _no_stand_in_left():
+    for _ in range(50):
+        left = subprocess.run(["pgrep", "-f", "sleep 1000"], capture_output=True, text=True)
+        if left.stdout.strip() == "":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_step_that_ignores_sigterm_is_killed(h):
+    assert h.run({"pool cuda-vmm bf16": "stubborn"}, timeout=2) == 1
+    assert h.status()["pool cuda-vmm bf16"] == ("FAIL", "timed out after 2 s")
+    assert h.elapsed >= 7  # 2 s, then SIGKILL 5 s after the SIGTERM it ignored
+    assert _no_stand_in_left()
+
+
+def test_stopping_run_sh_stops_the_running_step(h):
+    h.plan.write_text("kernel-tests=hang\n")
+    env = dict(os.environ, PATH=f"{h.path_dir}:{os.environ['PATH']}", OUT=str(h.out),
+               KVPOOL_GPU_BIN=str(h.bin), STANDIN_PLAN=str(h.plan), STANDIN_GPU="1")
+    p = subprocess.Popen(["bash", str(RUN_SH)], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and subprocess.run(
+            ["pgrep", "-f", "sleep 1000"], capture_output=True).returncode != 0:
+        time.sleep(0.1)
+    p.terminate()
+    assert p.wait(timeout=20) == 143
+    assert _no_stand_in_left(), "the step outlived run.sh"
+
+
+def test_exit_77_in_a_rehearsal_is_a_failure(h):
+    plan = {step: "exit77" for step in ALL_STEPS}
+    plan.update({"pool fake-device bf16": "exit77", "pool host bf16": "exit77"})
+    assert h.run(plan, gpu=False, args=["--rehearse"]) == 1
+    status = h.status()
+    assert status["kernel-tests"][0] == "FAIL" and "rehearsal" in status["kernel-tests"][1]
+    assert status["pool fake-device bf16"][0] == "FAIL"
+    assert h.summary()[-1].startswith("GPU CHECK: FAIL")
+
+
+def test_a_narrowed_kernel_matrix_is_said(h, monkeypatch):
+    monkeypatch.setenv("KVPOOL_GPU_CHECK_ARGS", "--dtype int8")
+    assert h.run() == 0
+    assert "kernel matrix narrowed: --dtype int8" in h.summary()[0]
 
 
 def test_a_crash_is_reported_with_its_signal(h):
@@ -291,10 +338,10 @@ def _gpu_check_bin():
 
 @pytest.mark.parametrize("kernel", ["decode", "extend", "append", "copy"])
 def test_an_injected_off_by_one_fails_the_kernel_matrix(kernel):
-    # One dtype's share of the matrix (KVPOOL_GPU_CHECK_FAULT_DTYPES) shows the fault; the whole
-    # matrix runs without one in gpu_check.cpu_stand_in.
-    dtypes = os.environ.get("KVPOOL_GPU_CHECK_FAULT_DTYPES", "fp16")
-    p = subprocess.run([_gpu_check_bin(), "--tests", "--stand-in", "cpu", "--dtype", dtypes,
+    # A share of the matrix (KVPOOL_GPU_CHECK_SHARE, e.g. "--dtype fp16") shows the fault; the
+    # whole matrix runs without one in gpu_check.cpu_stand_in.
+    share = os.environ.get("KVPOOL_GPU_CHECK_SHARE", "--dtype fp16").split()
+    p = subprocess.run([_gpu_check_bin(), "--tests", "--stand-in", "cpu", *share,
                         "--inject-fault", kernel], capture_output=True, text=True, timeout=600)
     assert p.returncode == 1, p.stdout[-2000:] + p.stderr[-2000:]
     failed = [line for line in p.stdout.splitlines() if line.startswith("FAILED")]
@@ -329,8 +376,8 @@ def test_rehearsal_over_the_real_binaries(h, tmp_path):
     links.mkdir()
     for name, target in real.items():
         (links / name).symlink_to(target)
-    os.environ.setdefault("KVPOOL_GPU_CHECK_DTYPES",
-                          os.environ.get("KVPOOL_GPU_CHECK_FAULT_DTYPES", "fp16"))
+    os.environ.setdefault("KVPOOL_GPU_CHECK_ARGS",
+                          os.environ.get("KVPOOL_GPU_CHECK_SHARE", "--dtype fp16"))
     rc = h.run(gpu=False, args=["--rehearse"], bin_dir=links)
     lines = h.summary()
     assert rc == 0, "\n".join(lines)

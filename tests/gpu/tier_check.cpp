@@ -157,6 +157,7 @@ int run(const CheckOptions& o) {
   const std::string& backend = o.backend;
   const std::string& dtype = o.dtype;
   testing::Daemon d(tier_config(backend, dtype));
+  keep_daemon_log_on_sigterm(d, o.daemon_log, "tier check " + backend + " " + dtype);
   if (const int rc = start_daemon(d, backend); rc != 0) {
     keep_daemon_log(d, o.daemon_log, "tier check " + backend + " " + dtype);
     return rc;

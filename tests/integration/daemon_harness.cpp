@@ -115,7 +115,17 @@ int Daemon::stop() {
   if (pid_ <= 0) return -1;
   ::kill(pid_, SIGTERM);
   int status = 0;
-  ::waitpid(pid_, &status, 0);
+  // A daemon stuck on its way out (a hung device teardown) is killed after 20 s rather than
+  // holding the test until its own timeout.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (::waitpid(pid_, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   pid_ = -1;
   exit_status_ = exit_code(status);
   return exit_status_;
@@ -130,8 +140,12 @@ void Daemon::kill9() {
   exit_status_ = exit_code(status);
 }
 
+std::string Daemon::log_path() const {
+  return dir_.file("kvpoold.log");
+}
+
 std::string Daemon::log() const {
-  std::ifstream in(dir_.file("kvpoold.log"));
+  std::ifstream in(log_path());
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();

@@ -38,7 +38,7 @@ class Daemon {
   // accepts connections. Returns false, with the daemon's log in log(), if it exits or never
   // becomes ready (then it is still running: the destructor or kill9() ends it).
   bool start(std::chrono::milliseconds timeout = std::chrono::seconds(10));
-  // SIGTERM and wait; returns the exit status (as waitpid reports it) or -1.
+  // SIGTERM and wait (SIGKILL after 20 s); returns the exit status (as waitpid reports it) or -1.
   int stop();
   // SIGKILL and wait.
   void kill9();
@@ -51,7 +51,8 @@ class Daemon {
   // code, 128 + signal if killed, -1 while it runs or when nothing has reaped it yet.
   pid_t last_pid() const { return last_pid_; }
   int exit_status() const { return exit_status_; }
-  std::string log() const;  // the daemon's stderr so far
+  std::string log() const;       // the daemon's stderr so far
+  std::string log_path() const;  // the file it is written to (in the scratch directory)
 
  private:
   TempDir dir_;
