@@ -43,10 +43,10 @@ constexpr std::string_view kRootKeys[] = {
     "limits",  "pools",   "tenants", "default_tenant",    "admin_group",
     "logging", "metrics", "events"};
 constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
-constexpr std::string_view kLimitKeys[] = {"max_sessions",          "max_sessions_per_uid",
-                                           "hello_timeout_ms",      "max_buffered_bytes",
-                                           "max_pages_per_session", "max_pages_per_tenant",
-                                           "max_pin_ttl_ms",        "max_pinned_pages_per_tenant"};
+constexpr std::string_view kLimitKeys[] = {
+    "max_sessions",       "max_sessions_per_uid",        "hello_timeout_ms",
+    "max_buffered_bytes", "max_pages_per_session",       "max_pages_per_tenant",
+    "max_pin_ttl_ms",     "max_pinned_pages_per_tenant", "max_pinned_pool_percent"};
 constexpr std::string_view kPoolKeys[] = {
     "name",   "policy",    "capacity",     "share_between_tenants", "geometry",
     "layout", "host_tier", "max_capacity", "min_capacity",          "segment_size"};
@@ -161,6 +161,9 @@ class Parser : private NodeReader {
     }
     if (auto* m = find(f, "max_pinned_pages_per_tenant")) {
       config.max_pinned_pages_per_tenant = static_cast<uint32_t>(get_uint(*m, 0, UINT32_MAX));
+    }
+    if (auto* m = find(f, "max_pinned_pool_percent")) {
+      config.max_pinned_pool_percent = static_cast<uint32_t>(get_uint(*m, 1, 100));
     }
   }
 

@@ -12,7 +12,8 @@
 //   max_segment_bytes: SIZE    (largest memory segment of a pool; default: one per pool)
 //   limits:   { max_sessions: INT, max_sessions_per_uid: INT, hello_timeout_ms: INT,
 //               max_buffered_bytes: SIZE, max_pages_per_session: INT, max_pages_per_tenant: INT,
-//               max_pin_ttl_ms: INT, max_pinned_pages_per_tenant: INT }
+//               max_pin_ttl_ms: INT, max_pinned_pages_per_tenant: INT,
+//               max_pinned_pool_percent: 1-100 }
 //   pools:    [ { name: STR, policy: prefix | lru | s3fifo,
 //                 capacity: "1GiB" | "4096 pages" | "40%",
 //                 share_between_tenants: BOOL, layout: page_major | layer_major,
@@ -150,6 +151,9 @@ struct Config {
   // and the pages one tenant may keep pinned in one pool at once (0 = a quarter of the pool).
   uint32_t max_pin_ttl_ms = 600000;
   uint32_t max_pinned_pages_per_tenant = 0;
+  // Pages pinned in one pool at once, every tenant together, in percent of its pages: tenants at
+  // their own limits still leave the rest evictable for unpinned work.
+  uint32_t max_pinned_pool_percent = 50;
 
   std::vector<PoolConfig> pools;
   std::vector<TenantConfig> tenants;

@@ -212,6 +212,9 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   if (next.socket_group != config_.socket_group) restart.emplace_back("socket.group");
   if (next.backend != config_.backend) restart.emplace_back("backend");
   if (next.device != config_.device) restart.emplace_back("device");
+  if (next.max_segment_bytes != config_.max_segment_bytes) {
+    restart.emplace_back("max_segment_bytes");
+  }
   if (next.memory_budget != config_.memory_budget) restart.emplace_back("memory_budget");
   // Whether tenants may share a pool is a permission, checked at attach: it applies live (and
   // the config that sets it was validated with it), the rest of a pool waits for a restart.
@@ -234,6 +237,8 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   applied.socket_group = config_.socket_group;
   applied.backend = config_.backend;
   applied.device = config_.device;
+  applied.max_segment_bytes = config_.max_segment_bytes;
+  applied.memory_budget = config_.memory_budget;
   applied.pools = std::move(running_pools);
   applied.metrics = config_.metrics;
   applied.events = config_.events;
@@ -499,7 +504,9 @@ uint32_t Service::pin_limit(const Pool& pool) const {
 
 wire::Result<core::CallHints> Service::call_hints(const SessionState& s,
                                                   const PageHints& hints) const {
-  core::CallHints h{hints, s.tenant, pin_limit(*s.pool)};
+  const uint64_t pool_cap =
+      uint64_t{s.pool->pages->num_pages()} * config_.max_pinned_pool_percent / 100;
+  core::CallHints h{hints, s.tenant, pin_limit(*s.pool), static_cast<uint32_t>(pool_cap)};
   if (hints.pin_ttl_ms > config_.max_pin_ttl_ms) {
     return error(Errc::invalid_argument,
                  "hints.pin_ttl_ms " + std::to_string(hints.pin_ttl_ms) +
@@ -512,6 +519,16 @@ wire::Result<core::CallHints> Service::call_hints(const SessionState& s,
 
 wire::Error Service::hint_error(const SessionState& s, const Status& st) const {
   if (st.code() != Errc::pin_limit_exceeded) return from_status(st);
+  if (st.item() == core::PagePool::kPoolPinItem) {
+    return error(Errc::pin_limit_exceeded,
+                 "pool " + s.pool->config.name + " would have " + std::to_string(st.value()) +
+                     " pages pinned, every tenant together, above its cap of " +
+                     std::to_string(uint64_t{s.pool->pages->num_pages()} *
+                                    config_.max_pinned_pool_percent / 100) +
+                     " (limits.max_pinned_pool_percent = " +
+                     std::to_string(config_.max_pinned_pool_percent) + ")",
+                 st.value());
+  }
   return error(Errc::pin_limit_exceeded,
                "tenant " + tenant_names_[s.tenant] + " would have " + std::to_string(st.value()) +
                    " pages of pool " + s.pool->config.name + " pinned, above its limit of " +
@@ -522,11 +539,45 @@ wire::Error Service::hint_error(const SessionState& s, const Status& st) const {
                st.value());
 }
 
+wire::Error Service::alloc_error(const SessionState& s, const Status& st, uint64_t growable) const {
+  const Pool& pool = *s.pool;
+  const std::string what =
+      "alloc of " + std::to_string(st.value()) + " pages: pool " + pool.config.name;
+  if (st.code() == Errc::exceeds_capacity) {
+    return error(
+        Errc::exceeds_capacity,
+        what + " holds at most " +
+            std::to_string(pool.elastic() ? pool.info.max_pages : pool.pages->num_pages()) +
+            (pool.elastic() ? " pages (max_capacity)" : " pages (capacity)"),
+        st.value());
+  }
+  if (st.code() == Errc::out_of_pages) {
+    const core::PoolStats ps = pool.pages->stats();
+    return error(Errc::out_of_pages,
+                 what + " has " + std::to_string(ps.free) + " free and " +
+                     std::to_string(ps.cached - ps.pinned_cached) + " evictable pages" +
+                     (pool.elastic() ? " and can grow by at most " + std::to_string(growable)
+                                     : std::string()) +
+                     "; the rest are in use or pinned",
+                 st.value());
+  }
+  return hint_error(s, st);
+}
+
 wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocRequest& r) {
   const uint64_t n = r.count;
   if (n > new_pages_allowed(s)) return quota_error(s, n);
   auto hints = call_hints(s, r.hints);
   if (!hints.ok()) return hints.error();
+  // Every refusal comes first: an alloc that fails must not grow its pool, shrink another or
+  // evict anything on its way to failing.
+  const uint64_t growable = growable_pages(*s.pool);
+  const uint32_t max_pages =
+      s.pool->elastic() ? s.pool->info.max_pages : s.pool->pages->num_pages();
+  if (const Status st = s.pool->pages->admit_alloc(n, hints.value(), max_pages, growable);
+      !st.ok()) {
+    return alloc_error(s, st, growable);
+  }
   // An elastic pool grows before it evicts, as far as its max and the budget allow.
   if (s.pool->elastic() && s.pool->pages->stats().free < n) grow_for(*s.pool, n);
   wire::AllocReply a;

@@ -254,6 +254,22 @@ bool Service::reclaim(const Pool& taker, uint64_t bytes, double below) {
   return false;
 }
 
+uint64_t Service::growable_pages(const Pool& pool) const {
+  if (!pool.elastic()) return 0;
+  const uint64_t room =
+      pool.info.max_pages - std::min(pool.info.max_pages, pool.pages->num_pages());
+  const uint64_t mapped_now = elastic_bytes();
+  uint64_t bytes = budget_bytes_ > mapped_now ? budget_bytes_ - mapped_now : 0;
+  for (const auto& p : pools_) {
+    if (p.get() == &pool || !p->elastic() || p->copies_in_flight != 0) continue;
+    const uint64_t floor = uint64_t{p->min_pages} * p->info.page_stride;
+    const uint64_t mapped = p->memory->pages_bytes_mapped();
+    const uint64_t give = mapped - std::min(floor, mapped);
+    bytes = bytes > UINT64_MAX - give ? UINT64_MAX : bytes + give;
+  }
+  return std::min(room, bytes / std::max<uint64_t>(1, pool.info.page_stride));
+}
+
 bool Service::grow_for(Pool& pool, uint64_t free_wanted) {
   bool grew = false;
   while (pool.pages->stats().free < free_wanted && pool.pages->num_pages() < pool.info.max_pages) {

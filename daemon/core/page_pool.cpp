@@ -276,6 +276,10 @@ Status PagePool::check_pin_limit(const CallHints& hints, uint64_t adding) const 
   if (hints.hints.pin_ttl_ms == 0 || adding == 0) return {};
   const uint64_t after = uint64_t{pinned_by(hints.pin_account)} + adding;
   if (after > hints.pin_limit) return {Errc::pin_limit_exceeded, kNoItem, after};
+  const uint64_t pool_after = pins_.size() + adding;
+  if (pool_after > hints.pool_pin_limit) {
+    return {Errc::pin_limit_exceeded, kPoolPinItem, pool_after};
+  }
   return {};
 }
 
@@ -341,16 +345,20 @@ void PagePool::uncache(PageId page, IndexObserver::Removal why) {
   m.forget_facts();
 }
 
+Status PagePool::admit_alloc(size_t n, const CallHints& hints, size_t max_pages, size_t growable) {
+  if (n > std::max(max_pages, pages_.size())) return {Errc::exceeds_capacity, kNoItem, n};
+  expire_pins();
+  if (n > free_.size() + cached_ - pinned_cached_ + growable) {
+    return {Errc::out_of_pages, kNoItem, n};
+  }
+  return check_pin_limit(hints, n);
+}
+
 Status PagePool::alloc(OwnerId owner, std::span<PageId> out, const CallHints& hints) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   const size_t n = out.size();
-  if (n > pages_.size()) return {Errc::exceeds_capacity, kNoItem, n};
-  expire_pins();
-  if (n > free_.size() + cached_ - pinned_cached_) return {Errc::out_of_pages, kNoItem, n};
-  if (hints.hints.pin_ttl_ms != 0) {
-    if (Status s = check_pin_limit(hints, n); !s.ok()) return s;
-  }
+  if (Status s = admit_alloc(n, hints, pages_.size(), 0); !s.ok()) return s;
 
   // FREE pages first (top of the stack first), then victims in the policy's order.
   const size_t from_free = std::min(n, free_.size());
@@ -439,6 +447,25 @@ Status PagePool::release(OwnerId owner, std::span<const PageId> pages) {
   return {};
 }
 
+uint32_t PagePool::walk_prefix(Namespace ns, std::span<const BlockHash> chain, const Ledger& l,
+                               uint32_t new_pages_allowed, std::span<PageId> out) {
+  ++epoch_;  // marks the pages counted against the quota once
+  uint32_t k = 0;
+  for (const BlockHash& h : chain) {
+    const PageId page = find_cached(ns, h);
+    if (page == kNoPage || (pages_[page].word & kRefMask) == kRefMask) break;
+    // A page new to the owner counts against its quota; past it the prefix ends here. (Without
+    // a quota the ledger probe that tells is skipped.)
+    if (new_pages_allowed != kUnlimited && mark_[page] != epoch_ && l.find(page) == nullptr) {
+      if (new_pages_allowed == 0) break;
+      --new_pages_allowed;
+    }
+    mark_[page] = epoch_;
+    out[k++] = page;
+  }
+  return k;
+}
+
 Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
                         std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed,
                         const CallHints& hints) {
@@ -446,27 +473,24 @@ Status PagePool::lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> 
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
   if (out.size() < chain.size()) return {Errc::invalid_argument, kNoItem, out.size()};
+  if (hints.hints.pin_ttl_ms != 0) expire_pins();
+  const uint32_t found = walk_prefix(ns, chain, *l, new_pages_allowed, out);
+  const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
   if (hints.hints.pin_ttl_ms != 0) {
-    expire_pins();
-    if (Status s = check_pin_limit(hints, chain.size()); !s.ok()) return s;
+    const uint64_t adding = new_pins(hints, out.first(found), now);
+    if (Status s = check_pin_limit(hints, adding); !s.ok()) return s;
   }
+  // References for the pages found. A page named twice in the chain whose count the first
+  // reference saturates ends the prefix there, as it would have in one pass.
   uint32_t k = 0;
-  for (const BlockHash& h : chain) {
-    const PageId page = find_cached(ns, h);
-    if (page == kNoPage || (pages_[page].word & kRefMask) == kRefMask) break;
-    // A page new to the owner counts against its quota; past it the prefix ends here. (Without
-    // a quota the ledger probe that tells is skipped: l->add probes anyway.)
-    if (new_pages_allowed != kUnlimited && l->find(page) == nullptr) {
-      if (new_pages_allowed == 0) break;
-      --new_pages_allowed;
-    }
+  for (; k < found; ++k) {
+    const PageId page = out[k];
+    if ((pages_[page].word & kRefMask) == kRefMask) break;
     ref_page(page);
     l->add(page);
-    out[k++] = page;
   }
   hits = k;
   if (!hints.hints.empty()) {
-    const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
     for (uint32_t i = 0; i < k; ++i)
       apply_hints(out[i], hints, now);
   }

@@ -142,11 +142,18 @@ struct CallHints {
   PageHints hints;
   uint32_t pin_account = 0;         // e.g. the daemon's tenant index
   uint32_t pin_limit = UINT32_MAX;  // pages the account may have pinned at once
+  // Pages pinned in the pool at once, every account together: so that accounts at their own
+  // limits cannot pin the whole pool and leave unpinned work nothing to evict.
+  uint32_t pool_pin_limit = UINT32_MAX;
 };
 
 class PagePool {
  public:
   static constexpr uint32_t kUnlimited = UINT32_MAX;
+  // The item of a pin_limit_exceeded that the pool-wide cap (CallHints::pool_pin_limit) refused;
+  // its value is the pool's pinned count the call would have left. The account's own limit
+  // reports kNoItem and the account's count.
+  static constexpr uint32_t kPoolPinItem = kNoItem - 1;
 
   explicit PagePool(PoolOptions options);
   PagePool(const PagePool&) = delete;
@@ -164,6 +171,12 @@ class PagePool {
   // CACHED ones in the policy's order. exceeds_capacity when more than the pool has,
   // out_of_pages when not enough are free or evictable now.
   Status alloc(OwnerId owner, std::span<PageId> out, const CallHints& hints = {});
+  // What alloc() of n pages would refuse, checked without changing anything but expired pins, for
+  // a pool that may hold up to `max_pages` and first grow by up to `growable` pages (an elastic
+  // pool; a fixed one: num_pages() and 0): exceeds_capacity past max_pages, out_of_pages past
+  // the free and unpinned cached pages + growable, pin_limit_exceeded. The daemon asks before it
+  // grows or takes memory from another pool, so that a refused alloc changes nothing anywhere.
+  Status admit_alloc(size_t n, const CallHints& hints, size_t max_pages, size_t growable);
   // +1 on each page; the owner must already hold it.
   Status retain(OwnerId owner, std::span<const PageId> pages, const CallHints& hints = {});
   // −1 on each page, in the order given; the owner must hold that many references.
@@ -174,8 +187,9 @@ class PagePool {
   // and writes them to out[0..hits). out must have room for the whole chain.
   // A page whose reference count is saturated ends the prefix as a miss would.
   // At most `new_pages_allowed` of the hits may be pages the owner did not hold before.
-  // Hints apply to the pages found; a pin is checked against its limit as if every hash of the
-  // chain were found (the call is refused before anything changes).
+  // Hints apply to the pages found; a pin is checked against its limits for the pages found that
+  // the account does not pin already (renewing its own pins costs nothing), before anything
+  // changes.
   Status lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
                 std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed = kUnlimited,
                 const CallHints& hints = {});
@@ -286,6 +300,10 @@ class PagePool {
   // unpinned ones, and ones another account pinned until before the new expiry (a pin that ends
   // no later changes nothing, so its charge stays where it is).
   uint64_t new_pins(const CallHints& hints, std::span<const PageId> pages, uint64_t now);
+  // The pages lookup() would hit for `chain` (out[0..k), k returned), found without taking
+  // references: the cached prefix, ended by a miss, a saturated count or the owner's quota.
+  uint32_t walk_prefix(Namespace ns, std::span<const BlockHash> chain, const Ledger& l,
+                       uint32_t new_pages_allowed, std::span<PageId> out);
   // Applies the hints of a call to a page the caller now holds.
   void apply_hints(PageId page, const CallHints& hints, uint64_t now);
   void unpin(PageId page);

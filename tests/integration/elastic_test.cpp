@@ -193,6 +193,107 @@ TEST_P(Elastic, TwoPoolsUnderOneBudgetTradeSegments) {
   EXPECT_EQ(pa.segment_bytes + pb.segment_bytes, uint64_t{8} << 20);
 }
 
+// What a refused request must leave as it was: every pool's size, cached blocks and host tier.
+struct PoolsState {
+  std::vector<uint64_t> words;
+  bool operator==(const PoolsState&) const = default;
+};
+PoolsState pools_state(Connection& c, size_t pools) {
+  PoolsState st;
+  for (size_t i = 0; i < pools; ++i) {
+    const stats::PoolStats p = pool_stats(c, i);
+    st.words.insert(st.words.end(), {p.total, p.free, p.cached, p.evicted, p.grows, p.shrinks,
+                                     p.host_held, p.host_demoted, p.host_dropped});
+  }
+  return st;
+}
+
+TEST_P(Elastic, ARefusedAllocChangesNoPool) {
+  // Four segments of budget: "a" (a session quota of 1,000 pages, pins up to 100) starts with
+  // one, "b" with three and a host tier; b caches 700 blocks and keeps nothing in use.
+  Daemon d(std::string("backend: ") + GetParam() +
+           "\nmemory_budget: 8MiB\nlimits:\n  max_pages_per_session: 1000\n"
+           "  max_pinned_pages_per_tenant: 100\n  max_pin_ttl_ms: 60000\npools:\n" +
+           elastic_pool("a", 1, 4) + elastic_pool("b", 3, 4) + "    host_tier: 300 pages\n");
+  ASSERT_TRUE(d.start()) << d.log();
+  {
+    auto b = attach(d, "b-worker", "b");
+    ASSERT_TRUE(b);
+    auto pages = b->alloc(700);
+    ASSERT_TRUE(pages.ok()) << pages.error().message;
+    std::vector<PublishItem> items;
+    for (uint32_t i = 0; i < 700; ++i)
+      items.push_back({pages.value()[i], block(3000 + i)});
+    ASSERT_TRUE(b->publish(items).ok());
+    ASSERT_TRUE(b->release(pages.value()).ok());
+  }
+  auto a = attach(d, "a-worker", "a");
+  ASSERT_TRUE(a);
+  // a holds its whole first segment: every alloc below needs a to grow into b's memory, of which
+  // b can give two segments (512 pages) above its min.
+  auto held = a->alloc(kPerSegment);
+  ASSERT_TRUE(held.ok());
+  const PoolsState before = pools_state(*a, 2);
+
+  struct Refusal {
+    const char* why;
+    uint32_t count;
+    PageHints hints;
+    Errc code;
+  };
+  PageHints pin;
+  pin.pin_ttl_ms = 1000;
+  const Refusal refusals[] = {
+      {"more than the session quota", 800, {}, Errc::quota_exceeded},
+      {"pins past the tenant's limit", 300, pin, Errc::pin_limit_exceeded},
+      {"more than a can get now", 600, {}, Errc::out_of_pages},
+  };
+  for (const Refusal& r : refusals) {
+    auto got = a->alloc(r.count, r.hints);
+    ASSERT_FALSE(got.ok()) << r.why;
+    EXPECT_EQ(got.error().status.code(), r.code) << r.why << ": " << got.error().message;
+    EXPECT_TRUE(pools_state(*a, 2) == before) << r.why << " changed a pool";
+    EXPECT_EQ(a->pool().num_pages, kPerSegment) << r.why;
+  }
+  // An alloc a can serve goes through: it takes what it needs from b, and no more.
+  auto fits = a->alloc(200);
+  ASSERT_TRUE(fits.ok()) << fits.error().message;
+  EXPECT_EQ(a->pool().num_pages, 2 * kPerSegment);
+}
+
+TEST_P(Elastic, AnAllocPastMaxCapacityIsRefusedBeforeAnyPoolMoves) {
+  // The report that started this: pool a asks for far more than its max while b's cache fills
+  // the budget; nothing may be shrunk, evicted or demoted for a request that must fail.
+  Daemon d(std::string("backend: ") + GetParam() + "\nmemory_budget: 8MiB\npools:\n" +
+           elastic_pool("a", 1, 4) + elastic_pool("b", 3, 4) + "    host_tier: 300 pages\n");
+  ASSERT_TRUE(d.start()) << d.log();
+  {
+    auto b = attach(d, "b-worker", "b");
+    ASSERT_TRUE(b);
+    auto pages = b->alloc(700);
+    ASSERT_TRUE(pages.ok());
+    std::vector<PublishItem> items;
+    for (uint32_t i = 0; i < 700; ++i)
+      items.push_back({pages.value()[i], block(4000 + i)});
+    ASSERT_TRUE(b->publish(items).ok());
+    ASSERT_TRUE(b->release(pages.value()).ok());
+  }
+  auto a = attach(d, "a-worker", "a");
+  ASSERT_TRUE(a);
+  const PoolsState before = pools_state(*a, 2);
+  auto got = a->alloc(262144);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.error().status.code(), Errc::exceeds_capacity);
+  EXPECT_NE(got.error().message.find("holds at most 1024 pages (max_capacity)"), std::string::npos)
+      << got.error().message;
+  EXPECT_TRUE(pools_state(*a, 2) == before) << "a refused alloc moved memory";
+  // Past what a could reach even by taking all of b above its min (one segment): refused too.
+  auto too_many = a->alloc(4 * kPerSegment);
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_EQ(too_many.error().status.code(), Errc::out_of_pages) << too_many.error().message;
+  EXPECT_TRUE(pools_state(*a, 2) == before) << "a refused alloc moved memory";
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Elastic, ::testing::Values("fake-device", "host"));
 
 TEST(ElasticConfig, LayerMajorPoolsCannotBeElastic) {

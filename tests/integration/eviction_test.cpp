@@ -20,8 +20,8 @@
 #include "client/sequence_cache.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
-#include "tests/integration/test_attach.h"
 #include "tests/integration/raw_frames.h"
+#include "tests/integration/test_attach.h"
 
 namespace kvpool::testing {
 namespace {
@@ -127,6 +127,56 @@ TEST(Eviction, PinsKeepPagesAcrossSessionsUntilTheyExpire) {
   EXPECT_EQ(s.pinned, 0u);
   EXPECT_EQ(s.pins_expired, 4u);
   EXPECT_EQ(w->lookup(chain(4)).value().size(), 0u);
+}
+
+TEST(Eviction, RenewingItsOwnPinsCostsATenantNothing) {
+  Daemon d(
+      pool_config("prefix", "limits: {max_pin_ttl_ms: 60000, max_pinned_pages_per_tenant: 4}\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto w = attach(d, "w");
+  ASSERT_NE(w, nullptr);
+  ASSERT_EQ(cache_chain(*w, 4, PageHints{Priority::conversation, 30000}), 0);
+  ASSERT_EQ(pool_stats(*w).pinned, 4u);  // the tenant is at its limit
+  // A lookup that renews the same four pins is not four more.
+  auto renewed = w->lookup(chain(4), PageHints{Priority::conversation, 50000});
+  ASSERT_TRUE(renewed.ok()) << renewed.error().message;
+  EXPECT_EQ(renewed.value().size(), 4u);
+  EXPECT_EQ(pool_stats(*w).pinned, 4u);
+  ASSERT_TRUE(w->release(renewed.value()).ok());
+  // Misses cost nothing either: a chain of 6 whose last 2 are not cached renews the 4.
+  auto longer = w->lookup(chain(6), PageHints{Priority::conversation, 50000});
+  ASSERT_TRUE(longer.ok()) << longer.error().message;
+  EXPECT_EQ(longer.value().size(), 4u);
+  ASSERT_TRUE(w->release(longer.value()).ok());
+  // A fifth page is one too many.
+  auto fifth = w->alloc(1, PageHints{Priority::none, 1000});
+  ASSERT_FALSE(fifth.ok());
+  EXPECT_EQ(fifth.error().status.code(), Errc::pin_limit_exceeded);
+}
+
+TEST(Eviction, PinsOfEveryTenantTogetherStopAtThePoolsCap) {
+  // Each tenant may pin the whole pool, but the pool lets half of its 16 pages be pinned.
+  Daemon d(pool_config("prefix",
+                       "limits: {max_pin_ttl_ms: 60000, max_pinned_pages_per_tenant: 16, "
+                       "max_pinned_pool_percent: 50}\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto w = attach(d, "w");
+  ASSERT_NE(w, nullptr);
+  auto too_many = w->alloc(9, PageHints{Priority::system, 30000});
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_EQ(too_many.error().status.code(), Errc::pin_limit_exceeded);
+  EXPECT_NE(too_many.error().message.find("limits.max_pinned_pool_percent = 50"), std::string::npos)
+      << too_many.error().message;
+  EXPECT_EQ(pool_stats(*w).in_use, 0u);
+  ASSERT_EQ(cache_chain(*w, 8, PageHints{Priority::system, 30000}), 0);
+  EXPECT_EQ(pool_stats(*w).pinned, 8u);
+  // Unpinned work still gets the other half of the pool, evicting what is not pinned.
+  auto unpinned = w->alloc(8);
+  ASSERT_TRUE(unpinned.ok()) << unpinned.error().message;
+  ASSERT_TRUE(w->release(unpinned.value()).ok());
+  auto again = w->alloc(8);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(w->lookup(chain(8)).value().size(), 8u);  // the pinned blocks stayed
 }
 
 TEST(Eviction, HintsAreCheckedAgainstTheTenantsLimits) {

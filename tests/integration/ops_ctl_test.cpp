@@ -176,6 +176,16 @@ metrics: {latency_histograms: false}
   EXPECT_EQ(st["reloads"]["refused"], 2);  // the JSON and the text run
   EXPECT_EQ(st["latency_timed"], true);    // metrics.* waits for the restart
 
+  // The segment size and the memory budget also wait for a restart, and say so.
+  std::ofstream(d.config_path()) << kPool << "socket: {mode: \"0666\"}\n"
+                                 << "limits: {max_pages_per_session: 20}\n"
+                                 << "max_segment_bytes: 64MiB\nmemory_budget: 1GiB\n";
+  ASSERT_EQ(ctl(d, "reload", out), 0) << out;
+  EXPECT_NE(out.find("waiting for a restart (running values kept): max_segment_bytes, "
+                     "memory_budget"),
+            std::string::npos)
+      << out;
+
   // Only root and the admin group may reload.
   if (::geteuid() == 0) {
     open_socket_to_everyone(d);

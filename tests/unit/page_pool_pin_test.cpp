@@ -422,17 +422,17 @@ TEST_F(PagePoolPin, PinLimitRefusesAllocAndRetainChangingNothing) {
   EXPECT_EQ(pool_->priority(x[0]), Priority::system);
 }
 
-TEST_F(PagePoolPin, PinLimitRefusesLookupConservativelyAndPublishChangingNothing) {
+TEST_F(PagePoolPin, PinLimitRefusesLookupForThePagesItWouldPinAndPublishChangingNothing) {
   make(8);
   const Pages cached = cache_chain(a_, 1, 2);  // hashes 1, 2
   const Pages mine = alloc(b_, 1, pin(100, 2, 1));
   EXPECT_EQ(pool_->pinned_by(2), 1u);
   rec_->take();
   const std::vector<uint64_t> before = snapshot();
-  // Checked as if every hash of the chain were found: 1 + 3 > 3, though only 2 would be.
+  // Charged for the two pages found, not for the miss: 1 + 2 > 2.
   Status s;
-  EXPECT_EQ(lookup(b_, {1, 2, 7}, pin(100, 2, 3), &s), Pages{});
-  EXPECT_TRUE(is(s, limit_exceeded(4)));
+  EXPECT_EQ(lookup(b_, {1, 2, 7}, pin(100, 2, 2), &s), Pages{});
+  EXPECT_TRUE(is(s, limit_exceeded(3)));
   EXPECT_EQ(snapshot(), before);
   EXPECT_EQ(rec_->take(), Calls{});
   // A duplicate publish pins the existing page: refused past the limit as well.
@@ -440,7 +440,10 @@ TEST_F(PagePoolPin, PinLimitRefusesLookupConservativelyAndPublishChangingNothing
   EXPECT_EQ(snapshot(), before);
   EXPECT_EQ(rec_->take(), Calls{});
 
-  EXPECT_EQ(lookup(b_, {1, 2, 7}, pin(100, 2, 4)), cached);
+  EXPECT_EQ(lookup(b_, {1, 2, 7}, pin(100, 2, 3)), cached);
+  EXPECT_EQ(pool_->pinned_by(2), 3u);
+  // Renewing pins the account already holds costs nothing: at its limit, the same lookup again.
+  EXPECT_EQ(lookup(b_, {1, 2}, pin(150, 2, 3)), cached);
   EXPECT_EQ(pool_->pinned_by(2), 3u);
   std::vector<PublishResult> out;
   ASSERT_TRUE(ok(publish(a_, {{alloc(a_, 1)[0], 2}}, pin(200, 3, 1), &out)));
@@ -448,6 +451,24 @@ TEST_F(PagePoolPin, PinLimitRefusesLookupConservativelyAndPublishChangingNothing
   EXPECT_EQ(out[0].page, cached[1]);
   EXPECT_EQ(pool_->pinned_by(3), 1u);
   EXPECT_EQ(pool_->pinned_by(2), 2u);
+}
+
+TEST_F(PagePoolPin, PoolWideCapCountsEveryAccountsPins) {
+  make(8);
+  CallHints one = pin(100, 1);
+  one.pool_pin_limit = 3;
+  CallHints two = pin(100, 2);
+  two.pool_pin_limit = 3;
+  alloc(a_, 2, one);
+  const std::vector<uint64_t> before = snapshot();
+  // Account 2 is far from its own limit, but the pool would have 4 pinned pages.
+  EXPECT_TRUE(
+      is(try_alloc(b_, 2, two), Status(Errc::pin_limit_exceeded, PagePool::kPoolPinItem, 4)));
+  EXPECT_EQ(snapshot(), before);
+  alloc(b_, 1, two);
+  EXPECT_EQ(pool_->pinned_by(2), 1u);
+  // Unpinned allocs are not limited by it.
+  EXPECT_EQ(alloc(b_, 5).size(), 5u);
 }
 
 TEST_F(PagePoolPin, PinLimitCountsOnlyChargesThatMove) {

@@ -858,16 +858,16 @@ class Harness {
       out_size = chain.size() - 1;
       want = Status(Errc::invalid_argument, kNoItem, out_size);
     }
-    if (want.ok() && hints.hints.pin_ttl_ms != 0) {
-      // Checked as if every hash were found.
-      m_.expire(now_);
-      want = m_.pin_check(hints, chain.size());
-    }
+    if (want.ok() && hints.hints.pin_ttl_ms != 0) m_.expire(now_);
     std::vector<PageId> want_pages;
     for (const uint32_t id : ids) {
       const PageId p = m_.find(ns, id);
       if (p == kNoPage) break;
       want_pages.push_back(p);
+    }
+    if (want.ok() && hints.hints.pin_ttl_ms != 0) {
+      // Charged for the pages found that the account does not pin already.
+      want = m_.pin_check(hints, m_.new_charges(hints, want_pages, now_));
     }
     std::vector<PageId> out(out_size, kNoPage);
     uint32_t hits = 999;

@@ -228,6 +228,26 @@ TEST(PagePool, AllocBeyondCapacityChangesNothing) {
   EXPECT_EQ(snapshot(pool, {a}), before);
 }
 
+TEST(PagePool, AdmitAllocCountsWhatAnElasticPoolCouldGrowBy) {
+  PagePool pool(opts(8));
+  const OwnerId a = pool.open_owner();
+  const std::vector<PageId> held = alloc(pool, a, 6);  // 2 FREE
+  const std::vector<uint64_t> before = snapshot(pool, {a});
+  CallHints none;
+  // A pool of 8 that may reach 32 and could grow by 10 now: 12 pages are within reach.
+  EXPECT_TRUE(ok(pool.admit_alloc(12, none, 32, 10)));
+  EXPECT_TRUE(is(pool.admit_alloc(13, none, 32, 10), Status(Errc::out_of_pages, kNoItem, 13)));
+  EXPECT_TRUE(is(pool.admit_alloc(33, none, 32, 10), Status(Errc::exceeds_capacity, kNoItem, 33)));
+  // A pin past the account's limit is refused before anything else happens.
+  CallHints pinned;
+  pinned.hints.pin_ttl_ms = 1000;
+  pinned.pin_limit = 3;
+  EXPECT_TRUE(
+      is(pool.admit_alloc(4, pinned, 32, 10), Status(Errc::pin_limit_exceeded, kNoItem, 4)));
+  EXPECT_TRUE(ok(pool.admit_alloc(3, pinned, 32, 10)));
+  EXPECT_EQ(snapshot(pool, {a}), before);
+}
+
 TEST(PagePool, AllocBeyondFreePlusCachedChangesNothing) {
   PagePool pool(opts(8));
   const OwnerId a = pool.open_owner();
