@@ -29,6 +29,34 @@ namespace {
 
 using namespace kvpool::ctl;
 
+// The subcommands' names, comma-separated.
+std::string command_list(CLI::App& app) {
+  std::string out;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (!out.empty()) out += ", ";
+    out += sub->get_name();
+  }
+  return out;
+}
+
+// The first word of the command line that is neither an option, an option's value nor a
+// subcommand: what the user meant as the command. "" when there is none.
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a.rfind('-', 0) == 0) {
+      const bool takes_value = (a == "--socket" || a == "--pool");
+      if (takes_value) ++i;
+      continue;
+    }
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      if (sub->get_name() == a) return "";
+    }
+    return a;
+  }
+  return "";
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "kvpoolctl: inspect and steer a running kvpoold, and size KV caches.\n"
@@ -88,7 +116,9 @@ int run(int argc, char** argv) {
       ->check(CLI::Range(uint64_t{1}, UINT64_MAX));
   uint32_t evict_count = 0;
   auto* evictc = app.add_subcommand(
-      "evict", "Drop up to N cached pages, least recently released first (root or admin group)");
+      "evict",
+      "Drop up to N cached pages in the pool's eviction order (its policy: prefix, lru or s3fifo; "
+      "the pages an alloc would take next); pinned pages stay (root or admin group)");
   evictc->add_option("count", evict_count, "Pages to drop")
       ->required()
       ->check(CLI::Range(1u, UINT32_MAX));
@@ -131,6 +161,12 @@ int run(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A word that is no command reads better named than as "a subcommand is required".
+    if (const std::string word = unknown_command(app, argc, argv); !word.empty()) {
+      std::fprintf(stderr, "kvpoolctl: unknown command '%s' (commands: %s); see --help\n",
+                   word.c_str(), command_list(app).c_str());
+      return 2;
+    }
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }

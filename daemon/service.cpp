@@ -22,8 +22,16 @@ namespace {
 // links (8), and the prefix hit counters (16).
 constexpr uint64_t kBookkeepingBytesPerPage = 96;
 
+// The message without the leading "name: ": clients show the error's name themselves (Python's
+// kvpool.Error, kvpoolctl), so a message that repeats it would print it twice.
 wire::Error from_status(const Status& s) {
-  return wire::Error{s, s.message()};
+  std::string message = s.message();
+  const std::string_view name = errc_name(s.code());
+  if (message.size() > name.size() + 2 && message.compare(0, name.size(), name) == 0 &&
+      message.compare(name.size(), 2, ": ") == 0) {
+    message.erase(0, name.size() + 2);
+  }
+  return wire::Error{s, std::move(message)};
 }
 
 wire::Error error(Errc code, std::string message, uint64_t value = 0) {

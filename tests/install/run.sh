@@ -8,11 +8,19 @@ build=$1 scratch=$2 kvpoold=$3
 here=$(cd "$(dirname "$0")" && pwd)
 rm -rf "$scratch"
 mkdir -p "$scratch"
-# As a package build would: prefix /usr, staged under DESTDIR (the config goes to /etc/kvpool,
-# an absolute path, which must not touch this machine's /etc).
+# As a package build would: prefix /usr, staged under DESTDIR (the config goes to
+# DESTDIR/etc/kvpool, never to this machine's /etc).
 DESTDIR=$scratch/root cmake --install "$build" --prefix /usr >/dev/null
 prefix=$scratch/root/usr
 test -f "$scratch/root/etc/kvpool/kvpoold.yaml"
+# A reinstall keeps an edited config and puts the shipped one beside it.
+echo "# edited by the operator" >>"$scratch/root/etc/kvpool/kvpoold.yaml"
+DESTDIR=$scratch/root cmake --install "$build" --prefix /usr >/dev/null
+grep -q "edited by the operator" "$scratch/root/etc/kvpool/kvpoold.yaml"
+cmp -s "$scratch/root/etc/kvpool/kvpoold.yaml.dist" "$here/../../config/kvpoold.yaml"
+# Any other prefix holds its own config: nothing is written outside it.
+cmake --install "$build" --prefix "$scratch/opt" >/dev/null
+test -f "$scratch/opt/etc/kvpool/kvpoold.yaml"
 test -f "$prefix/include/kvpool/kvpool.h"
 libdir=$(dirname "$(find "$prefix" -name 'libkvpool.so' | head -n1)")
 

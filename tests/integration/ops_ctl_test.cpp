@@ -193,6 +193,19 @@ metrics: {latency_histograms: false}
   }
 }
 
+TEST(OpsCtl, AWordThatIsNoCommandIsNamed) {
+  std::string out;
+  EXPECT_EQ(run_command(kCtlBin + " bogus", out), 2);
+  EXPECT_NE(out.find("unknown command 'bogus'"), std::string::npos) << out;
+  EXPECT_NE(out.find("status, stats"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtlBin + " --socket /nonexistent bogus --json", out), 2);
+  EXPECT_NE(out.find("unknown command 'bogus'"), std::string::npos) << out;
+  // The evict help describes the pool's policy order, not LRU.
+  EXPECT_EQ(run_command(kCtlBin + " evict --help", out), 0);
+  EXPECT_NE(out.find("eviction order"), std::string::npos) << out;
+  EXPECT_EQ(out.find("least recently"), std::string::npos) << out;
+}
+
 TEST(OpsCtl, ReloadWithoutAConfigFileSaysSo) {
   Daemon d("");
   ASSERT_TRUE(d.start()) << d.log();

@@ -95,6 +95,9 @@ def test_daemon_errors_raise_kvpool_error_with_code_and_name(conn):
     with pytest.raises(kvpool.Error) as e:
         conn.release([page])  # a double release changes nothing
     assert e.value.name == "not_held"
+    # The name is said once: "not_held: page N is not held by this owner".
+    assert str(e.value).count("not_held") == 1, str(e.value)
+    assert not e.value.message.startswith("not_held")
     with pytest.raises(kvpool.Error) as e:
         conn.alloc(33)
     assert e.value.name == "exceeds_capacity"
