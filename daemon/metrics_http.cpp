@@ -5,6 +5,8 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -31,6 +33,9 @@ struct MetricsHttp::State {
 
   void accept();
   void session_ended();
+  // Closes the connection that has waited longest for a request; false when every one is busy
+  // writing a response.
+  bool close_longest_waiting();
 };
 
 class MetricsHttp::Session : public std::enable_shared_from_this<Session> {
@@ -40,23 +45,32 @@ class MetricsHttp::Session : public std::enable_shared_from_this<Session> {
 
   void start() { read_request(); }
   void close() {
+    waiting_ = false;
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
   }
+  // Waiting for a request (not writing a response), and since when.
+  bool waiting() const { return waiting_; }
+  std::chrono::steady_clock::time_point waiting_since() const { return waiting_since_; }
 
  private:
   void read_request() {
     parser_.emplace();
     parser_->header_limit(static_cast<std::uint32_t>(kMaxHeaderBytes));
     parser_->body_limit(0);
-    stream_.expires_after(kTimeout);
+    waiting_ = true;
+    waiting_since_ = std::chrono::steady_clock::now();
+    // A kept-alive connection that has nothing more to ask goes soon; a new one gets the time a
+    // slow network needs for its first request.
+    stream_.expires_after(served_ == 0 ? std::chrono::seconds(kTimeout) : kIdleTimeout);
     http::async_read(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
   }
 
   void on_read(beast::error_code ec) {
+    waiting_ = false;
     if (ec == http::error::end_of_stream || ec == beast::error::timeout ||
         ec == asio::error::operation_aborted || state_.stopping) {
       return close();
@@ -112,10 +126,26 @@ class MetricsHttp::Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::empty_body>> parser_;
   std::optional<http::response<http::string_body>> response_;
   int served_ = 0;
+  bool waiting_ = false;
+  std::chrono::steady_clock::time_point waiting_since_{};
 };
 
+bool MetricsHttp::State::close_longest_waiting() {
+  std::shared_ptr<Session> oldest;
+  for (const auto& w : sessions) {
+    auto session = w.lock();
+    if (session && session->waiting() &&
+        (!oldest || session->waiting_since() < oldest->waiting_since())) {
+      oldest = std::move(session);
+    }
+  }
+  if (!oldest) return false;
+  oldest->close();  // its read ends with operation_aborted and the session goes
+  return true;
+}
+
 void MetricsHttp::State::accept() {
-  if (stopping || active >= kMaxConnections) {
+  if (stopping) {
     accepting = false;
     return;
   }
@@ -123,7 +153,11 @@ void MetricsHttp::State::accept() {
   acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
     accepting = false;
     if (stopping || ec == asio::error::operation_aborted) return;
-    if (!ec) {
+    if (!ec && active >= kMaxConnections && !close_longest_waiting()) {
+      // Every connection is writing a response: this one is turned away rather than queued.
+      beast::error_code ignored;
+      socket.close(ignored);
+    } else if (!ec) {
       ++active;
       auto s = std::make_shared<Session>(*this, std::move(socket));
       std::erase_if(sessions, [](const std::weak_ptr<Session>& w) { return w.expired(); });
@@ -138,7 +172,6 @@ void MetricsHttp::State::accept() {
 
 void MetricsHttp::State::session_ended() {
   --active;
-  if (!accepting && !stopping) accept();
 }
 
 MetricsHttp::MetricsHttp(std::unique_ptr<State> state) : state_(std::move(state)) {}

@@ -4,11 +4,14 @@
 // /metrics body comes from `render`, which reads the stats segment's newest snapshot through its
 // seqlock. So a scrape cannot stall the event loop, and a slow or hostile HTTP client can hold
 // at most this thread's resources, which are bounded:
-//   - at most kMaxConnections at once; beyond that, accepting pauses (new clients wait in the
-//     listen backlog) until one closes;
+//   - at most kMaxConnections at once; a new client beyond that closes the connection that has
+//     waited longest for a request (an idle keep-alive or a slow request: nginx's rule), so that
+//     idle or slowloris clients can never keep a scrape out; only when every connection is
+//     writing a response is the new one closed at once;
 //   - a request's header is at most kMaxHeaderBytes and it may not carry a body (431 / 400);
-//   - each request must arrive, and each response leave, within kTimeout, else the connection
-//     is closed; a connection serves at most kMaxRequestsPerConnection requests.
+//   - a new connection's first request must arrive, and each response leave, within kTimeout;
+//     a kept-alive connection's next request within kIdleTimeout; else the connection is
+//     closed. A connection serves at most kMaxRequestsPerConnection requests.
 // Routes: GET or HEAD /metrics → 200, text/plain; version=0.0.4; other methods there → 405;
 // any other target → 404; a malformed request → 400 and close; no snapshot yet → 503.
 //
@@ -30,9 +33,10 @@ namespace kvpool::daemon {
 
 class MetricsHttp {
  public:
-  static constexpr int kMaxConnections = 8;
+  static constexpr int kMaxConnections = 64;
   static constexpr size_t kMaxHeaderBytes = size_t{8} * 1024;
   static constexpr std::chrono::seconds kTimeout{5};
+  static constexpr std::chrono::seconds kIdleTimeout{2};
   static constexpr int kMaxRequestsPerConnection = 100;
 
   // The /metrics body, or nullopt when there is nothing to serve (503). Runs on the endpoint's
