@@ -110,8 +110,10 @@ find_bin() {
   [[ -n ${KVPOOL_GPU_BIN:-} ]] && dirs=("$KVPOOL_GPU_BIN")
   for dir in "${dirs[@]}"; do
     for sub in . daemon tests/gpu; do
-      if [[ -x $dir/$sub/$name && -f $dir/$sub/$name ]]; then
-        echo "$dir/$sub/$name"
+      local path=$dir/$name
+      [[ $sub != . ]] && path=$dir/$sub/$name
+      if [[ -x $path && -f $path ]]; then
+        echo "$path"
         return
       fi
     done
