@@ -18,6 +18,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/byte_units.h"
 #include "common/paths.h"
 #include "daemon/config_yaml.h"
 #include "daemon/core/eviction_policy.h"
@@ -104,6 +105,7 @@ class Parser : private NodeReader {
       if (auto* level = find(lf, "level")) config.log_level = get_choice(*level, kLogLevels);
     }
     if (auto* v = find(f, "pools")) parse_pools(*v, config);
+    if (auto* v = find(f, "memory_budget")) check_budget(*v, config);
     if (auto* v = find(f, "tenants")) parse_tenants(*v, config);
     if (auto* v = find(f, "default_tenant")) {
       config.default_tenant = get_string(*v);
@@ -280,7 +282,73 @@ class Parser : private NodeReader {
         pool.segment_size = parse_byte_size(*m);
         if (pool.segment_size == 0) fail(*m, "must be at least one byte");
       }
+      if (pool.max_capacity) check_elastic(pool, f);
       config.pools.push_back(std::move(pool));
+    }
+  }
+
+  // A memory_budget in bytes must hold what the elastic pools start with (their pages at least;
+  // the daemon rounds each up to whole segments, so a budget this passes may still be short by
+  // that rounding, which the start names).
+  void check_budget(const Value& v, const Config& config) const {
+    const Capacity& budget = *config.memory_budget;
+    if (budget.unit != Capacity::Unit::bytes) return;
+    uint64_t start = 0;
+    for (const PoolConfig& pool : config.pools) {
+      if (!pool.max_capacity || pool.capacity.unit == Capacity::Unit::fraction) continue;
+      const uint64_t stride = page_data_bytes(pool.geometry);
+      const uint64_t per_page = stride + page_scale_bytes(pool.geometry);
+      const uint64_t pages = pool.capacity.unit == Capacity::Unit::pages
+                                 ? pool.capacity.value
+                                 : pool.capacity.value / per_page;
+      start += pages * stride;
+    }
+    if (start > budget.value) {
+      fail(v, "is " + human_bytes(budget.value) + ", less than the " + human_bytes(start) +
+                  " the elastic pools start with (their capacity); raise it or start them "
+                  "smaller");
+    }
+  }
+
+  // An elastic pool's sizes must fit each other, as kvpoold would find at start: capacity ≤
+  // max_capacity, min_capacity ≤ both, a segment no larger than the pool's max. Sizes in bytes
+  // count whole pages, as the daemon does.
+  void check_elastic(const PoolConfig& pool, const Fields& f) const {
+    const uint64_t per_page = page_data_bytes(pool.geometry) + page_scale_bytes(pool.geometry);
+    auto pages = [&](const Capacity& c) {
+      return c.unit == Capacity::Unit::pages ? c.value : c.value / per_page;
+    };
+    auto said = [&](const Capacity& c) {
+      return std::to_string(pages(c)) + " pages" +
+             (c.unit == Capacity::Unit::bytes ? " (" + human_bytes(c.value) + ")" : "");
+    };
+    const uint64_t max_pages = pages(*pool.max_capacity);
+    const Value& max_at = *find(f, "max_capacity");
+    if (pool.capacity.unit != Capacity::Unit::fraction && pages(pool.capacity) > max_pages) {
+      fail(max_at, "is " + said(*pool.max_capacity) + ", below the pool's capacity of " +
+                       said(pool.capacity) +
+                       "; an elastic pool starts at capacity and grows up "
+                       "to max_capacity");
+    }
+    if (pool.min_capacity) {
+      const Value& min_at = *find(f, "min_capacity");
+      const uint64_t min_pages = pages(*pool.min_capacity);
+      if (min_pages > max_pages) {
+        fail(min_at, "is " + said(*pool.min_capacity) + ", above max_capacity (" +
+                         said(*pool.max_capacity) + ")");
+      }
+      if (pool.capacity.unit != Capacity::Unit::fraction && min_pages > pages(pool.capacity)) {
+        fail(min_at, "is " + said(*pool.min_capacity) + ", above the pool's capacity of " +
+                         said(pool.capacity) +
+                         "; a pool never shrinks below min_capacity, so "
+                         "it must start at or above it");
+      }
+    }
+    if (const Value* seg = find(f, "segment_size"); seg != nullptr) {
+      if (pool.segment_size > max_pages * per_page) {
+        fail(*seg, "is " + human_bytes(pool.segment_size) + ", more than the pool's whole " +
+                       "max_capacity (" + human_bytes(max_pages * per_page) + ")");
+      }
     }
   }
 

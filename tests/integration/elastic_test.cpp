@@ -310,6 +310,12 @@ TEST(ElasticConfig, InitialSizesAboveTheBudgetAreRefused) {
            elastic_pool("a", 2, 4) + elastic_pool("b", 1, 4));
   EXPECT_FALSE(d.start());
   EXPECT_NE(d.log().find("memory_budget"), std::string::npos) << d.log();
+  // --check-config says the same, at the key's line, instead of calling the file valid.
+  std::string out;
+  EXPECT_NE(run_command(kvpoold_binary() + " --check-config " + d.config_path(), out), 0) << out;
+  EXPECT_NE(out.find(d.config_path() + ":2: memory_budget: is 4.0 MiB, less than the 6.0 MiB"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace

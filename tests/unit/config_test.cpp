@@ -843,7 +843,7 @@ constexpr std::string_view kPoolHead =
 TEST(ConfigTest, HostTierAndElasticKeys) {
   const Config c = parse_ok(std::string(kPoolHead) +
                             "    host_tier: 1000 pages\n    max_capacity: 1MiB\n"
-                            "    min_capacity: 32 pages\n    segment_size: 4MiB\n"
+                            "    min_capacity: 32 pages\n    segment_size: 512KiB\n"
                             "memory_budget: 40%\n");
   const PoolConfig& p = c.pools.at(0);
   ASSERT_TRUE(p.host_tier && p.max_capacity && p.min_capacity);
@@ -852,7 +852,7 @@ TEST(ConfigTest, HostTierAndElasticKeys) {
   EXPECT_EQ(p.max_capacity->unit, Capacity::Unit::bytes);
   EXPECT_EQ(p.max_capacity->value, uint64_t{1} << 20);
   EXPECT_EQ(p.min_capacity->value, 32u);
-  EXPECT_EQ(p.segment_size, uint64_t{4} << 20);
+  EXPECT_EQ(p.segment_size, uint64_t{512} << 10);
   ASSERT_TRUE(c.memory_budget);
   EXPECT_DOUBLE_EQ(c.memory_budget->fraction, 0.4);
   // Without the keys: no tier, a fixed pool, no budget.
@@ -871,6 +871,28 @@ TEST(ConfigErrorTest, ElasticKeys) {
   expect_error(head + "    max_capacity: 50%\n", 5, "pools[0].max_capacity", "pages or bytes");
   expect_error(head + "    host_tier: 100B\n", 5, "pools[0].host_tier", "no whole page");
   expect_error("memory_budget: 10 pages\n", 1, "memory_budget", "not pages");
+}
+
+// Sizes that cannot mean anything together are refused where --check-config reads them, as the
+// daemon's start would (pages of 16 KiB here).
+TEST(ConfigErrorTest, ElasticSizesMustFitEachOther) {
+  const std::string head(kPoolHead);  // capacity: 64 pages
+  expect_error(head + "    max_capacity: 32 pages\n", 5, "pools[0].max_capacity",
+               "is 32 pages, below the pool's capacity of 64 pages");
+  expect_error(head + "    max_capacity: 512KiB\n", 5, "pools[0].max_capacity",
+               "is 32 pages (512.0 KiB), below the pool's capacity of 64 pages");
+  expect_error(head + "    max_capacity: 128 pages\n    min_capacity: 256 pages\n", 6,
+               "pools[0].min_capacity", "above max_capacity (128 pages)");
+  expect_error(head + "    max_capacity: 128 pages\n    min_capacity: 100 pages\n", 6,
+               "pools[0].min_capacity", "above the pool's capacity of 64 pages");
+  expect_error(head + "    max_capacity: 128 pages\n    segment_size: 4MiB\n", 6,
+               "pools[0].segment_size", "more than the pool's whole max_capacity (2.0 MiB)");
+  expect_error(head + "    max_capacity: 128 pages\nmemory_budget: 512KiB\n", 6,
+               "memory_budget", "less than the 1.0 MiB the elastic pools start with");
+  // What fits is fine: min ≤ capacity ≤ max, a segment within the max, a budget that holds it.
+  parse_ok(head +
+           "    max_capacity: 128 pages\n    min_capacity: 64 pages\n    segment_size: 1MiB\n"
+           "memory_budget: 2MiB\n");
 }
 
 }  // namespace
