@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "client/connection.h"
 
@@ -47,6 +48,15 @@ T value_or_raise(client::Result<T>&& r) {
   if (!r.ok()) raise(r.error());
   return std::move(r.value());
 }
+
+// Argument checks (arguments.cpp), each raising ValueError naming `arg`.
+// Token ids as uint32 (ints in 0..2^32 − 1; never wrapped).
+std::vector<uint32_t> token_ids(const py::handle& tokens, const char* arg);
+// A page count, 0..2^32 − 1.
+uint32_t page_count(int64_t n, const char* arg);
+// A priority class by name ("none", "one_off", "conversation", "system") or number 0..3; None is
+// none.
+Priority priority_of(const py::handle& priority);
 
 void bind_errors(py::module_& m);
 void bind_hashing(py::module_& m);

@@ -23,21 +23,8 @@ std::span<const PageId> pages_of(const Pages& p, const char* what) {
   return {p.data(), static_cast<size_t>(p.size())};
 }
 
-PageHints hints_of(const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
-  PageHints h;
-  h.pin_ttl_ms = pin_ttl_ms;
-  if (!priority || priority->empty() || *priority == "none") return h;
-  if (*priority == "one_off") {
-    h.priority = Priority::one_off;
-  } else if (*priority == "conversation") {
-    h.priority = Priority::conversation;
-  } else if (*priority == "system") {
-    h.priority = Priority::system;
-  } else {
-    throw py::value_error("priority '" + *priority +
-                          "' is not one of none, one_off, conversation, system");
-  }
-  return h;
+PageHints hints_of(const py::object& priority, uint32_t pin_ttl_ms) {
+  return PageHints{priority_of(priority), pin_ttl_ms};
 }
 
 py::list to_list(const std::vector<PageId>& pages) {
@@ -123,8 +110,8 @@ void bind_connection(py::module_& m) {
       .def_property_readonly("closed", [](const PyConnection& c) { return c.ref == nullptr; })
       .def(
           "alloc",
-          [](PyConnection& c, uint32_t n, const std::optional<std::string>& priority,
-             uint32_t pin_ttl_ms) {
+          [](PyConnection& c, int64_t count, const py::object& priority, uint32_t pin_ttl_ms) {
+            const uint32_t n = page_count(count, "n");
             const PageHints h = hints_of(priority, pin_ttl_ms);
             return to_list(c.call([&](client::Connection& k) { return k.alloc(n, h); }));
           },
@@ -132,8 +119,7 @@ void bind_connection(py::module_& m) {
           "Allocates n pages, now held by this session.")
       .def(
           "retain",
-          [](PyConnection& c, const Pages& pages, const std::optional<std::string>& priority,
-             uint32_t pin_ttl_ms) {
+          [](PyConnection& c, const Pages& pages, const py::object& priority, uint32_t pin_ttl_ms) {
             const PageHints h = hints_of(priority, pin_ttl_ms);
             const auto p = pages_of(pages, "pages");
             c.call([&](client::Connection& k) { return k.retain(p, h); });
@@ -150,8 +136,8 @@ void bind_connection(py::module_& m) {
           "Drops one reference to each page; the last reference of a published page caches it.")
       .def(
           "lookup",
-          [](PyConnection& c, const std::vector<BlockHash>& chain,
-             const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
+          [](PyConnection& c, const std::vector<BlockHash>& chain, const py::object& priority,
+             uint32_t pin_ttl_ms) {
             const PageHints h = hints_of(priority, pin_ttl_ms);
             return to_list(c.call([&](client::Connection& k) { return k.lookup(chain, h); }));
           },
@@ -160,8 +146,8 @@ void bind_connection(py::module_& m) {
           "The pages of the longest cached prefix of chain, each now held by this session.")
       .def(
           "lookup_with_tiers",
-          [](PyConnection& c, const std::vector<BlockHash>& chain,
-             const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
+          [](PyConnection& c, const std::vector<BlockHash>& chain, const py::object& priority,
+             uint32_t pin_ttl_ms) {
             const PageHints h = hints_of(priority, pin_ttl_ms);
             const wire::LookupReply r =
                 c.call([&](client::Connection& k) { return k.lookup_with_tiers(chain, h); });
@@ -177,7 +163,7 @@ void bind_connection(py::module_& m) {
       .def(
           "publish",
           [](PyConnection& c, const Pages& pages, const std::vector<BlockHash>& hashes,
-             const std::optional<std::string>& priority, uint32_t pin_ttl_ms) {
+             const py::object& priority, uint32_t pin_ttl_ms) {
             const PageHints h = hints_of(priority, pin_ttl_ms);
             const auto p = pages_of(pages, "pages");
             if (p.size() != hashes.size()) {
@@ -211,7 +197,8 @@ void bind_connection(py::module_& m) {
            })
       .def(
           "evict",
-          [](PyConnection& c, uint32_t n) {
+          [](PyConnection& c, int64_t count) {
+            const uint32_t n = page_count(count, "n");
             return c.call([&](client::Connection& k) { return k.evict(n); });
           },
           py::arg("n"), "Admin: drops up to n cached pages in eviction order.")

@@ -13,13 +13,6 @@ namespace kvpool::python {
 
 namespace {
 
-using Tokens = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
-
-std::span<const uint32_t> tokens_of(const Tokens& t) {
-  if (t.ndim() != 1) throw py::value_error("tokens must be a one-dimensional sequence of ints");
-  return {t.data(), static_cast<size_t>(t.size())};
-}
-
 py::bytes hash_bytes(const BlockHash& h) {
   // lo then hi, little-endian: the byte order of kvpool_hash in the C API and on the wire.
   char out[16];
@@ -126,19 +119,23 @@ void bind_hashing(py::module_& m) {
           py::arg("salt") = "", "The root every chain of this model starts from.")
       .def(
           "block",
-          [](BlockHasher& h, const BlockHash& parent, const Tokens& tokens,
+          [](BlockHasher& h, const BlockHash& parent, const py::object& tokens,
              const py::bytes& extra) {
             const std::string e = extra;
-            return h.block(parent, tokens_of(tokens), std::as_bytes(std::span(e.data(), e.size())));
+            const std::vector<uint32_t> t = token_ids(tokens, "tokens");
+            return h.block(parent, t, std::as_bytes(std::span(e.data(), e.size())));
           },
           py::arg("parent"), py::arg("tokens"), py::arg("extra") = py::bytes(),
           "The hash of one block given its parent (the root for block 0).")
       .def(
           "chain",
-          [](BlockHasher& h, const BlockHash& root, const Tokens& tokens,
-             uint32_t tokens_per_block) {
-            if (tokens_per_block == 0) throw py::value_error("tokens_per_block must be > 0");
-            const auto t = tokens_of(tokens);
+          [](BlockHasher& h, const BlockHash& root, const py::object& tokens, int64_t block) {
+            if (block <= 0 || block > int64_t{1} << 20) {
+              throw py::value_error("tokens_per_block is " + std::to_string(block) +
+                                    ": a pool's pages hold 1..1048576 tokens");
+            }
+            const auto tokens_per_block = static_cast<uint32_t>(block);
+            const std::vector<uint32_t> t = token_ids(tokens, "tokens");
             std::vector<BlockHash> out(t.size() / tokens_per_block);
             h.chain(root, t, tokens_per_block, out);
             return out;

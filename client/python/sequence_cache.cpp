@@ -12,8 +12,6 @@ namespace kvpool::python {
 
 namespace {
 
-using Tokens = py::array_t<uint32_t, py::array::c_style | py::array::forcecast>;
-
 struct PySequenceCache {
   ConnectionRef ref;
   std::shared_ptr<BlockHasher> hasher;
@@ -49,17 +47,21 @@ void bind_sequence_cache(py::module_& m) {
            py::arg("connection"), py::arg("hasher"), py::arg("root"))
       .def(
           "begin",
-          [](PySequenceCache& s, const Tokens& prompt) {
-            if (prompt.ndim() != 1) throw py::value_error("prompt must be one-dimensional");
-            const std::span<const uint32_t> p(prompt.data(), static_cast<size_t>(prompt.size()));
+          [](PySequenceCache& s, const py::object& prompt) {
+            const std::vector<uint32_t> p = token_ids(prompt, "prompt");
             return s.call([&](client::SequenceCache& c) { return c.begin(p); });
           },
           py::arg("prompt"),
           "Starts the sequence; returns how many leading tokens are already cached.")
       .def(
           "append",
-          [](PySequenceCache& s, uint32_t token) {
-            auto slot = s.call([&](client::SequenceCache& c) { return c.append(token); });
+          [](PySequenceCache& s, int64_t token) {
+            if (token < 0 || token > int64_t{UINT32_MAX}) {
+              throw py::value_error("token is " + std::to_string(token) +
+                                    ": token ids are 0..4294967295");
+            }
+            const auto t = static_cast<uint32_t>(token);
+            auto slot = s.call([&](client::SequenceCache& c) { return c.append(t); });
             return py::make_tuple(slot.page, slot.offset);
           },
           py::arg("token"), "Appends one token; returns its slot (page, offset).")
@@ -92,11 +94,12 @@ void bind_sequence_cache(py::module_& m) {
            [](PySequenceCache& s) { s.call([](client::SequenceCache& c) { return c.release(); }); })
       .def(
           "set_hints",
-          [](PySequenceCache& s, uint8_t priority, uint32_t pin_ttl_ms) {
-            if (priority > kMaxPriority) throw py::value_error("priority must be 0..3");
-            s.cache->set_hints(PageHints{static_cast<Priority>(priority), pin_ttl_ms});
+          [](PySequenceCache& s, const py::object& priority, uint32_t pin_ttl_ms) {
+            s.cache->set_hints(PageHints{priority_of(priority), pin_ttl_ms});
           },
-          py::arg("priority") = 0, py::arg("pin_ttl_ms") = 0)
+          py::arg("priority") = py::none(), py::arg("pin_ttl_ms") = 0,
+          "Hints for the pages this sequence takes from now on: a priority class by name "
+          "(\"none\", \"one_off\", \"conversation\", \"system\") or 0..3, and a pin TTL.")
       .def_property_readonly("tokens", [](const PySequenceCache& s) { return s.cache->tokens(); })
       .def_property_readonly("block_table",
                              [](const PySequenceCache& s) { return s.cache->block_table(); })

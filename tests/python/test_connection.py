@@ -114,6 +114,37 @@ def test_bad_arguments_raise_before_anything_is_sent(conn):
     assert conn.stats()["session_held_pages"] == 0
 
 
+def test_out_of_range_arguments_are_refused_by_name(conn):
+    hasher = kvpool.BlockHasher()
+    root = hasher.root("args", conn.pool.geometry)
+    # Token ids are uint32: -1 and 2**33 are refused, never wrapped into another block's hash.
+    for bad in ([1, -1, 3], [2**33], np.array([5, -2], dtype=np.int64), [1.5, 2.0]):
+        with pytest.raises(ValueError, match="tokens"):
+            hasher.block(root, bad)
+        with pytest.raises(ValueError, match="tokens"):
+            hasher.chain(root, bad, 4)
+    assert hasher.chain(root, np.array([1, 2, 3, 4], dtype=np.uint64), 4) == \
+        hasher.chain(root, [1, 2, 3, 4], 4)
+    for bad_block in (0, -4):
+        with pytest.raises(ValueError, match="tokens_per_block"):
+            hasher.chain(root, [1, 2, 3, 4], bad_block)
+    with pytest.raises(ValueError, match="n is -1"):
+        conn.alloc(-1)
+    seq = kvpool.SequenceCache(conn, hasher, root)
+    with pytest.raises(ValueError, match=r"prompt\[1\] is -7"):
+        seq.begin([1, -7])
+    # A priority by name or number, everywhere.
+    pages = conn.alloc(1, priority=3)
+    conn.release(pages)
+    seq.set_hints(priority="conversation")
+    seq.set_hints(priority=1)
+    with pytest.raises(ValueError, match="priority"):
+        seq.set_hints(priority=7)
+    with pytest.raises(ValueError, match="priority"):
+        conn.alloc(1, priority=-1)
+    assert conn.stats()["session_held_pages"] == 0
+
+
 def test_hints_pin_a_page_past_eviction(conn):
     chain = chain_of(conn, [9, 9, 9, 9], model="pinned")
     pages = conn.alloc(1, priority="system", pin_ttl_ms=60_000)
