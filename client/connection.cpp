@@ -190,7 +190,14 @@ Error Connection::broken(Error e) {
 }
 
 Error Connection::lost(const std::string& what) {
+  lost_ = true;
   return error(Errc::connection_lost, "connection to kvpoold lost: " + what);
+}
+
+bool Connection::peer_closed() const {
+  if (lost_ || fd_ < 0) return true;
+  pollfd p{fd_, POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 void Connection::consume(size_t n) {

@@ -142,6 +142,11 @@ class Connection {
   // The socket, for tests that need to send raw bytes.
   int socket_fd() const { return fd_; }
 
+  // Whether the daemon's end is gone: a call found the connection lost, or the socket reports
+  // the peer closed (checked now, without reading). A connection whose daemon stopped says so
+  // before the next call fails.
+  bool peer_closed() const;
+
  private:
   explicit Connection(int fd) : fd_(fd) {}
   // Sends out_, reads one reply frame into a Reply (or Error), reading past any pool_changed
@@ -169,6 +174,7 @@ class Connection {
   static constexpr size_t kReadChunk = size_t{16} * 1024;
 
   int fd_ = -1;
+  bool lost_ = false;  // a call found the connection lost
   uint32_t next_id_ = 1;
   std::vector<std::byte> out_;
   std::vector<std::byte> in_;

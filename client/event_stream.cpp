@@ -91,6 +91,7 @@ bool EventStream::read_frame(int timeout_ms, Error& error) {
 }
 
 Result<wire::EventBatch> EventStream::next(int timeout_ms) {
+  if (connection_ == nullptr) return failure(Errc::invalid_argument, "the event stream is closed");
   Error e;
   if (!read_frame(timeout_ms, e)) {
     if (e.status.ok()) return wire::EventBatch{};

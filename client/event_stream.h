@@ -31,10 +31,15 @@ class EventStream {
                                                    const std::string& pool_name, uint64_t from_seq);
 
   const wire::SubscribeReply& subscribed() const { return subscribed_; }
-  const wire::PoolInfo& pool() const { return connection_->pool(); }
+  const wire::PoolInfo& pool() const { return connection_->pool(); }  // not after close()
 
   // The next batch, waiting up to timeout_ms (< 0: no limit); an empty batch when none came.
+  // After close(): invalid_argument.
   Result<wire::EventBatch> next(int timeout_ms);
+
+  // Ends the subscription now (the connection closes); idempotent.
+  void close() { connection_.reset(); }
+  bool closed() const { return connection_ == nullptr; }
 
  private:
   explicit EventStream(std::unique_ptr<Connection> c) : connection_(std::move(c)) {}

@@ -107,7 +107,15 @@ void bind_connection(py::module_& m) {
       .def_property_readonly(
           "device", [](PyConnection& c) { return c.get().conn->device(); },
           "CUDA ordinal of the pool's memory in this process; -1: host memory")
-      .def_property_readonly("closed", [](const PyConnection& c) { return c.ref == nullptr; })
+      .def_property_readonly(
+          "closed",
+          [](const PyConnection& c) {
+            if (c.ref == nullptr) return true;
+            std::lock_guard lock(c.ref->lock);
+            return c.ref->conn->peer_closed();
+          },
+          "True after close(), or once the daemon's end of the connection is gone (it stopped "
+          "or closed the session): every call would then fail.")
       .def(
           "alloc",
           [](PyConnection& c, int64_t count, const py::object& priority, uint32_t pin_ttl_ms) {

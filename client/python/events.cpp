@@ -53,7 +53,16 @@ void bind_events(py::module_& m) {
             return value_or_raise(std::move(r)).events;
           },
           py::arg("timeout_ms") = -1,
-          "The next batch of events (a list; empty when timeout_ms passed first).");
+          "The next batch of events (a list; empty when timeout_ms passed first).")
+      .def("close", &client::EventStream::close, "Ends the subscription now; idempotent.")
+      .def_property_readonly("closed", &client::EventStream::closed)
+      .def("__enter__", [](py::object self) { return self; })
+      .def(
+          "__exit__",
+          [](client::EventStream& s, const py::object&, const py::object&, const py::object&) {
+            s.close();
+          },
+          py::arg("exc_type"), py::arg("exc"), py::arg("tb"));
 }
 
 }  // namespace kvpool::python

@@ -17,9 +17,14 @@ struct PySequenceCache {
   std::shared_ptr<BlockHasher> hasher;
   std::unique_ptr<client::SequenceCache> cache;  // declared last: destroyed first
 
+  client::SequenceCache& get() const {
+    if (!cache) throw py::value_error("the SequenceCache is closed");
+    return *cache;
+  }
   // Runs f(cache) without the GIL, under the connection's lock; raises kvpool.Error.
   template <typename F>
   auto call(F&& f) {
+    get();
     auto r = [&] {
       py::gil_scoped_release nogil;
       std::lock_guard lock(ref->lock);
@@ -68,8 +73,8 @@ void bind_sequence_cache(py::module_& m) {
       .def(
           "slot",
           [](const PySequenceCache& s, uint32_t pos) {
-            if (pos >= s.cache->tokens()) throw py::index_error("position past the sequence");
-            const auto slot = s.cache->slot(pos);
+            if (pos >= s.get().tokens()) throw py::index_error("position past the sequence");
+            const auto slot = s.get().slot(pos);
             return py::make_tuple(slot.page, slot.offset);
           },
           py::arg("pos"))
@@ -93,20 +98,49 @@ void bind_sequence_cache(py::module_& m) {
       .def("release",
            [](PySequenceCache& s) { s.call([](client::SequenceCache& c) { return c.release(); }); })
       .def(
+          "close",
+          [](PySequenceCache& s) {
+            if (!s.cache) return;
+            // Gives the pages back (tail first) when the daemon is still there; then lets go of
+            // the connection, so the session can end once nothing else uses it.
+            auto r = [&] {
+              py::gil_scoped_release nogil;
+              std::lock_guard lock(s.ref->lock);
+              auto done = s.cache->release();
+              s.cache.reset();
+              return done;
+            }();
+            s.ref.reset();
+            value_or_raise(std::move(r));
+          },
+          "Releases the sequence's pages and closes it; idempotent. Later calls raise ValueError.")
+      .def_property_readonly("closed", [](const PySequenceCache& s) { return !s.cache; })
+      .def("__enter__", [](py::object self) { return self; })
+      .def(
+          "__exit__",
+          [](PySequenceCache& s, const py::object&, const py::object&, const py::object&) {
+            if (!s.cache) return;
+            py::gil_scoped_release nogil;
+            std::lock_guard lock(s.ref->lock);
+            (void)s.cache->release();  // on the way out of a with-block, errors stay unraised
+            s.cache.reset();
+          },
+          py::arg("exc_type"), py::arg("exc"), py::arg("tb"))
+      .def(
           "set_hints",
           [](PySequenceCache& s, const py::object& priority, uint32_t pin_ttl_ms) {
-            s.cache->set_hints(PageHints{priority_of(priority), pin_ttl_ms});
+            s.get().set_hints(PageHints{priority_of(priority), pin_ttl_ms});
           },
           py::arg("priority") = py::none(), py::arg("pin_ttl_ms") = 0,
           "Hints for the pages this sequence takes from now on: a priority class by name "
           "(\"none\", \"one_off\", \"conversation\", \"system\") or 0..3, and a pin TTL.")
-      .def_property_readonly("tokens", [](const PySequenceCache& s) { return s.cache->tokens(); })
+      .def_property_readonly("tokens", [](const PySequenceCache& s) { return s.get().tokens(); })
       .def_property_readonly("block_table",
-                             [](const PySequenceCache& s) { return s.cache->block_table(); })
+                             [](const PySequenceCache& s) { return s.get().block_table(); })
       .def_property_readonly("block_hashes",
-                             [](const PySequenceCache& s) { return s.cache->block_hashes(); })
+                             [](const PySequenceCache& s) { return s.get().block_hashes(); })
       .def_property_readonly("published_blocks",
-                             [](const PySequenceCache& s) { return s.cache->published_blocks(); });
+                             [](const PySequenceCache& s) { return s.get().published_blocks(); });
 }
 
 }  // namespace kvpool::python
