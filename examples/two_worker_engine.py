@@ -11,6 +11,11 @@ without the cache and compares: the KV read from the pool and the final hidden s
 
     python3 examples/two_worker_engine.py              # starts a private kvpoold (KVPOOLD_BIN)
     python3 examples/two_worker_engine.py --socket S   # uses a running daemon's pool instead
+
+What it needs: torch (CPU) and numpy; with --socket, a pool of the toy model's geometry (4 layers,
+2 KV heads, head dim 32, 16 tokens per page, fp16 or bf16) with at least 8 free pages. A pool of
+another geometry is refused before any worker starts, naming what differs. Every wait is bounded
+(WAIT_S): a worker that fails or hangs makes the example fail, never hang.
 """
 
 import argparse
@@ -25,6 +30,7 @@ from kvpool.local_daemon import LocalDaemon
 
 LAYERS, KV_HEADS, Q_HEADS, HEAD_DIM, TOKENS_PER_PAGE, VOCAB = 4, 2, 4, 32, 16, 5000
 MODEL = "toy-transformer"
+WAIT_S = 60  # the longest any worker waits for another, and main for a worker
 SYSTEM_PROMPT = list(range(1000, 1000 + 3 * TOKENS_PER_PAGE + 5))  # 53 tokens: 3 full blocks
 
 
@@ -111,22 +117,41 @@ def recompute(model, prompt):
 
 
 def worker(name, socket, user_tokens, go, done, results):
-    torch.set_num_threads(1)
-    conn = kvpool.attach(socket, worker=name)
-    hasher = kvpool.BlockHasher()
-    root = hasher.root(MODEL, conn.pool.geometry)
-    views = kvpool.kv_cache_views(conn)
-    model = ToyModel()
-    go.wait()
-    prompt = SYSTEM_PROMPT + user_tokens
-    seq, cached, hidden, pooled = run_prompt(conn, hasher, root, model, views, prompt)
-    done.set()
+    try:
+        torch.set_num_threads(1)
+        conn = kvpool.attach(socket, worker=name)
+        hasher = kvpool.BlockHasher()
+        root = hasher.root(MODEL, conn.pool.geometry)
+        views = kvpool.kv_cache_views(conn)
+        model = ToyModel()
+        if not go.wait(WAIT_S):
+            raise TimeoutError(f"{name}: the worker before it did not finish in {WAIT_S} s")
+        prompt = SYSTEM_PROMPT + user_tokens
+        seq, cached, hidden, pooled = run_prompt(conn, hasher, root, model, views, prompt)
+    finally:
+        done.set()  # the next worker never waits on one that failed
     ref_hidden, ref_kv = recompute(model, prompt)
     kv_diff = max(float((pooled[l][i].float() - ref_kv[l][i].float()).abs().max())
                   for l in range(LAYERS) for i in (0, 1))
     out_diff = float((hidden - ref_hidden).abs().max())
     results[name] = (len(prompt), cached, kv_diff, out_diff, conn.pool.num_pages)
     seq.release()
+
+
+def geometry_problems(socket):
+    """What keeps the pool at `socket` from holding the toy model's KV ([] when nothing)."""
+    conn = kvpool.attach(socket, worker="example-check")
+    try:
+        g = conn.pool.geometry
+        want = {"layers": LAYERS, "kv_heads": KV_HEADS, "head_dim": HEAD_DIM,
+                "tokens_per_page": TOKENS_PER_PAGE}
+        problems = [f"{key} {getattr(g, key)} (needs {value})" for key, value in want.items()
+                    if getattr(g, key) != value]
+        if g.dtype not in ("fp16", "bf16"):
+            problems.append(f"dtype {g.dtype} (needs fp16 or bf16)")
+        return problems
+    finally:
+        conn.close()
 
 
 def main():
@@ -146,21 +171,31 @@ def main():
             f"tokens_per_page: {TOKENS_PER_PAGE}, dtype: fp16}}\n    capacity: 64 pages\n{layout}")
         daemon.start()
         socket = daemon.socket
+    else:
+        problems = geometry_problems(socket)
+        if problems:
+            print(f"the pool at {socket} does not fit this example's model: " +
+                  ", ".join(problems), file=sys.stderr)
+            return 2
     try:
         ctx = multiprocessing.get_context("spawn")
         results = ctx.Manager().dict()
         start, first_done, second_done = ctx.Event(), ctx.Event(), ctx.Event()
         workers = [
-            ctx.Process(target=worker, args=("worker-a", socket, [7, 8, 9, 10, 11], start,
+            ctx.Process(name="worker-a", target=worker, args=("worker-a", socket, [7, 8, 9, 10, 11], start,
                                              first_done, results)),
-            ctx.Process(target=worker, args=("worker-b", socket, [20, 21, 22], first_done,
+            ctx.Process(name="worker-b", target=worker, args=("worker-b", socket, [20, 21, 22], first_done,
                                              second_done, results)),
         ]
         for w in workers:
             w.start()
         start.set()  # worker-a first; worker-b starts when a has published
         for w in workers:
-            w.join(120)
+            w.join(2 * WAIT_S)
+            if w.is_alive():
+                print(f"{w.name}: no result after {2 * WAIT_S} s; stopped", file=sys.stderr)
+                w.terminate()
+                w.join()
         ok = all(w.exitcode == 0 for w in workers) and len(results) == 2
         for name in ("worker-a", "worker-b"):
             if name not in results:
