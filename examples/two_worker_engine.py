@@ -182,10 +182,10 @@ def main():
         results = ctx.Manager().dict()
         start, first_done, second_done = ctx.Event(), ctx.Event(), ctx.Event()
         workers = [
-            ctx.Process(name="worker-a", target=worker, args=("worker-a", socket, [7, 8, 9, 10, 11], start,
-                                             first_done, results)),
-            ctx.Process(name="worker-b", target=worker, args=("worker-b", socket, [20, 21, 22], first_done,
-                                             second_done, results)),
+            ctx.Process(name="worker-a", target=worker,
+                        args=("worker-a", socket, [7, 8, 9, 10, 11], start, first_done, results)),
+            ctx.Process(name="worker-b", target=worker,
+                        args=("worker-b", socket, [20, 21, 22], first_done, second_done, results)),
         ]
         for w in workers:
             w.start()
