@@ -91,6 +91,11 @@ class Connection {
   // the default says nothing and sends nothing.
   Result<std::vector<PageId>> alloc(uint32_t count, const PageHints& hints = {});
   Result<Ok> retain(std::span<const PageId> pages, const PageHints& hints = {});
+  // Pages whose last reference goes become cached in the order given, and cached pages are
+  // evicted in that order (under every policy, among pages of one priority): release a
+  // sequence's pages tail first, as SequenceCache does, so that eviction shortens its prefix
+  // from the end. Head first, the first eviction takes block 0 and leaves every block behind it
+  // unreachable by lookup until they are evicted too.
   Result<Ok> release(std::span<const PageId> pages);
   // The pages of the longest cached prefix of `chain`, each now held by this session.
   Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain, const PageHints& hints = {});

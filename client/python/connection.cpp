@@ -141,7 +141,9 @@ void bind_connection(py::module_& m) {
             c.call([&](client::Connection& k) { return k.release(p); });
           },
           py::arg("pages"),
-          "Drops one reference to each page; the last reference of a published page caches it.")
+          "Drops one reference to each page; the last reference of a published page caches it. "
+          "Cached pages are evicted in release order: give a sequence's pages back tail first "
+          "(reversed), as SequenceCache.release() does, or its first eviction strands the rest.")
       .def(
           "lookup",
           [](PyConnection& c, const std::vector<BlockHash>& chain, const py::object& priority,

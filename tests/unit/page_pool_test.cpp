@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/core/eviction_policy.h"
 #include "daemon/core/lru_policy.h"
 
 namespace kvpool::core {
@@ -246,6 +247,31 @@ TEST(PagePool, AdmitAllocCountsWhatAnElasticPoolCouldGrowBy) {
       is(pool.admit_alloc(4, pinned, 32, 10), Status(Errc::pin_limit_exceeded, kNoItem, 4)));
   EXPECT_TRUE(ok(pool.admit_alloc(3, pinned, 32, 10)));
   EXPECT_EQ(snapshot(pool, {a}), before);
+}
+
+// Release order is eviction order (page_pool.h): a chain released tail first loses its tail to
+// evict(1) and keeps a 4-block prefix; released head first it loses its head, and the four tails
+// behind it can no longer be reached by a lookup. Under every policy; SequenceCache and the
+// Python release() of a sequence release tail first for this reason.
+TEST(PagePool, ReleaseOrderIsEvictionOrderForAChain) {
+  for (const char* policy : {"lru", "prefix", "s3fifo"}) {
+    for (const bool tail_first : {true, false}) {
+      PoolOptions o = opts(8);
+      o.policy = make_policy(policy);
+      PagePool pool(std::move(o));
+      const OwnerId a = pool.open_owner();
+      const std::vector<PageId> p = alloc(pool, a, 5);
+      publish_stored(pool, a, 1, {{p[0], 0}, {p[1], 1}, {p[2], 2}, {p[3], 3}, {p[4], 4}});
+      std::vector<PageId> order = p;
+      if (tail_first) std::reverse(order.begin(), order.end());
+      ASSERT_TRUE(ok(release(pool, a, order)));
+      ASSERT_EQ(pool.evict(1), 1u);
+      const Found f = lookup(pool, a, 1, {0, 1, 2, 3, 4});
+      ASSERT_TRUE(ok(f.status));
+      EXPECT_EQ(f.hits, tail_first ? 4u : 0u) << policy << (tail_first ? " tail" : " head")
+                                             << " first";
+    }
+  }
 }
 
 TEST(PagePool, AllocBeyondFreePlusCachedChangesNothing) {
