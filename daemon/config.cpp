@@ -98,6 +98,7 @@ class Parser : private NodeReader {
       if (std::string err = parse_capacity(v->node.Scalar(), c); !err.empty()) fail(*v, err);
       if (c.unit == Capacity::Unit::pages) fail(*v, "expected bytes or a percentage, not pages");
       config.memory_budget = c;
+      config.memory_budget_at.text = location(*v);
     }
     if (auto* v = find(f, "limits")) parse_limits(*v, config);
     if (auto* v = find(f, "logging")) {
@@ -258,9 +259,13 @@ class Parser : private NodeReader {
         check_pages(absent, pool.capacity, pool.geometry);
         pool.capacity_at.text = location(absent);
       }
-      if (auto* h = find(f, "host_tier")) pool.host_tier = parse_pool_capacity(*h, pool.geometry);
+      if (auto* h = find(f, "host_tier")) {
+        pool.host_tier = parse_pool_capacity(*h, pool.geometry);
+        pool.host_tier_at.text = location(*h);
+      }
       if (auto* m = find(f, "max_capacity")) {
         pool.max_capacity = parse_pool_capacity(*m, pool.geometry);
+        pool.max_capacity_at.text = location(*m);
         if (pool.max_capacity->unit == Capacity::Unit::fraction) {
           fail(*m, "expected pages or bytes (an elastic pool's limits are absolute)");
         }
@@ -280,6 +285,7 @@ class Parser : private NodeReader {
       if (auto* m = find(f, "segment_size")) {
         if (!pool.max_capacity) fail(*m, "segment_size needs max_capacity (an elastic pool)");
         pool.segment_size = parse_byte_size(*m);
+        pool.segment_size_at.text = location(*m);
         if (pool.segment_size == 0) fail(*m, "must be at least one byte");
       }
       if (pool.max_capacity) check_elastic(pool, f);

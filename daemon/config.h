@@ -86,7 +86,10 @@ struct PoolConfig {
   std::optional<Capacity> max_capacity{};
   std::optional<Capacity> min_capacity{};
   uint64_t segment_size = uint64_t{64} << 20;
-  KeyLocation capacity_at{};  // the capacity key, or the pool's entry when it has none
+  KeyLocation capacity_at{};      // the capacity key, or the pool's entry when it has none
+  KeyLocation host_tier_at{};     // the host_tier key, when given
+  KeyLocation max_capacity_at{};  // the max_capacity key, when given
+  KeyLocation segment_size_at{};  // the segment_size key, when given
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;
 };
 
@@ -136,6 +139,7 @@ struct Config {
   // Device memory all elastic pools may map together (bytes, or a fraction of the backend's
   // free memory at start); none = only each pool's max_capacity bounds it.
   std::optional<Capacity> memory_budget{};
+  KeyLocation memory_budget_at{};
 
   // Connections (sessions) served at once; root and admin_group members may exceed it by
   // kAdminReservedSessions, so a flood of connections never locks an operator out.

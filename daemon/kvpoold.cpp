@@ -88,6 +88,15 @@ int run(int argc, char** argv) {
       std::cerr << "kvpoold: " << cfg.error().message << "\n";
       return 1;
     }
+    // What this machine makes impossible: the errors the start would refuse with.
+    const std::vector<std::string> errors = machine_errors(cfg.value());
+    for (const std::string& e : errors)
+      std::cerr << "kvpoold: " << e << "\n";
+    if (!errors.empty()) {
+      std::cerr << "kvpoold: " << check_path << ": " << errors.size()
+                << " error(s) on this machine\n";
+      return 1;
+    }
     // Valid, but a pool that this machine cannot back would fail the start: said, not refused
     // (the file may be meant for another machine).
     std::vector<std::string> warnings;
@@ -111,6 +120,14 @@ int run(int argc, char** argv) {
   }
   Config config = std::move(loaded.value());
   if (!socket_override.empty()) config.socket_path = socket_override;
+  // The same machine checks --check-config makes, so that the two never disagree.
+  if (const std::vector<std::string> errors = machine_errors(config); !errors.empty()) {
+    for (const std::string& e : errors) {
+      log_event(LogLevel::error, "config_refused", {kv("error", e)});
+      std::cerr << "kvpoold: " << e << "\n";
+    }
+    return 1;
+  }
   LogLevel level = LogLevel::info;
   parse_log_level(config.log_level, level);
   set_log_level(level);

@@ -318,5 +318,41 @@ TEST(ElasticConfig, InitialSizesAboveTheBudgetAreRefused) {
       << out;
 }
 
+// Configs --check-config used to call valid and the start refused (or the start accepted though
+// they cannot mean anything on this machine): both now refuse them with the same FILE:LINE: KEY.
+TEST(ElasticConfig, CheckConfigAndTheStartRefuseTheSameConfigs) {
+  const std::string pool = "pools:\n" + elastic_pool("a", 1, 4);
+  struct Bad {
+    std::string yaml;
+    std::string where;  // ":LINE: KEY"
+    std::string what;
+  };
+  const Bad bad[] = {
+      {"backend: host\n" + pool + "    host_tier: 4TiB\n", ":8: pools[0].host_tier",
+       "of memory available here (MemAvailable)"},
+      {"backend: host\nmemory_budget: 4TiB\n" + pool, ":2: memory_budget",
+       "of memory available here"},
+      {"backend: fake-device\nmemory_budget: 4TiB\n" + pool, ":2: memory_budget",
+       "of memory available here"},
+      {"backend: host\n" + std::string("pools:\n") + "  - name: a\n    geometry: " + kGeometry +
+           "\n    capacity: 256 pages\n    max_capacity: 1024 pages\n    segment_size: 1\n",
+       ":7: pools[0].segment_size", "1024 segments of 8.0 KiB; a pool has at most 253"},
+      {"backend: host\n" + std::string("pools:\n") + "  - name: a\n    geometry: " + kGeometry +
+           "\n    capacity: 256 pages\n    max_capacity: 94GiB\n",
+       ":6: pools[0].max_capacity", "segments of 64.0 MiB; a pool has at most 253"},
+  };
+  for (const Bad& b : bad) {
+    Daemon d(b.yaml);
+    std::string out;
+    EXPECT_EQ(run_command(kvpoold_binary() + " --check-config " + d.config_path(), out), 1)
+        << b.yaml << out;
+    EXPECT_NE(out.find(d.config_path() + b.where + ": "), std::string::npos) << b.yaml << out;
+    EXPECT_NE(out.find(b.what), std::string::npos) << b.yaml << out;
+    EXPECT_FALSE(d.start()) << b.yaml;
+    EXPECT_NE(d.log().find(d.config_path() + b.where + ": "), std::string::npos)
+        << b.yaml << d.log();
+  }
+}
+
 }  // namespace
 }  // namespace kvpool::testing
