@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels_cpu.h"
+#include "tests/unit/kernel_test_util.h"
 
 namespace kvpool::gpu_check {
 
@@ -173,21 +174,6 @@ void Matrix::expect_close(const char* what, const Case& c, uint32_t detail, cons
   result(ok, std::string(head) + tail);
 }
 
-// A stored element that is not a number (int8 has none: −128), for the slots no token uses.
-uint16_t nan_bits(KvDtype d) {
-  switch (d) {
-    case KvDtype::fp16:
-      return 0x7E00u;
-    case KvDtype::bf16:
-      return 0x7FC0u;
-    case KvDtype::fp8_e4m3:
-      return 0x7Fu;
-    case KvDtype::int8:
-      return 0x80u;
-  }
-  return 0;
-}
-
 // One pool (layer 1 of 2; layer 0, unused slots and unused pages' scales hold NaN) holding the
 // case's sequences on scattered pages; decode for every split of the case and extend with a
 // cached prefix (the last min(ctx, 5) tokens new) and without one (every token new where ctx ≤
@@ -210,7 +196,7 @@ void Matrix::run_case(const Case& c) {
   p.num_pages = blocks * nseq * 2;
   p.stride = page_data_bytes(g);
   p.mem.resize(p.num_pages * p.stride);
-  const uint16_t nan = nan_bits(g.dtype);
+  const uint16_t nan = kernels::test::nan_bits(g.dtype);  // the slots no token uses
   for (size_t i = 0; i < p.mem.size(); i += dtype_bytes(g.dtype))
     std::memcpy(&p.mem[i], &nan, dtype_bytes(g.dtype));
   if (dtype_is_quantized(g.dtype)) p.scales.assign(p.num_pages * 2 * 2 * kv_heads, std::nanf(""));

@@ -208,6 +208,19 @@ PoolsState pools_state(Connection& c, size_t pools) {
   return st;
 }
 
+// A worker of `pool` caches `n` blocks block(first)… and keeps nothing in use; "" or what failed.
+std::string cache_blocks(const Daemon& d, const std::string& pool, uint32_t n, uint64_t first) {
+  auto c = attach(d, pool + "-worker", pool);
+  if (!c) return "attach failed";
+  auto pages = c->alloc(n);
+  if (!pages.ok()) return pages.error().message;
+  std::vector<PublishItem> items;
+  for (uint32_t i = 0; i < n; ++i)
+    items.push_back({pages.value()[i], block(first + i)});
+  if (!c->publish(items).ok()) return "publish failed";
+  return c->release(pages.value()).ok() ? "" : "release failed";
+}
+
 TEST_P(Elastic, ARefusedAllocChangesNoPool) {
   // Four segments of budget: "a" (a session quota of 1,000 pages, pins up to 100) starts with
   // one, "b" with three and a host tier; b caches 700 blocks and keeps nothing in use.
@@ -216,17 +229,7 @@ TEST_P(Elastic, ARefusedAllocChangesNoPool) {
            "  max_pinned_pages_per_tenant: 100\n  max_pin_ttl_ms: 60000\npools:\n" +
            elastic_pool("a", 1, 4) + elastic_pool("b", 3, 4) + "    host_tier: 300 pages\n");
   ASSERT_TRUE(d.start()) << d.log();
-  {
-    auto b = attach(d, "b-worker", "b");
-    ASSERT_TRUE(b);
-    auto pages = b->alloc(700);
-    ASSERT_TRUE(pages.ok()) << pages.error().message;
-    std::vector<PublishItem> items;
-    for (uint32_t i = 0; i < 700; ++i)
-      items.push_back({pages.value()[i], block(3000 + i)});
-    ASSERT_TRUE(b->publish(items).ok());
-    ASSERT_TRUE(b->release(pages.value()).ok());
-  }
+  ASSERT_EQ(cache_blocks(d, "b", 700, 3000), "");
   auto a = attach(d, "a-worker", "a");
   ASSERT_TRUE(a);
   // a holds its whole first segment: every alloc below needs a to grow into b's memory, of which
@@ -267,17 +270,7 @@ TEST_P(Elastic, AnAllocPastMaxCapacityIsRefusedBeforeAnyPoolMoves) {
   Daemon d(std::string("backend: ") + GetParam() + "\nmemory_budget: 8MiB\npools:\n" +
            elastic_pool("a", 1, 4) + elastic_pool("b", 3, 4) + "    host_tier: 300 pages\n");
   ASSERT_TRUE(d.start()) << d.log();
-  {
-    auto b = attach(d, "b-worker", "b");
-    ASSERT_TRUE(b);
-    auto pages = b->alloc(700);
-    ASSERT_TRUE(pages.ok());
-    std::vector<PublishItem> items;
-    for (uint32_t i = 0; i < 700; ++i)
-      items.push_back({pages.value()[i], block(4000 + i)});
-    ASSERT_TRUE(b->publish(items).ok());
-    ASSERT_TRUE(b->release(pages.value()).ok());
-  }
+  ASSERT_EQ(cache_blocks(d, "b", 700, 4000), "");
   auto a = attach(d, "a-worker", "a");
   ASSERT_TRUE(a);
   const PoolsState before = pools_state(*a, 2);
