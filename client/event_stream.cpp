@@ -90,8 +90,13 @@ bool EventStream::read_frame(int timeout_ms, Error& error) {
   return true;
 }
 
+void EventStream::close() {
+  if (closed_.exchange(true)) return;
+  ::shutdown(connection_->socket_fd(), SHUT_RDWR);
+}
+
 Result<wire::EventBatch> EventStream::next(int timeout_ms) {
-  if (connection_ == nullptr) return failure(Errc::invalid_argument, "the event stream is closed");
+  if (closed_) return failure(Errc::invalid_argument, "the event stream is closed");
   Error e;
   if (!read_frame(timeout_ms, e)) {
     if (e.status.ok()) return wire::EventBatch{};

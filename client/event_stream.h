@@ -15,6 +15,7 @@
 // Thread-safety: one thread at a time. Errors are values (no exceptions).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -31,15 +32,17 @@ class EventStream {
                                                    const std::string& pool_name, uint64_t from_seq);
 
   const wire::SubscribeReply& subscribed() const { return subscribed_; }
-  const wire::PoolInfo& pool() const { return connection_->pool(); }  // not after close()
+  const wire::PoolInfo& pool() const { return connection_->pool(); }
 
   // The next batch, waiting up to timeout_ms (< 0: no limit); an empty batch when none came.
   // After close(): invalid_argument.
   Result<wire::EventBatch> next(int timeout_ms);
 
-  // Ends the subscription now (the connection closes); idempotent.
-  void close() { connection_.reset(); }
-  bool closed() const { return connection_ == nullptr; }
+  // Ends the subscription now; idempotent. The socket is shut down, which also wakes a next()
+  // waiting on it in another thread (it then fails); the connection itself is freed with the
+  // stream, so nothing a waiting next() still uses goes away under it.
+  void close();
+  bool closed() const { return closed_; }
 
  private:
   explicit EventStream(std::unique_ptr<Connection> c) : connection_(std::move(c)) {}
@@ -51,6 +54,7 @@ class EventStream {
   static constexpr size_t kReadChunk = size_t{64} * 1024;
 
   std::unique_ptr<Connection> connection_;
+  std::atomic<bool> closed_{false};
   wire::SubscribeReply subscribed_;
   std::vector<std::byte> buffer_;
   size_t have_ = 0;

@@ -18,7 +18,9 @@ static_assert(sizeof(kvpool_hash) == sizeof(kvpool::BlockHash));
 
 template <typename T>
 int fail(kvpool_conn* c, const kvpool::client::Result<T>& r) {
-  c->last_error = r.error().message;
+  // "name: message", the name once (the daemon's messages do not repeat it).
+  c->last_error =
+      std::string(kvpool::errc_name(r.error().status.code())) + ": " + r.error().message;
   return static_cast<int>(r.error().status.code());
 }
 

@@ -45,8 +45,11 @@ std::string unknown_command(CLI::App& app, int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind('-', 0) == 0) {
-      const bool takes_value = (a == "--socket" || a == "--pool");
-      if (takes_value) ++i;
+      if (a == "--socket" || a == "--pool") {
+        ++i;  // its value
+      } else if (a != "--json" && a != "--raw" && a != "--no-shm") {
+        return "";  // an option CLI11 will name itself (its value is no command)
+      }
       continue;
     }
     for (const CLI::App* sub : app.get_subcommands({})) {

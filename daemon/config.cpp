@@ -293,9 +293,9 @@ class Parser : private NodeReader {
     }
   }
 
-  // A memory_budget in bytes must hold what the elastic pools start with (their pages at least;
-  // the daemon rounds each up to whole segments, so a budget this passes may still be short by
-  // that rounding, which the start names).
+  // A memory_budget in bytes must hold what the elastic pools start with: their capacity in
+  // whole segments of segment_size (the backend's granularity may round a segment up further,
+  // which only the start can tell; it names that case).
   void check_budget(const Value& v, const Config& config) const {
     const Capacity& budget = *config.memory_budget;
     if (budget.unit != Capacity::Unit::bytes) return;
@@ -307,7 +307,13 @@ class Parser : private NodeReader {
       const uint64_t pages = pool.capacity.unit == Capacity::Unit::pages
                                  ? pool.capacity.value
                                  : pool.capacity.value / per_page;
-      start += pages * stride;
+      // The start maps whole segments (at least segment_size each; more where the backend's
+      // granularity rounds them up), never more than the pool's whole pages region.
+      const uint64_t max_pages = pool.max_capacity->unit == Capacity::Unit::pages
+                                     ? pool.max_capacity->value
+                                     : pool.max_capacity->value / per_page;
+      const uint64_t segment = std::max(pool.segment_size, stride);
+      start += std::min((pages * stride + segment - 1) / segment * segment, max_pages * stride);
     }
     if (start > budget.value) {
       fail(v, "is " + human_bytes(budget.value) + ", less than the " + human_bytes(start) +

@@ -22,8 +22,9 @@ namespace {
 // links (8), and the prefix hit counters (16).
 constexpr uint64_t kBookkeepingBytesPerPage = 96;
 
-// The message without the leading "name: ": clients show the error's name themselves (Python's
-// kvpool.Error, kvpoolctl), so a message that repeats it would print it twice.
+// The message without the leading "name: ": every client says the error's name itself (Python's
+// kvpool.Error, kvpoolctl, the C API's kvpool_last_error), so a message that repeats it would
+// print it twice.
 wire::Error from_status(const Status& s) {
   std::string message = s.message();
   const std::string_view name = errc_name(s.code());

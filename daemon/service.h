@@ -250,9 +250,9 @@ class Service {
   // memory the budget allows (taking segments from other pools as the policy says). Returns
   // whether it grew.
   bool grow_for(Pool& pool, uint64_t free_wanted);
-  // At most how many pages grow_for could add to the pool now: up to its max, as far as the
-  // budget's room and every other elastic pool's memory above its min would fund (an upper
-  // bound: a donor whose tail is held gives less). 0 for a pool that is not elastic.
+  // At most how many pages grow_for could add to the pool now: whole segments up to its max, as
+  // far as the budget's room and every other elastic pool's whole segments above its min would
+  // fund (an upper bound: a donor whose tail pages are held gives less). 0 for a fixed pool.
   uint64_t growable_pages(const Pool& pool) const;
   // The error of an alloc the pool refuses before anything changes (admit_alloc's status).
   wire::Error alloc_error(const SessionState& s, const Status& st, uint64_t growable) const;

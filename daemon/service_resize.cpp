@@ -256,18 +256,39 @@ bool Service::reclaim(const Pool& taker, uint64_t bytes, double below) {
 
 uint64_t Service::growable_pages(const Pool& pool) const {
   if (!pool.elastic()) return 0;
-  const uint64_t room =
-      pool.info.max_pages - std::min(pool.info.max_pages, pool.pages->num_pages());
+  // What the budget could fund: its room now, plus each other elastic pool's whole segments,
+  // newest first, as long as it stays at or above its min (shrink_one gives back whole
+  // segments only; reclaim asks a pool running a copy for nothing).
   const uint64_t mapped_now = elastic_bytes();
-  uint64_t bytes = budget_bytes_ > mapped_now ? budget_bytes_ - mapped_now : 0;
+  uint64_t room = budget_bytes_ > mapped_now ? budget_bytes_ - mapped_now : 0;
   for (const auto& p : pools_) {
     if (p.get() == &pool || !p->elastic() || p->copies_in_flight != 0) continue;
-    const uint64_t floor = uint64_t{p->min_pages} * p->info.page_stride;
-    const uint64_t mapped = p->memory->pages_bytes_mapped();
-    const uint64_t give = mapped - std::min(floor, mapped);
-    bytes = bytes > UINT64_MAX - give ? UINT64_MAX : bytes + give;
+    std::vector<wire::SegmentInfo> segs = p->memory->segments();  // newest (highest) first
+    std::sort(segs.begin(), segs.end(),
+              [](const auto& a, const auto& b) { return a.offset > b.offset; });
+    uint64_t mapped = p->memory->pages_bytes_mapped();
+    for (const wire::SegmentInfo& seg : segs) {
+      if (seg.offset >= p->info.scales_offset || seg.bytes > mapped) continue;
+      if ((mapped - seg.bytes) / p->info.page_stride < p->min_pages) break;
+      mapped -= seg.bytes;
+      room = room > UINT64_MAX - seg.bytes ? UINT64_MAX : room + seg.bytes;
+    }
   }
-  return std::min(room, bytes / std::max<uint64_t>(1, pool.info.page_stride));
+  // This pool grows by whole segments (the region's last one may be shorter): count those the
+  // room pays for.
+  const uint64_t stride = pool.info.page_stride;
+  const uint64_t segment =
+      round_up(std::max(pool.config.segment_size, stride), backend_->granularity());
+  uint64_t mapped = pool.memory->pages_bytes_mapped();
+  const uint64_t region = pool.info.scales_offset;
+  while (mapped < region) {
+    const uint64_t next = std::min(segment, region - mapped);
+    if (room < next) break;
+    room -= next;
+    mapped += next;
+  }
+  const uint64_t reachable = std::min<uint64_t>(mapped / stride, pool.info.max_pages);
+  return reachable - std::min<uint64_t>(reachable, pool.pages->num_pages());
 }
 
 bool Service::grow_for(Pool& pool, uint64_t free_wanted) {

@@ -48,7 +48,10 @@ std::unique_ptr<client::Connection> connect(const Globals& g);
 template <typename T>
 bool succeeded(const client::Result<T>& r) {
   if (r.ok()) return true;
-  std::fprintf(stderr, "kvpoolctl: %s\n", display_text(r.error().message).c_str());
+  // The daemon's messages do not repeat the error's name; it is said here, once.
+  std::fprintf(stderr, "kvpoolctl: %s: %s\n",
+               std::string(errc_name(r.error().status.code())).c_str(),
+               display_text(r.error().message).c_str());
   return false;
 }
 

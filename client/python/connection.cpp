@@ -111,8 +111,10 @@ void bind_connection(py::module_& m) {
           "closed",
           [](const PyConnection& c) {
             if (c.ref == nullptr) return true;
-            std::lock_guard lock(c.ref->lock);
-            return c.ref->conn->peer_closed();
+            const ConnectionRef keep = c.ref;
+            py::gil_scoped_release nogil;  // another thread's call may hold the lock a while
+            std::lock_guard lock(keep->lock);
+            return keep->conn->peer_closed();
           },
           "True after close(), or once the daemon's end of the connection is gone (it stopped "
           "or closed the session): every call would then fail.")

@@ -21,16 +21,36 @@ struct PySequenceCache {
     if (!cache) throw py::value_error("the SequenceCache is closed");
     return *cache;
   }
-  // Runs f(cache) without the GIL, under the connection's lock; raises kvpool.Error.
+  // Runs f(cache) without the GIL, under the connection's lock; raises kvpool.Error. A close()
+  // on another thread meanwhile is seen under the lock (the call then fails, naming it), and
+  // the local reference keeps the lock alive whatever close() lets go of.
   template <typename F>
   auto call(F&& f) {
     get();
-    auto r = [&] {
+    const ConnectionRef keep = ref;
+    auto r = [&]() -> decltype(f(*cache)) {
       py::gil_scoped_release nogil;
-      std::lock_guard lock(ref->lock);
+      std::lock_guard lock(keep->lock);
+      if (!cache) return wire::Error{Status(Errc::invalid_argument), "the SequenceCache is closed"};
       return f(*cache);
     }();
     return value_or_raise(std::move(r));
+  }
+  // Releases the pages (tail first) and drops the cache and the connection; idempotent. The
+  // release's result, ok when there was nothing to close.
+  client::Result<client::Ok> close() {
+    if (!cache) return client::Ok{};
+    const ConnectionRef keep = ref;
+    auto r = [&]() -> client::Result<client::Ok> {
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(keep->lock);
+      if (!cache) return client::Ok{};
+      auto done = cache->release();
+      cache.reset();
+      return done;
+    }();
+    ref.reset();  // with the GIL: the session can end once nothing else uses it
+    return r;
   }
 };
 
@@ -98,32 +118,14 @@ void bind_sequence_cache(py::module_& m) {
       .def("release",
            [](PySequenceCache& s) { s.call([](client::SequenceCache& c) { return c.release(); }); })
       .def(
-          "close",
-          [](PySequenceCache& s) {
-            if (!s.cache) return;
-            // Gives the pages back (tail first) when the daemon is still there; then lets go of
-            // the connection, so the session can end once nothing else uses it.
-            auto r = [&] {
-              py::gil_scoped_release nogil;
-              std::lock_guard lock(s.ref->lock);
-              auto done = s.cache->release();
-              s.cache.reset();
-              return done;
-            }();
-            s.ref.reset();
-            value_or_raise(std::move(r));
-          },
+          "close", [](PySequenceCache& s) { value_or_raise(s.close()); },
           "Releases the sequence's pages and closes it; idempotent. Later calls raise ValueError.")
       .def_property_readonly("closed", [](const PySequenceCache& s) { return !s.cache; })
       .def("__enter__", [](py::object self) { return self; })
       .def(
           "__exit__",
           [](PySequenceCache& s, const py::object&, const py::object&, const py::object&) {
-            if (!s.cache) return;
-            py::gil_scoped_release nogil;
-            std::lock_guard lock(s.ref->lock);
-            (void)s.cache->release();  // on the way out of a with-block, errors stay unraised
-            s.cache.reset();
+            (void)s.close();  // on the way out of a with-block, a failed release stays unraised
           },
           py::arg("exc_type"), py::arg("exc"), py::arg("tb"))
       .def(

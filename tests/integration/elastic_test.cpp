@@ -287,6 +287,29 @@ TEST_P(Elastic, AnAllocPastMaxCapacityIsRefusedBeforeAnyPoolMoves) {
   EXPECT_TRUE(pools_state(*a, 2) == before) << "a refused alloc moved memory";
 }
 
+TEST_P(Elastic, ABudgetThatFundsPartOfASegmentFundsNone) {
+  // 5 MiB of budget, one 2 MiB segment mapped: room for one more segment and a half. A pool
+  // grows by whole segments, so 300 pages (more than one segment's 256) are out of reach.
+  Daemon d(std::string("backend: ") + GetParam() + "\nmemory_budget: 5MiB\npools:\n" +
+           elastic_pool("a", 1, 4));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto a = attach(d, "a-worker", "a");
+  ASSERT_TRUE(a);
+  auto held = a->alloc(kPerSegment);
+  ASSERT_TRUE(held.ok());
+  const PoolsState before = pools_state(*a, 1);
+  auto got = a->alloc(300);
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.error().status.code(), Errc::out_of_pages) << got.error().message;
+  EXPECT_NE(got.error().message.find("can grow by at most 256"), std::string::npos)
+      << got.error().message;
+  EXPECT_TRUE(pools_state(*a, 1) == before) << "a refused alloc grew the pool";
+  EXPECT_EQ(a->pool().num_pages, kPerSegment);
+  auto fits = a->alloc(200);
+  ASSERT_TRUE(fits.ok()) << fits.error().message;
+  EXPECT_EQ(a->pool().num_pages, 2 * kPerSegment);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, Elastic, ::testing::Values("fake-device", "host"));
 
 TEST(ElasticConfig, LayerMajorPoolsCannotBeElastic) {

@@ -61,3 +61,24 @@ def test_a_local_daemon_that_cannot_start_leaves_nothing_behind():
         d.start()
     assert not os.path.exists(d.dir)
     d.close()  # still safe
+
+
+def test_closing_an_event_stream_wakes_a_reader_in_another_thread(daemon):
+    import threading
+
+    stream = kvpool.EventStream(daemon.socket)
+    outcome = []
+
+    def read():
+        try:
+            outcome.append(stream.next(timeout_ms=-1))  # nothing comes: waits until closed
+        except kvpool.Error as e:
+            outcome.append(e.name)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.2)
+    stream.close()
+    reader.join(timeout=10)
+    assert not reader.is_alive(), "close() left the reader waiting"
+    assert outcome and outcome[0] != [], outcome

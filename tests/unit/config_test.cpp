@@ -888,7 +888,7 @@ TEST(ConfigErrorTest, ElasticSizesMustFitEachOther) {
   expect_error(head + "    max_capacity: 128 pages\n    segment_size: 4MiB\n", 6,
                "pools[0].segment_size", "more than the pool's whole max_capacity (2.0 MiB)");
   expect_error(head + "    max_capacity: 128 pages\nmemory_budget: 512KiB\n", 6,
-               "memory_budget", "less than the 1.0 MiB the elastic pools start with");
+               "memory_budget", "less than the 2.0 MiB the elastic pools start with");
   // What fits is fine: min ≤ capacity ≤ max, a segment within the max, a budget that holds it.
   parse_ok(head +
            "    max_capacity: 128 pages\n    min_capacity: 64 pages\n    segment_size: 1MiB\n"
