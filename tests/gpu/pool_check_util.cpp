@@ -243,8 +243,11 @@ std::vector<float> decode_prompt_on_cpu(const client::Connection& c,
       err = "copying page " + std::to_string(table[i]) + " to the host failed";
       return {};
     }
-    std::memcpy(&pages[i * data], image.data(), data);
-    std::memcpy(&scales[i * scale_floats], image.data() + data, scale_floats * sizeof(float));
+    std::memcpy(pages.data() + i * data, image.data(), data);
+    if (scale_floats != 0) {  // 16-bit pools have no scales (and an empty vector no element 0)
+      std::memcpy(scales.data() + i * scale_floats, image.data() + data,
+                  scale_floats * sizeof(float));
+    }
   }
   std::vector<PageId> tab(n);
   std::iota(tab.begin(), tab.end(), 0u);
