@@ -580,13 +580,17 @@ wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocReque
   if (!hints.ok()) return hints.error();
   // Every refusal comes first: an alloc that fails must not grow its pool, shrink another or
   // evict anything on its way to failing.
-  const uint64_t growable = growable_pages(*s.pool);
+  // What the pool could grow by (a walk over every elastic pool's segments) is asked only when
+  // its own free and evictable pages fall short: most allocs never pay for it.
   const uint32_t max_pages =
       s.pool->elastic() ? s.pool->info.max_pages : s.pool->pages->num_pages();
-  if (const Status st = s.pool->pages->admit_alloc(n, hints.value(), max_pages, growable);
-      !st.ok()) {
-    return alloc_error(s, st, growable);
+  uint64_t growable = 0;
+  Status admitted = s.pool->pages->admit_alloc(n, hints.value(), max_pages, 0);
+  if (admitted.code() == Errc::out_of_pages && s.pool->elastic()) {
+    growable = growable_pages(*s.pool);
+    admitted = s.pool->pages->admit_alloc(n, hints.value(), max_pages, growable);
   }
+  if (!admitted.ok()) return alloc_error(s, admitted, growable);
   // An elastic pool grows before it evicts, as far as its max and the budget allow.
   if (s.pool->elastic() && s.pool->pages->stats().free < n) grow_for(*s.pool, n);
   wire::AllocReply a;
