@@ -62,12 +62,14 @@ constexpr std::string_view kLoggingKeys[] = {"level"};
 constexpr std::string_view kMetricsKeys[] = {"listen", "allow_non_loopback", "latency_histograms",
                                              "stats_segment"};
 constexpr std::string_view kEventsKeys[] = {
-    "ring_events",        "zmq_endpoint",       "zmq_topic",
-    "zmq_block_hash",     "zmq_send_hwm",       "zmq_replay_endpoint",
-    "zmq_replay_batches", "data_parallel_rank", "zmq_payload"};
+    "ring_events",  "zmq_endpoint",        "zmq_topic",          "zmq_block_hash",
+    "zmq_send_hwm", "zmq_replay_endpoint", "zmq_replay_batches", "data_parallel_rank",
+    "zmq_payload",  "zmq_queue_bytes",     "zmq_max_connections"};
 constexpr std::string_view kZmqPayloads[] = {"array", "map"};
 constexpr std::string_view kZmqBlockHashes[] = {"bytes", "uint64"};
 constexpr uint64_t kMaxZmqBatches = 1000000;
+constexpr uint64_t kMinZmqQueueBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxZmqConnections = 65536;
 constexpr uint64_t kMaxRingEvents = uint64_t{1} << 24;
 
 constexpr std::string_view kBackends[] = {"auto", "host", "cuda-vmm", "cuda-ipc", "fake-device"};
@@ -466,6 +468,16 @@ class Parser : private NodeReader {
     if (auto* p = find(f, "zmq_payload")) e.zmq_payload = get_choice(*p, kZmqPayloads);
     if (auto* h = find(f, "zmq_send_hwm")) {
       e.zmq_send_hwm = static_cast<uint32_t>(get_uint(*h, 1, kMaxZmqBatches));
+    }
+    if (auto* q = find(f, "zmq_queue_bytes")) {
+      e.zmq_queue_bytes = parse_byte_size(*q);
+      if (e.zmq_queue_bytes < kMinZmqQueueBytes) {
+        fail(*q, "is " + human_bytes(e.zmq_queue_bytes) + "; at least " +
+                     human_bytes(kMinZmqQueueBytes) + " (one full message of 4,096 block hashes)");
+      }
+    }
+    if (auto* m = find(f, "zmq_max_connections")) {
+      e.zmq_max_connections = static_cast<uint32_t>(get_uint(*m, 1, kMaxZmqConnections));
     }
     if (auto* b = find(f, "zmq_replay_batches")) {
       e.zmq_replay_batches = static_cast<uint32_t>(get_uint(*b, 1, kMaxZmqBatches));

@@ -33,7 +33,8 @@
 //               stats_segment: BOOL }
 //   events:   { ring_events: INT, zmq_endpoint: "tcp://HOST:PORT" | "ipc://PATH" | "",
 //               zmq_topic: STR, zmq_block_hash: bytes | uint64, zmq_payload: array | map,
-//               zmq_send_hwm: INT, zmq_replay_endpoint: STR, zmq_replay_batches: INT,
+//               zmq_send_hwm: INT, zmq_queue_bytes: SIZE, zmq_max_connections: INT,
+//               zmq_replay_endpoint: STR, zmq_replay_batches: INT,
 //               data_parallel_rank: INT }
 //
 // Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
@@ -116,10 +117,12 @@ struct EventsConfig {
   std::string zmq_topic;                 // prefix of every topic; the pool's name follows
   std::string zmq_block_hash = "bytes";  // bytes (16-byte bin) | uint64 (the low word)
   std::string zmq_payload = "array";     // array (vLLM releases' array_like) | map (vLLM main)
-  uint32_t zmq_send_hwm = 10000;         // batches queued per subscriber before libzmq drops
-  std::string zmq_replay_endpoint;       // vLLM's replay ROUTER socket; "" = off
-  uint32_t zmq_replay_batches = 10000;   // recent batches kept for replay
-  std::optional<uint32_t> data_parallel_rank;  // sent with every batch when set
+  uint32_t zmq_send_hwm = 10000;         // messages queued per subscriber before libzmq drops
+  uint64_t zmq_queue_bytes = uint64_t{64} << 20;  // payload bytes libzmq holds, all subscribers
+  uint32_t zmq_max_connections = 64;              // connections the endpoint keeps at once
+  std::string zmq_replay_endpoint;                // vLLM's replay ROUTER socket; "" = off
+  uint32_t zmq_replay_batches = 10000;            // recent batches kept for replay
+  std::optional<uint32_t> data_parallel_rank;     // sent with every batch when set
   friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
 };
 

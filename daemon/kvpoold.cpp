@@ -306,7 +306,8 @@ int run(int argc, char** argv) {
     const KvEventCounters& c = kv_publisher->counters();
     log_event(LogLevel::info, "kv_events_stopped",
               {kv("batches_published", c.batches_published),
-               kv("batches_dropped", c.batches_dropped), kv("replay_requests", c.replay_requests)});
+               kv("batches_dropped", c.batches_dropped), kv("replay_requests", c.replay_requests),
+               kv("connections_refused", kv_publisher->connections_refused())});
   }
   log_event(LogLevel::info, "stopped");
   return 0;

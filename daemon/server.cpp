@@ -1,5 +1,6 @@
 #include "daemon/server.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -82,6 +83,9 @@ wire::Result<bool> Server::listen(const std::string& path, uint32_t mode,
   }
   acceptor_.listen(asio::socket_base::max_listen_connections, ec);
   if (ec) return fail("listen: " + ec.message());
+  acceptor_.non_blocking(true, ec);  // accept_with_reserve's accept must not wait
+  if (ec) return fail("non-blocking: " + ec.message());
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   path_ = path;
   accept();
   return true;
@@ -90,8 +94,8 @@ wire::Result<bool> Server::listen(const std::string& path, uint32_t mode,
 void Server::accept() {
   acceptor_.async_accept([this](const boost::system::error_code& ec, Local::socket socket) {
     if (stopping_) return;
-    if (ec) {
-      if (ec == asio::error::operation_aborted) return;
+    if (ec == asio::error::operation_aborted) return;
+    if (ec && !accept_with_reserve(ec)) {
       // Out of descriptors (EMFILE/ENFILE) or memory: the pending connection stays queued and
       // accept would fail again at once. Wait a little instead of spinning, and say so once per
       // wait rather than per attempt.
@@ -102,33 +106,54 @@ void Server::accept() {
         if (!wait_ec && !stopping_) accept();
       });
       return;
-    } else {
-      ucred cred{};
-      socklen_t len = sizeof cred;
-      PeerCredentials peer;
-      if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
-        peer = PeerCredentials{cred.pid, cred.uid, cred.gid};
-      }
-      auto session = service_.open_session(peer);
-      if (!session.ok()) {
-        // Refused: say why in an error frame, then close.
-        std::vector<std::byte> out;
-        wire::encode_error(0, static_cast<uint16_t>(wire::Opcode::hello), session.error(), out);
-        (void)::send(socket.native_handle(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        ++service_.connection_stats().sessions_refused;
-        log_event(LogLevel::warn, "session_refused",
-                  {kv("pid", peer.pid), kv("uid", peer.uid), kv("error", session.error().message)});
-      } else {
-        log_event(LogLevel::debug, "session_open",
-                  {kv("session", session.value()->id), kv("pid", peer.pid), kv("uid", peer.uid)});
-        auto c = std::make_shared<Connection>(*this, std::move(socket), std::move(session.value()));
-        connections_.insert(c);
-        c->start();
-        if (activity_ != nullptr) activity_->on_activity();
-      }
     }
+    if (!ec) serve(std::move(socket));
+    if (reserve_fd_ < 0) reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     accept();
   });
+}
+
+bool Server::accept_with_reserve(const boost::system::error_code& ec) {
+  if (ec != asio::error::no_descriptors && ec.value() != ENFILE) return false;
+  if (reserve_fd_ < 0) return false;
+  // Something else took every descriptor (a flood on another endpoint, say): spend the one held
+  // in reserve on the worker waiting, rather than leave workers unserved until it passes.
+  ::close(reserve_fd_);
+  reserve_fd_ = -1;
+  boost::system::error_code accept_ec;
+  Local::socket socket(io_);
+  acceptor_.accept(socket, accept_ec);  // non-blocking: fails if the connection went away
+  log_event(LogLevel::warn, "accept_from_reserve",
+            {kv("error", ec.message()), kv("accepted", !accept_ec)});
+  if (accept_ec) return false;
+  serve(std::move(socket));
+  return true;
+}
+
+void Server::serve(Local::socket socket) {
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  PeerCredentials peer;
+  if (::getsockopt(socket.native_handle(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+    peer = PeerCredentials{cred.pid, cred.uid, cred.gid};
+  }
+  auto session = service_.open_session(peer);
+  if (!session.ok()) {
+    // Refused: say why in an error frame, then close.
+    std::vector<std::byte> out;
+    wire::encode_error(0, static_cast<uint16_t>(wire::Opcode::hello), session.error(), out);
+    (void)::send(socket.native_handle(), out.data(), out.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    ++service_.connection_stats().sessions_refused;
+    log_event(LogLevel::warn, "session_refused",
+              {kv("pid", peer.pid), kv("uid", peer.uid), kv("error", session.error().message)});
+    return;
+  }
+  log_event(LogLevel::debug, "session_open",
+            {kv("session", session.value()->id), kv("pid", peer.pid), kv("uid", peer.uid)});
+  auto c = std::make_shared<Connection>(*this, std::move(socket), std::move(session.value()));
+  connections_.insert(c);
+  c->start();
+  if (activity_ != nullptr) activity_->on_activity();
 }
 
 void Server::closed(const std::shared_ptr<Connection>& c) {
@@ -194,6 +219,8 @@ void Server::stop() {
   boost::system::error_code ignored;
   acceptor_.close(ignored);
   accept_backoff_.cancel();
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
+  reserve_fd_ = -1;
   // A running copy finishes first: the pools' memory must not be released under it.
   copy_worker_.stop();
   const std::vector<std::shared_ptr<Connection>> all(connections_.begin(), connections_.end());

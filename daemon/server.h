@@ -98,6 +98,11 @@ class Server {
   friend class Connection;
 
   void accept();
+  // After accept failed for want of descriptors: closes the one held in reserve and accepts the
+  // waiting connection with it. False when it was not that failure or nothing could be accepted.
+  bool accept_with_reserve(const boost::system::error_code& ec);
+  // Opens a session for an accepted connection, or refuses it with an error frame.
+  void serve(boost::asio::local::stream_protocol::socket socket);
   void closed(const std::shared_ptr<Connection>& c);
   // Pushes new events to the subscribers.
   void pump_subscribers();
@@ -115,6 +120,7 @@ class Server {
   std::chrono::milliseconds frame_timeout_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
   boost::asio::steady_timer accept_backoff_;  // pause after a failed accept (EMFILE)
+  int reserve_fd_ = -1;  // /dev/null, closed to accept a worker when descriptors run out
   std::string path_;
   std::set<std::shared_ptr<Connection>> connections_;
   CopyWorker copy_worker_;

@@ -73,7 +73,8 @@ std::string kvpoold_binary() {
 }
 
 bool Daemon::start(std::chrono::milliseconds timeout) {
-  std::string cmd = kvpoold_binary() + " --socket " + socket_;
+  std::string cmd =
+      (launcher_.empty() ? "" : launcher_ + " ") + kvpoold_binary() + " --socket " + socket_;
   if (!config_.empty()) cmd += " --config " + config_;
   if (!extra_.empty()) cmd += " " + extra_;
   const std::string log_path = dir_.file("kvpoold.log");

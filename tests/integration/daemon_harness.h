@@ -38,6 +38,8 @@ class Daemon {
   // accepts connections. Returns false, with the daemon's log in log(), if it exits or never
   // becomes ready (then it is still running: the destructor or kill9() ends it).
   bool start(std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // A command the daemon runs under (e.g. "prlimit --nofile=1024:1024"), for the next start().
+  void set_launcher(const std::string& launcher) { launcher_ = launcher; }
   // SIGTERM and wait (SIGKILL after 20 s); returns the exit status (as waitpid reports it) or -1.
   int stop();
   // SIGKILL and wait.
@@ -59,6 +61,7 @@ class Daemon {
   std::string socket_;
   std::string config_;
   std::string extra_;
+  std::string launcher_;
   pid_t pid_ = -1;
   pid_t last_pid_ = -1;
   int exit_status_ = -1;

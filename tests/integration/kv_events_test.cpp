@@ -22,6 +22,7 @@
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/test_attach.h"
+#include "tests/integration/zmq_test_socket.h"
 
 namespace kvpool::testing {
 namespace {
@@ -57,52 +58,6 @@ pools:
 events:
 )" + events;
 }
-
-// A ZeroMQ context and one socket, closed without lingering.
-class ZmqSocket {
- public:
-  ZmqSocket(int type, const std::string& endpoint) {
-    context_ = zmq_ctx_new();
-    socket_ = zmq_socket(context_, type);
-    const int linger = 0;
-    zmq_setsockopt(socket_, ZMQ_LINGER, &linger, sizeof linger);
-    const int timeout_ms = 5000;
-    zmq_setsockopt(socket_, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
-    if (type == ZMQ_SUB) zmq_setsockopt(socket_, ZMQ_SUBSCRIBE, "", 0);
-    EXPECT_EQ(zmq_connect(socket_, endpoint.c_str()), 0) << zmq_strerror(zmq_errno());
-  }
-  ~ZmqSocket() {
-    zmq_close(socket_);
-    zmq_ctx_term(context_);
-  }
-  void* get() const { return socket_; }
-
-  // The frames of the next message; empty when none came within the receive timeout.
-  std::vector<std::string> receive() {
-    std::vector<std::string> frames;
-    for (;;) {
-      zmq_msg_t msg;
-      zmq_msg_init(&msg);
-      if (zmq_msg_recv(&msg, socket_, 0) < 0) {
-        zmq_msg_close(&msg);
-        return {};
-      }
-      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-      const bool more = zmq_msg_more(&msg) != 0;
-      zmq_msg_close(&msg);
-      if (!more) return frames;
-    }
-  }
-  // Whether a message is waiting within `ms`.
-  bool readable(int ms) {
-    zmq_pollitem_t item{socket_, 0, ZMQ_POLLIN, 0};
-    return zmq_poll(&item, 1, ms) == 1;
-  }
-
- private:
-  void* context_ = nullptr;
-  void* socket_ = nullptr;
-};
 
 // A SUB socket's subscription reaches the publisher asynchronously (ZeroMQ's "slow joiner"):
 // give it time before anything is published, so that the test sees batch 0.

@@ -310,6 +310,12 @@ TEST(ConfigTest, ZmqEventKeys) {
   EXPECT_EQ(c.events.zmq_replay_endpoint, "ipc:///tmp/r");
   EXPECT_EQ(c.events.zmq_replay_batches, 7u);
   EXPECT_EQ(c.events.data_parallel_rank, std::optional<uint32_t>(3));
+  // The endpoint's memory and connection bounds.
+  EXPECT_EQ(parse_ok("").events.zmq_queue_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(parse_ok("").events.zmq_max_connections, 64u);
+  c = parse_ok("events: {zmq_queue_bytes: 8MiB, zmq_max_connections: 4}\n");
+  EXPECT_EQ(c.events.zmq_queue_bytes, uint64_t{8} << 20);
+  EXPECT_EQ(c.events.zmq_max_connections, 4u);
 }
 
 // Errors: "FILE:LINE: KEY: what is wrong" ----------------------------------------------------
@@ -339,6 +345,12 @@ TEST(ConfigErrorTest, MetricsAndEvents) {
   expect_error("events:\n  zmq_block_hash: int\n", 2, "events.zmq_block_hash", "uint64");
   expect_error("events:\n  zmq_payload: json\n", 2, "events.zmq_payload", "map");
   expect_error("events:\n  zmq_send_hwm: 0\n", 2, "events.zmq_send_hwm", "at least 1");
+  expect_error("events:\n  zmq_queue_bytes: 4KiB\n", 2, "events.zmq_queue_bytes",
+               "at least 1.0 MiB");
+  expect_error("events:\n  zmq_queue_bytes: 100 pages\n", 2, "events.zmq_queue_bytes",
+               "expected bytes");
+  expect_error("events:\n  zmq_max_connections: 0\n", 2, "events.zmq_max_connections",
+               "at least 1");
   expect_error("events:\n  zmq_replay_endpoint: \"tcp://*:5558\"\n", 2,
                "events.zmq_replay_endpoint",
                "replays what events.zmq_endpoint publishes, which is not set");

@@ -1,0 +1,301 @@
+// The KV-event endpoint under misuse, through a real kvpoold: a subscriber that never reads while
+// workers publish batches of 65,536 blocks (the daemon's memory stays within
+// events.zmq_queue_bytes and zmq_dropped counts what it dropped), a big batch split into messages
+// of at most 4,096 hashes with consecutive sequence numbers, and a flood of TCP connections that
+// never complete ZeroMQ's handshake (workers still attach and allocate at once, and a real
+// subscriber gets events afterwards).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <gtest/gtest.h>
+#define MSGPACK_NO_BOOST 1
+#include <msgpack.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/connection.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/hardening_util.h"
+#include "tests/integration/test_attach.h"
+#include "tests/integration/zmq_test_socket.h"
+
+namespace kvpool::testing {
+namespace {
+
+constexpr uint32_t kBatchBlocks = 65536;
+constexpr uint64_t kHashesPerMessage = 4096;  // KvEventPublisher::kMaxHashesPerMessage
+
+// 32-byte pages, so that a pool of 65,536 of them is small and its events are what is big.
+std::string config(const std::string& events) {
+  return R"(backend: host
+pools:
+  - name: default
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 1, dtype: fp16}
+    capacity: 65536 pages
+events:
+)" + events;
+}
+
+// Publishes `n` new blocks (hashes unique to `round`) and releases them to the cache.
+void publish_round(client::Connection& w, uint32_t round, uint32_t n) {
+  auto pages = w.alloc(n);
+  ASSERT_TRUE(pages.ok()) << pages.error().message;
+  std::vector<PublishItem> items;
+  items.reserve(n);
+  for (uint32_t i = 0; i < n; ++i)
+    items.push_back({pages.value()[i], test_hash((uint64_t{round} << 32) | i)});
+  auto published = w.publish(items);
+  ASSERT_TRUE(published.ok()) << published.error().message;
+  ASSERT_TRUE(w.release(pages.value()).ok());
+}
+
+// The hashes one message carries, over all its events.
+uint64_t hashes_in(const std::string& payload) {
+  size_t offset = 0;
+  const msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size(), offset);
+  const msgpack::object& batch = oh.get();
+  EXPECT_EQ(batch.type, msgpack::type::ARRAY);
+  if (batch.type != msgpack::type::ARRAY || batch.via.array.size < 2) return 0;
+  uint64_t n = 0;
+  const msgpack::object& events = batch.via.array.ptr[1];
+  for (uint32_t i = 0; i < events.via.array.size; ++i) {
+    const msgpack::object& e = events.via.array.ptr[i];
+    if (e.via.array.size >= 2 && e.via.array.ptr[1].type == msgpack::type::ARRAY) {
+      n += e.via.array.ptr[1].via.array.size;
+    }
+  }
+  return n;
+}
+
+uint64_t seq_of(const std::string& frame) {
+  uint64_t v = 0;
+  for (const char c : frame)
+    v = (v << 8) | static_cast<uint8_t>(c);
+  return v;
+}
+
+TEST(KvEventsLimits, ABigBatchIsSplitIntoMessagesOfAtMost4096HashesInOrder) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the subscription arrives
+  auto w = attach(d, "splitter");
+  ASSERT_NE(w, nullptr);
+  publish_round(*w, 1, 10000);
+  const uint64_t expected[] = {kHashesPerMessage, kHashesPerMessage, 10000 - 2 * kHashesPerMessage};
+  for (uint64_t seq = 0; seq < 3; ++seq) {
+    const std::vector<std::string> frames = sub.receive();
+    ASSERT_EQ(frames.size(), 3u) << "message " << seq;
+    EXPECT_EQ(frames[0], "default");
+    EXPECT_EQ(seq_of(frames[1]), seq);
+    EXPECT_EQ(hashes_in(frames[2]), expected[seq]) << "message " << seq;
+  }
+  EXPECT_FALSE(sub.readable(200));
+  EXPECT_EQ(daemon_stats(*w).kv_batches_published, 3u);
+}
+
+// The issue's attack: a subscriber connects and never reads while workers publish big batches.
+// Before the budget, libzmq queued every batch for it and the daemon grew by gigabytes.
+TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
+  constexpr uint64_t kBudget = uint64_t{64} << 20;  // the default events.zmq_queue_bytes
+  constexpr uint64_t kSlack = uint64_t{24} << 20;   // index, encoder buffers, allocator
+  constexpr uint32_t kRounds = 60;                  // ~140 MiB of events, over twice the budget
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto w = attach(d, "publisher");
+  ASSERT_NE(w, nullptr);
+  auto stuck = std::make_unique<ZmqSocket>(ZMQ_SUB, endpoint, [](void* s) {
+    const int one = 1;  // its own queue holds one message, so the daemon's fills
+    zmq_setsockopt(s, ZMQ_RCVHWM, &one, sizeof one);
+    const int small = 4096;
+    zmq_setsockopt(s, ZMQ_RCVBUF, &small, sizeof small);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const uint64_t idle = rss_bytes(d.pid());
+  uint64_t peak = idle;
+  for (uint32_t round = 0; round < kRounds; ++round) {
+    publish_round(*w, round, kBatchBlocks);
+    auto evicted = w->evict(kBatchBlocks);  // one BlockRemoved of 65,536 hashes
+    ASSERT_TRUE(evicted.ok()) << evicted.error().message;
+    ASSERT_EQ(evicted.value(), kBatchBlocks);
+    peak = std::max(peak, rss_bytes(d.pid()));
+  }
+  const stats::DaemonStats s = daemon_stats(*w);
+  // Every batch went out as 16 messages (stored) and 16 (removed), each sent or dropped.
+  EXPECT_EQ(s.kv_batches_published + s.kv_batches_dropped, uint64_t{kRounds} * 32);
+  EXPECT_GT(s.kv_batches_dropped, 0u) << "nothing was dropped: the subscriber read it all?";
+  EXPECT_NE(d.log().find("event=kv_events_dropped"), std::string::npos) << d.log();
+  if (kRssMeansHeld) {
+    EXPECT_LE(peak, idle + kBudget + kSlack)
+        << "idle " << (idle >> 20) << " MiB, peak " << (peak >> 20) << " MiB";
+  }
+  // The subscriber leaves: libzmq frees its queue and the daemon gives the memory back.
+  stuck.reset();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  if (kRssMeansHeld) {
+    const uint64_t after = rss_bytes(d.pid());
+    EXPECT_LE(after, idle + kSlack)
+        << "idle " << (idle >> 20) << " MiB, after " << (after >> 20) << " MiB";
+  }
+  // With the budget free again, a reading subscriber gets what follows.
+  ZmqSocket reader(ZMQ_SUB, endpoint);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  publish_round(*w, kRounds, 10);
+  const std::vector<std::string> frames = reader.receive();
+  ASSERT_EQ(frames.size(), 3u);
+  EXPECT_EQ(seq_of(frames[1]), uint64_t{kRounds} * 32);
+  EXPECT_EQ(hashes_in(frames[2]), 10u);
+}
+
+// Descriptors a process holds now.
+size_t open_files(pid_t pid) {
+  std::error_code ec;
+  size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n;
+}
+
+// A free TCP port on loopback (bound and released; the daemon binds it next).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), len);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// The issue's attack: connections that never speak ZMTP, more than the daemon has descriptors.
+// Before the cap, libzmq held each one for its 30 s handshake timeout and a worker's hello found
+// no descriptor left.
+TEST(KvEventsLimits, AConnectionFloodOnTheEventsEndpointLeavesWorkersServed) {
+  constexpr int kFlood = 2100;
+  constexpr size_t kInFlight = 256;  // accepted, not yet shut down by the cap
+  const auto kAttachBound =
+      kSanitizedBuild ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(100);
+  const int port = free_port();
+  const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n"));
+  d.set_launcher("prlimit --nofile=2048:2048");  // the issue's daemon had 2,048 descriptors
+  ASSERT_TRUE(d.start()) << d.log();
+
+  rlimit files{};
+  ::getrlimit(RLIMIT_NOFILE, &files);
+  if (files.rlim_max < kFlood + 64) {
+    GTEST_SKIP() << "this machine allows " << files.rlim_max << " files, fewer than the flood";
+  }
+  Pipe flooded;
+  Pipe done;
+  const pid_t flooder = spawn_worker([&] {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlives a test that failed half-way
+    files.rlim_cur = files.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &files);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    auto open_one = [&] {
+      const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+      if (fd >= 0) (void)::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+      return fd;
+    };
+    std::vector<pollfd> fds;
+    for (int i = 0; i < kFlood; ++i) {
+      const int fd = open_one();
+      if (fd < 0) break;  // the parent sees fewer than kFlood (the exit code says)
+      fds.push_back({fd, POLLRDHUP, 0});
+    }
+    flooded.signal();
+    // Never a byte of ZMTP; each connection the daemon closes is replaced half a second later
+    // (a client retrying), so that about kFlood stay open until the test is done.
+    using Clock = std::chrono::steady_clock;
+    std::vector<Clock::time_point> closed_at(fds.size());
+    for (;;) {
+      pollfd stop{done.fd[0], POLLIN, 0};
+      if (::poll(&stop, 1, 0) == 1) return fds.size() == static_cast<size_t>(kFlood) ? 0 : 2;
+      (void)::poll(fds.data(), fds.size(), 10);
+      const auto now = Clock::now();
+      for (size_t i = 0; i < fds.size(); ++i) {
+        pollfd& p = fds[i];
+        if (p.fd < 0 && now - closed_at[i] >= std::chrono::milliseconds(500)) {
+          p.fd = open_one();
+          p.revents = 0;
+        }
+        if (p.fd < 0 || (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) == 0) continue;
+        ::close(p.fd);
+        p.fd = -1;  // poll skips it
+        closed_at[i] = now;
+      }
+    }
+  });
+  // A failed check ends the test early: the flooder goes with it.
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (pid > 0) ::kill(pid, SIGKILL), (void)wait_worker(pid);
+    }
+  } reaper{flooder};
+  ASSERT_TRUE(flooded.wait());
+  // Waves of the flood reach the listener as the kernel retries connections past its backlog;
+  // a worker attaches and allocates promptly throughout, and the daemon's descriptors stay near
+  // what it had idle plus the endpoint's 64 connections (accepted ones wait for the cap a moment).
+  const size_t idle_files = open_files(d.pid());
+  size_t most_files = idle_files;
+  for (int attempt = 0; attempt < 6; ++attempt) {
+    most_files = std::max(most_files, open_files(d.pid()));
+    const auto start = std::chrono::steady_clock::now();
+    auto c = client::Connection::attach(d.socket(), "worker-" + std::to_string(attempt));
+    ASSERT_TRUE(c.ok()) << c.error().message << "\n" << d.log();
+    auto pages = c.value()->alloc(1);
+    ASSERT_TRUE(pages.ok()) << pages.error().message;
+    const auto took = std::chrono::steady_clock::now() - start;
+    EXPECT_LE(took, kAttachBound)
+        << "attempt " << attempt << ": attach and alloc took "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+    for (int i = 0; i < 30; ++i) {
+      most_files = std::max(most_files, open_files(d.pid()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  EXPECT_NE(d.log().find("event=zmq_connection_refused"), std::string::npos) << d.log();
+  EXPECT_LE(most_files, idle_files + 64 + kInFlight)
+      << "idle " << idle_files << " descriptors, most " << most_files;
+  // When the flood stops, its connections that got a place are dropped at the 2 s handshake
+  // deadline at the latest; then a real subscriber connects and receives events.
+  done.signal();
+  reaper.pid = -1;
+  EXPECT_EQ(wait_worker(flooder), 0) << "the flooder could not open its connections";
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto w = attach(d, "publisher");
+  ASSERT_NE(w, nullptr);
+  publish_round(*w, 1, 3);
+  const std::vector<std::string> frames = sub.receive();
+  ASSERT_EQ(frames.size(), 3u) << d.log();
+  EXPECT_EQ(hashes_in(frames[2]), 3u);
+}
+
+}  // namespace
+}  // namespace kvpool::testing
