@@ -114,6 +114,13 @@ std::optional<AvailableMemory> available_memory_for(const Config& config) {
                                   ? "for the host backend"
                                   : "for the host backend, which auto picks here";
   const auto shm = shm_free_bytes();
+  if (const auto cgroup = cgroup_memory_free_bytes();
+      cgroup && (!avail || *cgroup < *avail) && (!shm || *cgroup < *shm)) {
+    return AvailableMemory{*cgroup,
+                           "what this process's cgroup allows (memory.max − "
+                           "memory.current), " +
+                               backend};
+  }
   if (shm && (!avail || *shm <= *avail)) {
     return AvailableMemory{*shm, "/dev/shm's free space, " + backend};
   }

@@ -60,6 +60,10 @@ std::string why_no_room(uint64_t bytes) {
   if (const auto avail = mem_available_bytes(); avail && bytes > *avail) {
     return "only " + human_bytes(*avail) + " of memory is available (MemAvailable, /proc/meminfo)";
   }
+  if (const auto cgroup = cgroup_memory_free_bytes(); cgroup && bytes > *cgroup) {
+    return "this process's cgroup allows only " + human_bytes(*cgroup) +
+           " more (memory.max − memory.current)";
+  }
   return {};
 }
 
@@ -68,7 +72,8 @@ std::string why_no_room(uint64_t bytes) {
 uint64_t HostBackend::available_bytes() const {
   const auto avail = mem_available_bytes();
   const auto shm = shm_free_bytes();
-  const uint64_t bytes = avail && shm ? std::min(*avail, *shm) : avail ? *avail : shm.value_or(0);
+  uint64_t bytes = avail && shm ? std::min(*avail, *shm) : avail ? *avail : shm.value_or(0);
+  if (const auto cgroup = cgroup_memory_free_bytes()) bytes = std::min(bytes, *cgroup);
   // Whole system pages, so that "100%" rounded up to them still passes create()'s check.
   return bytes / granularity() * granularity();
 }

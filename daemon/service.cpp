@@ -185,9 +185,9 @@ wire::Result<bool> Service::attach_host_tier(Pool& pool) {
   uint64_t slots = pc.host_tier->value;
   if (pc.host_tier->unit == Capacity::Unit::bytes) slots = pc.host_tier->value / per_page;
   if (pc.host_tier->unit == Capacity::Unit::fraction) {
-    slots = static_cast<uint64_t>(static_cast<double>(mem_available_bytes().value_or(0)) *
-                                  pc.host_tier->fraction) /
-            per_page;
+    uint64_t avail = mem_available_bytes().value_or(0);
+    if (const auto cgroup = cgroup_memory_free_bytes()) avail = std::min(avail, *cgroup);
+    slots = static_cast<uint64_t>(static_cast<double>(avail) * pc.host_tier->fraction) / per_page;
   }
   if (slots == 0 || slots > core::kMaxPages) {
     return error(Errc::invalid_argument, "pool " + pc.name + ": host_tier holds " +

@@ -21,6 +21,11 @@ std::string AnonymousMemory::map(uint64_t bytes) {
     return "a host tier of " + std::to_string(bytes) + " bytes does not fit in MemAvailable (" +
            std::to_string(*avail) + " bytes)";
   }
+  // MAP_POPULATE past a container's memory.max is the OOM killer, not a failed mmap.
+  if (const auto cgroup = cgroup_memory_free_bytes(); cgroup && bytes > *cgroup) {
+    return "a host tier of " + std::to_string(bytes) + " bytes is more than this process's " +
+           "cgroup allows (" + std::to_string(*cgroup) + " bytes: memory.max − memory.current)";
+  }
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {

@@ -58,13 +58,16 @@ py::dict stats_dict(const wire::StatsReply& s) {
 
 void bind_connection(py::module_& m) {
   py::class_<wire::PoolInfo>(m, "PoolInfo", "The pool a connection is attached to.")
-      .def_readonly("name", &wire::PoolInfo::pool_name)
-      .def_readonly("backend", &wire::PoolInfo::backend)
-      .def_readonly("tenant", &wire::PoolInfo::tenant)
-      .def_readonly("geometry", &wire::PoolInfo::geometry)
-      .def_readonly("num_pages", &wire::PoolInfo::num_pages)
-      .def_readonly("page_stride", &wire::PoolInfo::page_stride)
-      .def_readonly("mapped_bytes", &wire::PoolInfo::segment_bytes)
+      .def_readonly("name", &wire::PoolInfo::pool_name, "The pool's name in the daemon's config.")
+      .def_readonly("backend", &wire::PoolInfo::backend,
+                    "The memory backend serving it (\"host\", \"cuda-vmm\", ...).")
+      .def_readonly("tenant", &wire::PoolInfo::tenant, "The tenant this session was admitted as.")
+      .def_readonly("geometry", &wire::PoolInfo::geometry, "The pool's Geometry.")
+      .def_readonly("num_pages", &wire::PoolInfo::num_pages, "Pages the pool holds now.")
+      .def_readonly("page_stride", &wire::PoolInfo::page_stride,
+                    "Bytes from one page to the next in the mapping.")
+      .def_readonly("mapped_bytes", &wire::PoolInfo::segment_bytes,
+                    "Bytes of pool memory this process maps.")
       .def_readonly("reserved_bytes", &wire::PoolInfo::reserved_bytes,
                     "the virtual range kept for the pool at its base (its largest size)")
       .def_readonly("max_pages", &wire::PoolInfo::max_pages,
@@ -85,13 +88,15 @@ void bind_connection(py::module_& m) {
                "', num_pages=" + std::to_string(p.num_pages) + ")";
       });
 
-  py::class_<PublishResult>(m, "PublishResult")
+  py::class_<PublishResult>(m, "PublishResult", "What publish() did with one (page, hash) pair.")
       .def_readonly("page", &PublishResult::page,
                     "stored: the page given; duplicate: the page that already had the hash, "
                     "now held by this session")
       .def_property_readonly(
           "duplicate",
-          [](const PublishResult& r) { return r.kind == PublishResult::Kind::duplicate; })
+          [](const PublishResult& r) { return r.kind == PublishResult::Kind::duplicate; },
+          "True when the hash was already published (page is the cached one; the caller's page was "
+          "released).")
       .def("__repr__", [](const PublishResult& r) {
         return std::string("PublishResult(page=") + std::to_string(r.page) +
                (r.kind == PublishResult::Kind::duplicate ? ", duplicate=True)"
@@ -101,9 +106,12 @@ void bind_connection(py::module_& m) {
   py::class_<PyConnection>(m, "Connection",
                            "A worker's session with kvpoold: pages held by it are released when "
                            "it closes, however the process ends.")
-      .def_property_readonly("pool", [](PyConnection& c) { return c.get().conn->pool(); })
-      .def_property_readonly("session_id",
-                             [](PyConnection& c) { return c.get().conn->session_id(); })
+      .def_property_readonly(
+          "pool", [](PyConnection& c) { return c.get().conn->pool(); },
+          "The PoolInfo of the attached pool.")
+      .def_property_readonly(
+          "session_id", [](PyConnection& c) { return c.get().conn->session_id(); },
+          "The daemon's id for this session (in its logs and stats).")
       .def_property_readonly(
           "device", [](PyConnection& c) { return c.get().conn->device(); },
           "CUDA ordinal of the pool's memory in this process; -1: host memory")

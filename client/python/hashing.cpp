@@ -64,8 +64,8 @@ void bind_hashing(py::module_& m) {
            py::arg("lo"), py::arg("hi"))
       .def_static("from_bytes", &hash_from_bytes, py::arg("data"),
                   "From 16 bytes: lo then hi, little-endian.")
-      .def_readwrite("lo", &BlockHash::lo)
-      .def_readwrite("hi", &BlockHash::hi)
+      .def_readwrite("lo", &BlockHash::lo, "The low 64 bits of the 128-bit hash.")
+      .def_readwrite("hi", &BlockHash::hi, "The high 64 bits of the 128-bit hash.")
       .def("__bytes__", &hash_bytes)
       .def("hex", [](const BlockHash& h) { return to_hex(h); })
       .def("__eq__", [](const BlockHash& a, const BlockHash& b) { return a == b; })
@@ -86,14 +86,17 @@ void bind_hashing(py::module_& m) {
            }),
            py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("tokens_per_page"),
            py::arg("dtype") = "fp16")
-      .def_readonly("layers", &Geometry::layers)
-      .def_readonly("kv_heads", &Geometry::kv_heads)
-      .def_readonly("head_dim", &Geometry::head_dim)
-      .def_readonly("tokens_per_page", &Geometry::tokens_per_page)
-      .def_property_readonly("dtype",
-                             [](const Geometry& g) { return std::string(dtype_name(g.dtype)); })
-      .def_property_readonly("page_data_bytes",
-                             [](const Geometry& g) { return page_data_bytes(g); })
+      .def_readonly("layers", &Geometry::layers, "Transformer layers whose K and V a page holds.")
+      .def_readonly("kv_heads", &Geometry::kv_heads, "KV heads per layer.")
+      .def_readonly("head_dim", &Geometry::head_dim, "Elements per head vector.")
+      .def_readonly("tokens_per_page", &Geometry::tokens_per_page,
+                    "Tokens one page holds (the block size).")
+      .def_property_readonly(
+          "dtype", [](const Geometry& g) { return std::string(dtype_name(g.dtype)); },
+          "Element type: \"fp16\", \"bf16\", \"fp8_e4m3\" or \"int8\".")
+      .def_property_readonly(
+          "page_data_bytes", [](const Geometry& g) { return page_data_bytes(g); },
+          "Bytes of K and V data in one page (scales excluded).")
       .def("__eq__", [](const Geometry& a, const Geometry& b) { return a == b; })
       .def("__repr__", [](const Geometry& g) {
         return "Geometry(layers=" + std::to_string(g.layers) +

@@ -151,15 +151,21 @@ void bind_memory(py::module_& m) {
   py::class_<PoolView>(m, "PoolView",
                        "A typed window on the pool's memory: torch.from_dlpack(view), "
                        "numpy.asarray(view) (host pools), or __cuda_array_interface__ (GPU pools).")
-      .def_property_readonly("shape",
-                             [](const PoolView& v) { return py::tuple(py::cast(v.shape)); })
+      .def_property_readonly(
+          "shape", [](const PoolView& v) { return py::tuple(py::cast(v.shape)); },
+          "The view's shape in elements.")
       .def_property_readonly(
           "strides", [](const PoolView& v) { return py::tuple(py::cast(v.strides)); },
           "in elements")
-      .def_property_readonly("dtype", [](const PoolView& v) { return std::string(v.type.name); })
-      .def_property_readonly("device", [](const PoolView& v) { return v.device; })
-      .def_property_readonly("data_ptr",
-                             [](const PoolView& v) { return reinterpret_cast<uintptr_t>(v.data); })
+      .def_property_readonly(
+          "dtype", [](const PoolView& v) { return std::string(v.type.name); },
+          "The element type's name.")
+      .def_property_readonly(
+          "device", [](const PoolView& v) { return v.device; },
+          "The CUDA device ordinal, or -1 for host memory.")
+      .def_property_readonly(
+          "data_ptr", [](const PoolView& v) { return reinterpret_cast<uintptr_t>(v.data); },
+          "The address of the first element.")
       .def(
           "__dlpack__", [](const PoolView& v, const py::object&) { return to_dlpack(v); },
           py::arg("stream") = py::none())

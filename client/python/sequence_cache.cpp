@@ -120,7 +120,9 @@ void bind_sequence_cache(py::module_& m) {
       .def(
           "close", [](PySequenceCache& s) { value_or_raise(s.close()); },
           "Releases the sequence's pages and closes it; idempotent. Later calls raise ValueError.")
-      .def_property_readonly("closed", [](const PySequenceCache& s) { return !s.cache; })
+      .def_property_readonly(
+          "closed", [](const PySequenceCache& s) { return !s.cache; },
+          "True after close() (or release()).")
       .def("__enter__", [](py::object self) { return self; })
       .def(
           "__exit__",
@@ -136,13 +138,18 @@ void bind_sequence_cache(py::module_& m) {
           py::arg("priority") = py::none(), py::arg("pin_ttl_ms") = 0,
           "Hints for the pages this sequence takes from now on: a priority class by name "
           "(\"none\", \"one_off\", \"conversation\", \"system\") or 0..3, and a pin TTL.")
-      .def_property_readonly("tokens", [](const PySequenceCache& s) { return s.get().tokens(); })
-      .def_property_readonly("block_table",
-                             [](const PySequenceCache& s) { return s.get().block_table(); })
-      .def_property_readonly("block_hashes",
-                             [](const PySequenceCache& s) { return s.get().block_hashes(); })
-      .def_property_readonly("published_blocks",
-                             [](const PySequenceCache& s) { return s.get().published_blocks(); });
+      .def_property_readonly(
+          "tokens", [](const PySequenceCache& s) { return s.get().tokens(); },
+          "Tokens the sequence holds.")
+      .def_property_readonly(
+          "block_table", [](const PySequenceCache& s) { return s.get().block_table(); },
+          "The sequence's pages, block by block.")
+      .def_property_readonly(
+          "block_hashes", [](const PySequenceCache& s) { return s.get().block_hashes(); },
+          "The hashes of its full blocks, in order.")
+      .def_property_readonly(
+          "published_blocks", [](const PySequenceCache& s) { return s.get().published_blocks(); },
+          "Full blocks published so far.");
 }
 
 }  // namespace kvpool::python

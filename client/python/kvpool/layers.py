@@ -14,16 +14,22 @@ returns exactly that shape over the pool's own memory, without a copy, for eithe
 the pool's side region (see docs/ARCHITECTURE.md).
 """
 
+from typing import Any, Literal
+
+from ._kvpool import Connection, PoolView
+
+Framework = Literal["torch", "numpy", "view"]
+
 _ELEMENT = {"fp16": "float16", "bf16": "bfloat16", "fp8_e4m3": "uint8", "int8": "int8"}
 _SIZE = {"float16": 2, "bfloat16": 2, "uint8": 1, "int8": 1}
 
 
-def element_dtype(conn):
+def element_dtype(conn: Connection) -> str:
     """The element type of the pool's K/V as PoolView names it (float16, bfloat16, uint8, int8)."""
     return _ELEMENT[conn.pool.geometry.dtype]
 
 
-def _as(view, framework):
+def _as(view: PoolView, framework: str) -> Any:
     if framework == "view":
         return view
     if framework == "torch":
@@ -39,7 +45,7 @@ def _as(view, framework):
     raise ValueError(f"framework {framework!r} is not one of torch, numpy, view")
 
 
-def kv_cache_view(conn, layer, framework="torch"):
+def kv_cache_view(conn: Connection, layer: int, framework: Framework = "torch") -> Any:
     """Layer `layer` of the pool as one tensor ``[2, num_pages, tokens_per_page, kv_heads,
     head_dim]``: ``t[0, p, i, h, d]`` is K of token i of page p, head h, element d; ``t[1]`` is V.
     Writing to it writes the pool. framework: "torch" (any pool), "numpy" (host pools), "view"."""
@@ -62,12 +68,12 @@ def kv_cache_view(conn, layer, framework="torch"):
     return _as(conn.view(dtype, shape, strides, offset), framework)
 
 
-def kv_cache_views(conn, framework="torch"):
+def kv_cache_views(conn: Connection, framework: Framework = "torch") -> list[Any]:
     """kv_cache_view() of every layer, in layer order."""
     return [kv_cache_view(conn, layer, framework) for layer in range(conn.pool.geometry.layers)]
 
 
-def page_bytes(conn, page, framework="numpy"):
+def page_bytes(conn: Connection, page: int, framework: Framework = "numpy") -> Any:
     """The raw bytes of one page's K/V data (page_data_bytes of them), as uint8."""
     pool = conn.pool
     if not 0 <= page < pool.num_pages:
