@@ -45,6 +45,17 @@ std::optional<uint64_t> read_cgroup_value(const std::filesystem::path& file) {
   }
 }
 
+// memory.stat's inactive_file: file cache the kernel reclaims before anything else.
+uint64_t inactive_file_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file);
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "inactive_file") return value;
+  }
+  return 0;
+}
+
 }  // namespace
 
 std::optional<uint64_t> cgroup_memory_free_bytes(const std::string& cgroup_root,
@@ -63,11 +74,16 @@ std::optional<uint64_t> cgroup_memory_free_bytes(const std::string& cgroup_root,
   if (!found) return std::nullopt;
   const std::filesystem::path root = std::filesystem::path(cgroup_root).lexically_normal();
   const std::filesystem::path rel = std::filesystem::path(path).relative_path();
+  for (const auto& part : rel)
+    if (part == "..") return std::nullopt;  // never read outside the root
   std::filesystem::path dir = rel.empty() ? root : (root / rel).lexically_normal();
   std::optional<uint64_t> tightest;
   for (;;) {
     if (const auto max = read_cgroup_value(dir / "memory.max")) {
-      const uint64_t current = read_cgroup_value(dir / "memory.current").value_or(0);
+      // What is charged, less the file cache the kernel would reclaim first (as MemAvailable
+      // counts it): a container that read its model weights is not out of memory.
+      uint64_t current = read_cgroup_value(dir / "memory.current").value_or(0);
+      current -= std::min(current, inactive_file_bytes(dir / "memory.stat"));
       const uint64_t free = *max > current ? *max - current : 0;
       tightest = tightest ? std::min(*tightest, free) : free;
     }

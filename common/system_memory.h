@@ -1,7 +1,7 @@
 // What memory this machine can give a new pool, read without allocating any: MemAvailable from
 // /proc/meminfo, the free space of /dev/shm (a tmpfs whose size, not RAM, bounds POSIX shared
-// memory) and what this process's cgroup (v2) still allows (memory.max − memory.current at the
-// tightest level up to the root: a container's limit, which MemAvailable does not show, and which
+// memory) and what this process's cgroup (v2) still allows (memory.max − memory.current +
+// inactive file cache, at the tightest level up to the root: a container's limit, which MemAvailable does not show, and which
 // tmpfs pages are charged to); and reserve_file(), which backs a whole segment at creation. Pool
 // memory that is only sized (ftruncate) gets its pages on first touch, and a page that tmpfs or
 // memory cannot back then is a SIGBUS in whichever process touched it; so the backends check a pool

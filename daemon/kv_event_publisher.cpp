@@ -243,17 +243,25 @@ void KvEventPublisher::count_drop(const char* why) {
 }
 
 void KvEventPublisher::trim_soon(int attempts_left) {
+  if (trim_pending_ && attempts_left == kTrimAttempts) return;  // under way: churn cannot delay it
+  trim_pending_ = true;
   trim_timer_.expires_after(kTrimDelay);
   trim_timer_.async_wait([this, attempts_left](const boost::system::error_code& ec) {
     if (ec) return;
     // The PUB socket finishes tearing down a subscriber's queue only when the application calls
-    // into it (libzmq runs socket commands on API calls): ask for its events to let it.
+    // into it (libzmq runs socket commands on API calls): ask for its events to let it, then
+    // give the memory back once libzmq's I/O thread has freed it (or the attempts run out:
+    // another subscriber may still hold messages).
     int events = 0;
     size_t size = sizeof events;
     zmq_getsockopt(pub_, ZMQ_EVENTS, &events, &size);
+    if (queued_bytes() > 0 && attempts_left > 1) {
+      trim_soon(attempts_left - 1);  // not a fresh call: passes the check above
+      return;
+    }
+    trim_pending_ = false;
     release_freed_memory();
     log_event(LogLevel::debug, "kv_events_memory_released", {kv("queued_bytes", queued_bytes())});
-    if (queued_bytes() > 0 && attempts_left > 1) trim_soon(attempts_left - 1);
   });
 }
 

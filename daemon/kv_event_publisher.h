@@ -118,6 +118,7 @@ class KvEventPublisher {
   void* replay_ = nullptr;
   std::unique_ptr<ZmqConnectionCap> pub_cap_;
   std::unique_ptr<ZmqConnectionCap> replay_cap_;
+  bool trim_pending_ = false;              // trim_timer_ is armed
   std::atomic<uint64_t> queued_bytes_{0};  // outlives the context: freed payloads subtract
   uint64_t next_seq_ = 0;
   KvEventCounters counters_;

@@ -140,10 +140,14 @@ int run(int argc, char** argv) {
     files.rlim_cur = files.rlim_max;
     ::setrlimit(RLIMIT_NOFILE, &files);
   }
-  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 && files.rlim_cur < config.max_sessions + 64ull) {
+  // The events endpoints hold up to zmq_max_connections each (and a few past it for a moment).
+  const uint64_t zmq_files =
+      config.events.zmq_endpoint.empty() ? 0 : uint64_t{2} * 2 * config.events.zmq_max_connections;
+  if (::getrlimit(RLIMIT_NOFILE, &files) == 0 &&
+      files.rlim_cur < config.max_sessions + zmq_files + 64ull) {
     log_event(LogLevel::warn, "fd_limit_low",
               {kv("limit", static_cast<uint64_t>(files.rlim_cur)),
-               kv("max_sessions", config.max_sessions),
+               kv("max_sessions", config.max_sessions), kv("zmq_descriptors", zmq_files),
                kv("detail", "sessions beyond the descriptor limit wait in the accept queue")});
   }
 

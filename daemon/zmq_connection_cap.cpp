@@ -7,7 +7,9 @@
 #include <sys/un.h>
 #include <zmq.h>
 
+#include <cstddef>
 #include <cstring>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/log.h"
@@ -80,6 +82,12 @@ wire::Result<std::unique_ptr<ZmqConnectionCap>> ZmqConnectionCap::start(
   if (cap->monitor_ == nullptr) return fail("cannot make the monitor socket");
   const int linger = 0;
   zmq_setsockopt(cap->monitor_, ZMQ_LINGER, &linger, sizeof linger);
+  // No limit on queued events: libzmq's I/O thread sends them with a blocking send under the
+  // socket's monitor lock, so a full queue (a flood while the loop is busy or already stopped)
+  // would stall all of libzmq's I/O, and zmq_socket_monitor(nullptr) at the end with it. For an
+  // inproc pipe, a receive limit of 0 here makes the whole pipe unbounded.
+  const int unlimited = 0;
+  zmq_setsockopt(cap->monitor_, ZMQ_RCVHWM, &unlimited, sizeof unlimited);
   if (zmq_connect(cap->monitor_, address.c_str()) != 0) return fail("cannot read the monitor");
   int fd = -1;
   size_t fd_size = sizeof fd;
@@ -114,24 +122,34 @@ void ZmqConnectionCap::wait() {
 }
 
 void ZmqConnectionCap::drain() {
-  bool disconnects = false;
+  // Read everything first: an ACCEPTED whose DISCONNECTED is also here is over, and its
+  // descriptor number may already belong to a newer connection.
+  std::vector<std::pair<uint16_t, int>> events;
+  std::unordered_map<int, int> disconnects_ahead;
   uint16_t event = 0;
   uint32_t value = 0;
   while (next_event(monitor_, event, value)) {
-    const int fd = static_cast<int>(value);
-    if (event == ZMQ_EVENT_ACCEPTED) {
-      accepted(fd);
-    } else if (event == ZMQ_EVENT_DISCONNECTED) {
-      open_.erase(fd);
-      disconnects = true;
+    events.emplace_back(event, static_cast<int>(value));
+    if (event == ZMQ_EVENT_DISCONNECTED) ++disconnects_ahead[static_cast<int>(value)];
+  }
+  bool freed = false;
+  pruned_ = false;
+  for (const auto& [kind, fd] : events) {
+    if (kind == ZMQ_EVENT_ACCEPTED) {
+      if (disconnects_ahead[fd] == 0) accepted(fd);
+    } else if (kind == ZMQ_EVENT_DISCONNECTED) {
+      --disconnects_ahead[fd];
+      if (open_.erase(fd) == 1) freed = true;
     }
   }
-  if (disconnects && on_disconnect_) on_disconnect_();
+  if (freed && on_disconnect_) on_disconnect_();
 }
 
 void ZmqConnectionCap::accepted(int fd) {
-  if (open_.size() >= max_) {
-    // A connection libzmq closed without a disconnect event would hold a place for ever.
+  if (open_.size() >= max_ && !pruned_) {
+    // A connection libzmq closed without a disconnect event would hold a place for ever. Once per
+    // drain: a flood must not cost a scan of every held descriptor per connection.
+    pruned_ = true;
     std::vector<int> gone;
     for (const int held : open_)
       if (!is_endpoint_connection(held)) gone.push_back(held);
@@ -169,9 +187,16 @@ bool ZmqConnectionCap::is_endpoint_connection(int fd) const {
     }
     return false;
   }
-  if (local.ss_family != AF_UNIX) return false;
+  if (local.ss_family != AF_UNIX || local_len <= offsetof(sockaddr_un, sun_path)) return false;
+  // The name as the kernel has it: a path, or an abstract name ("ipc://@name") after a NUL.
   const auto& un = reinterpret_cast<const sockaddr_un&>(local);
-  return ipc_path_ == std::string(un.sun_path, ::strnlen(un.sun_path, sizeof un.sun_path));
+  std::string name(un.sun_path, local_len - offsetof(sockaddr_un, sun_path));
+  if (!name.empty() && name[0] == '\0') {
+    name[0] = '@';
+  } else {
+    name.resize(::strnlen(name.data(), name.size()));
+  }
+  return name == ipc_path_;
 }
 
 }  // namespace kvpool::daemon

@@ -49,7 +49,7 @@ class ZmqConnectionCap {
 
   size_t open_connections() const { return open_.size(); }
   uint64_t refused() const { return refused_; }
-  // Called after a batch of monitor events that included a disconnect (memory may be free).
+  // Called after a batch of monitor events in which a held connection went (memory may be free).
   void set_on_disconnect(std::function<void()> f) { on_disconnect_ = std::move(f); }
 
  private:
@@ -68,6 +68,7 @@ class ZmqConnectionCap {
   std::string ipc_path_;  // the bound ipc path; "" for TCP
   std::set<int> open_;    // descriptors of the connections libzmq holds
   uint64_t refused_ = 0;
+  bool pruned_ = false;  // open_ was checked for stale descriptors in this drain
   std::function<void()> on_disconnect_;
 };
 

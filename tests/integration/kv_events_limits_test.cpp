@@ -61,6 +61,12 @@ void publish_round(client::Connection& w, uint32_t round, uint32_t n) {
   ASSERT_TRUE(w.release(pages.value()).ok());
 }
 
+// A SUB socket's subscription reaches the publisher asynchronously, and PUB drops what nobody
+// has subscribed to yet: give it time (more in the sanitizer trees) before publishing.
+void let_subscription_arrive() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(kSanitizedBuild ? 1500 : 500));
+}
+
 // The hashes one message carries, over all its events.
 uint64_t hashes_in(const std::string& payload) {
   size_t offset = 0;
@@ -92,7 +98,7 @@ TEST(KvEventsLimits, ABigBatchIsSplitIntoMessagesOfAtMost4096HashesInOrder) {
   Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n"));
   ASSERT_TRUE(d.start()) << d.log();
   ZmqSocket sub(ZMQ_SUB, endpoint);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the subscription arrives
+  let_subscription_arrive();
   auto w = attach(d, "splitter");
   ASSERT_NE(w, nullptr);
   publish_round(*w, 1, 10000);
@@ -126,7 +132,7 @@ TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
     const int small = 4096;
     zmq_setsockopt(s, ZMQ_RCVBUF, &small, sizeof small);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  let_subscription_arrive();
   const uint64_t idle = rss_bytes(d.pid());
   uint64_t peak = idle;
   for (uint32_t round = 0; round < kRounds; ++round) {
@@ -155,7 +161,7 @@ TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
   }
   // With the budget free again, a reading subscriber gets what follows.
   ZmqSocket reader(ZMQ_SUB, endpoint);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  let_subscription_arrive();
   publish_round(*w, kRounds, 10);
   const std::vector<std::string> frames = reader.receive();
   ASSERT_EQ(frames.size(), 3u);
@@ -192,8 +198,10 @@ int free_port() {
 TEST(KvEventsLimits, AConnectionFloodOnTheEventsEndpointLeavesWorkersServed) {
   constexpr int kFlood = 2100;
   constexpr size_t kInFlight = 256;  // accepted, not yet shut down by the cap
-  const auto kAttachBound =
-      kSanitizedBuild ? std::chrono::milliseconds(1000) : std::chrono::milliseconds(100);
+  // The goal, 100 ms, for the median attempt; no attempt may take a second (the flood,
+  // libzmq's I/O thread and the loop share the CI machine's two cores). Sanitizers: 10×.
+  const std::chrono::milliseconds kMedianBound(kSanitizedBuild ? 1000 : 100);
+  const std::chrono::milliseconds kEachBound(kSanitizedBuild ? 10000 : 1000);
   const int port = free_port();
   const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
   Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n"));
@@ -262,6 +270,7 @@ TEST(KvEventsLimits, AConnectionFloodOnTheEventsEndpointLeavesWorkersServed) {
   // what it had idle plus the endpoint's 64 connections (accepted ones wait for the cap a moment).
   const size_t idle_files = open_files(d.pid());
   size_t most_files = idle_files;
+  std::vector<std::chrono::milliseconds> took_each;
   for (int attempt = 0; attempt < 6; ++attempt) {
     most_files = std::max(most_files, open_files(d.pid()));
     const auto start = std::chrono::steady_clock::now();
@@ -269,15 +278,20 @@ TEST(KvEventsLimits, AConnectionFloodOnTheEventsEndpointLeavesWorkersServed) {
     ASSERT_TRUE(c.ok()) << c.error().message << "\n" << d.log();
     auto pages = c.value()->alloc(1);
     ASSERT_TRUE(pages.ok()) << pages.error().message;
-    const auto took = std::chrono::steady_clock::now() - start;
-    EXPECT_LE(took, kAttachBound)
-        << "attempt " << attempt << ": attach and alloc took "
-        << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    EXPECT_LE(took, kEachBound) << "attempt " << attempt << ": attach and alloc took "
+                                << took.count() << " ms";
+    took_each.push_back(took);
     for (int i = 0; i < 30; ++i) {
       most_files = std::max(most_files, open_files(d.pid()));
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  std::sort(took_each.begin(), took_each.end());
+  EXPECT_LE(took_each[took_each.size() / 2], kMedianBound)
+      << "median attach and alloc " << took_each[took_each.size() / 2].count() << " ms, most "
+      << took_each.back().count() << " ms";
   EXPECT_NE(d.log().find("event=zmq_connection_refused"), std::string::npos) << d.log();
   EXPECT_LE(most_files, idle_files + 64 + kInFlight)
       << "idle " << idle_files << " descriptors, most " << most_files;
@@ -288,13 +302,15 @@ TEST(KvEventsLimits, AConnectionFloodOnTheEventsEndpointLeavesWorkersServed) {
   EXPECT_EQ(wait_worker(flooder), 0) << "the flooder could not open its connections";
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   ZmqSocket sub(ZMQ_SUB, endpoint);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  let_subscription_arrive();
   auto w = attach(d, "publisher");
   ASSERT_NE(w, nullptr);
   publish_round(*w, 1, 3);
   const std::vector<std::string> frames = sub.receive();
   ASSERT_EQ(frames.size(), 3u) << d.log();
   EXPECT_EQ(hashes_in(frames[2]), 3u);
+  w.reset();
+  EXPECT_EQ(d.stop(), 0) << d.log();  // a clean stop after the flood (no monitor left blocked)
 }
 
 }  // namespace

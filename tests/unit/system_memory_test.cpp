@@ -51,6 +51,19 @@ TEST_F(CgroupTree, AParentsTighterLimitWins) {
   EXPECT_EQ(free_for("0::/system.slice/kvpoold.service\n"), 500000u);
 }
 
+TEST_F(CgroupTree, InactiveFileCacheCountsAsFree) {
+  write("system.slice/kvpoold.service", "memory.max", "1000000");
+  write("system.slice/kvpoold.service", "memory.current", "900000");
+  write("system.slice/kvpoold.service", "memory.stat",
+        "anon 100000\nfile 800000\nactive_file 200000\ninactive_file 600000\n");
+  EXPECT_EQ(free_for("0::/system.slice/kvpoold.service\n"), 700000u);
+}
+
+TEST_F(CgroupTree, APathLeavingTheRootIsNotRead) {
+  write("", "memory.max", "4096");
+  EXPECT_EQ(free_for("0::/system.slice/../../etc\n"), std::nullopt);
+}
+
 TEST_F(CgroupTree, OverTheLimitLeavesNothing) {
   write("system.slice/kvpoold.service", "memory.max", "100");
   write("system.slice/kvpoold.service", "memory.current", "200");
