@@ -164,23 +164,21 @@ void KvEventPublisher::publish(const std::string& pool_name, const KvEventFormat
   // Split in order: a message takes events, or parts of one, until it holds the maximum.
   std::vector<KvEvent> part;
   size_t held = 0;
+  const auto send_if_full = [&] {
+    if (held < kMaxHashesPerMessage) return;
+    send_batch(topic, format, ts, part);
+    part.clear();
+    held = 0;
+  };
   for (const KvEvent& e : events) {
     if (e.kind == KvEvent::Kind::cleared) {
-      if (held == kMaxHashesPerMessage) {
-        send_batch(topic, format, ts, part);
-        part.clear();
-        held = 0;
-      }
+      send_if_full();
       part.push_back(e);
       ++held;
       continue;
     }
     for (size_t i = 0; i < e.hashes.size();) {
-      if (held == kMaxHashesPerMessage) {
-        send_batch(topic, format, ts, part);
-        part.clear();
-        held = 0;
-      }
+      send_if_full();
       const size_t n = std::min(e.hashes.size() - i, kMaxHashesPerMessage - held);
       const auto first = e.hashes.begin() + static_cast<std::ptrdiff_t>(i);
       part.push_back(KvEvent{e.kind, {first, first + static_cast<std::ptrdiff_t>(n)}});

@@ -61,12 +61,6 @@ void publish_round(client::Connection& w, uint32_t round, uint32_t n) {
   ASSERT_TRUE(w.release(pages.value()).ok());
 }
 
-// A SUB socket's subscription reaches the publisher asynchronously, and PUB drops what nobody
-// has subscribed to yet: give it time (more in the sanitizer trees) before publishing.
-void let_subscription_arrive() {
-  std::this_thread::sleep_for(std::chrono::milliseconds(kSanitizedBuild ? 1500 : 500));
-}
-
 // The hashes one message carries, over all its events.
 uint64_t hashes_in(const std::string& payload) {
   size_t offset = 0;

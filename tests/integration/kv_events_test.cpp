@@ -59,12 +59,6 @@ events:
 )" + events;
 }
 
-// A SUB socket's subscription reaches the publisher asynchronously (ZeroMQ's "slow joiner"):
-// give it time before anything is published, so that the test sees batch 0.
-void let_subscription_arrive() {
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-}
-
 msgpack::object_handle decode(const std::string& bytes) {
   size_t offset = 0;
   msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size(), offset);

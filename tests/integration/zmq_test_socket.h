@@ -5,8 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "tests/integration/hardening_util.h"
 
 namespace kvpool::testing {
 
@@ -57,5 +61,12 @@ class ZmqSocket {
   void* context_ = nullptr;
   void* socket_ = nullptr;
 };
+
+// A SUB socket's subscription reaches the publisher asynchronously (ZeroMQ's "slow joiner") and
+// PUB drops what nobody has subscribed to yet: give it time (more in the sanitizer trees) before
+// anything is published, so that the test sees batch 0.
+inline void let_subscription_arrive() {
+  std::this_thread::sleep_for(std::chrono::milliseconds(kSanitizedBuild ? 1500 : 500));
+}
 
 }  // namespace kvpool::testing
