@@ -16,6 +16,7 @@ class CudaTierMemory final : public TierMemory {
     if (registered_) cudaHostUnregister(mem_.base());
   }
   std::string init(int device, uint64_t bytes) {
+    device_ = device;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) return device::cuda_error_text("cudaSetDevice", e);
     if (std::string err = mem_.map(bytes); !err.empty()) return err;
@@ -29,6 +30,9 @@ class CudaTierMemory final : public TierMemory {
   std::byte* base() const override { return mem_.base(); }
   uint64_t bytes() const override { return mem_.bytes(); }
   std::string copy(std::span<const ByteRun> runs) override {
+    // Large batches run on the CopyWorker's thread, whose current device is its own.
+    if (const cudaError_t e = cudaSetDevice(device_); e != cudaSuccess)
+      return device::cuda_error_text("cudaSetDevice (host tier)", e);
     for (const ByteRun& r : runs) {
       const cudaError_t e = cudaMemcpyAsync(r.dst, r.src, r.bytes, cudaMemcpyDefault, stream_);
       if (e != cudaSuccess) return device::cuda_error_text("cudaMemcpyAsync (host tier)", e);
@@ -40,6 +44,7 @@ class CudaTierMemory final : public TierMemory {
  private:
   AnonymousMemory mem_;
   bool registered_ = false;
+  int device_ = 0;
   cudaStream_t stream_ = nullptr;
 };
 

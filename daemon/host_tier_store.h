@@ -8,21 +8,35 @@
 // runs into its slot; promotion copies them back into a newly allocated page; bytes and scales
 // come back exactly as they went.
 //
-// The Service drives it (service.cpp): after every call that may evict it runs demote(); a
-// lookup that misses in the device tier asks promote_into() for the host tier's run. Both copy
-// synchronously on the event loop before the reply is sent, so no worker can see a page whose
-// bytes are still moving; a copy that fails leaves nothing half done in the index (a demoted
-// slot is discarded, a promotion cancelled) and is logged.
+// The Service drives it (service.cpp) in three steps, so that large copies can leave the event
+// loop (DESIGN §7):
+//   1. plan, on the loop: plan_demote() takes the device tier's recent evictions (evict() first
+//      takes up to n cached pages itself, held by the tier's own owner so nothing reuses them
+//      before their bytes are down); plan_promote() claims the host tier's run at the start of a
+//      lookup's missing chain and allocates its pages (demotions that allocation caused come
+//      first in the same batch). The bookkeeping is done; the bytes are described in a TierCopy.
+//   2. run(), on any thread: the copies, demotions first (a promoted page may be one just
+//      evicted). One TierCopy of a pool runs at a time, in planning order: the Service runs a
+//      batch inline only when no other job of its pool is in flight, else queues it behind.
+//   3. finish_demote() / finish_promote(), on the loop: a failed demotion's slots are discarded
+//      (never promoted), a failed promotion cancelled (its pages released unpublished), and the
+//      held pages released; promoted hashes are published only now.
+// Until step 3 no worker can see a page whose bytes are moving: evicted pages belong to the
+// caller whose reply waits for the copy, or to the tier's owner; promoted pages carry no hash.
+// A promotion planned while an earlier batch's demotion was still queued is cancelled when that
+// demotion fails (it may have claimed the slot the failed copy left half written).
 //
-// Thread-safety: none (the event loop). Error policy: create() returns an Error naming the cause;
-// copy failures are reported through the counters and the log, never to a client as an error (the
-// lookup answers the device hits alone).
+// Thread-safety: run() touches only the tier memory and its TierCopy; everything else belongs to
+// the event loop. Error policy: create() returns an Error naming the cause; copy failures are
+// reported through the counters and the log, never to a client as an error (the lookup answers
+// the device hits alone).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "daemon/core/host_tier.h"
 #include "daemon/core/tier_mover.h"
@@ -39,6 +53,23 @@ struct HostTierCopyStats {
   uint64_t copy_failures = 0;
 };
 
+// One batch of copies between a pool's tiers (see above): demotions, then at most one
+// promotion's, as planned on the event loop.
+struct TierCopy {
+  std::vector<core::TierMover::Move> demoted;   // page → slot
+  std::vector<core::TierMover::Move> promoted;  // slot → page
+  std::vector<ByteRun> runs;                    // the demotions' runs first, then the promotion's
+  size_t demote_runs = 0;
+  std::vector<PageId> held;  // evicted pages the tier's owner holds until the copy is done
+  uint64_t failures_at_plan = 0;
+  // Set by run().
+  std::string demote_error, promote_error;
+  uint64_t demote_ns = 0, promote_ns = 0;
+
+  uint64_t bytes() const;
+  bool empty() const { return runs.empty() && held.empty(); }
+};
+
 class PoolHostTier {
  public:
   // A tier of `slots` pages for the pool `label` whose memory lies on CUDA device `device` (−1:
@@ -48,14 +79,29 @@ class PoolHostTier {
                                                             const Geometry& geometry,
                                                             uint32_t slots, int device,
                                                             const std::string& label);
+  ~PoolHostTier();
 
-  // Copies the device tier's recent evictions down (kv: the pool's memory as it is now).
+  // Step 1. kv: the pool's memory as it is now.
+  // Appends the copies of the device tier's evictions since the last plan.
+  void plan_demote(const kernels::PagedKv& kv, TierCopy& c);
+  // Evicts up to n cached pages of the pool (the operator's evict), holding them for the copy,
+  // and plans their demotion; returns how many were evicted.
+  uint32_t plan_evict(const kernels::PagedKv& kv, uint32_t n, TierCopy& c);
+  // Plans the promotion of the host tier's run at the start of `chain` (at most `max` blocks)
+  // into pages held by `owner`; false when nothing is promoted (c then holds only demotions).
+  bool plan_promote(const kernels::PagedKv& kv, core::OwnerId owner, Namespace ns,
+                    std::span<const BlockHash> chain, uint32_t max, const core::CallHints& hints,
+                    TierCopy& c);
+  // Step 2: any thread.
+  void run(TierCopy& c) const;
+  // Step 3. finish_promote also finishes the batch's demotions; it writes the pages `owner` now
+  // holds for chain[0..n) to out[0..n) and returns n (0 when the promotion failed).
+  void finish_demote(TierCopy& c);
+  uint32_t finish_promote(TierCopy& c, core::OwnerId owner, Namespace ns,
+                          std::span<const BlockHash> chain, std::span<PageId> out);
+
+  // The three steps at once, on the loop (shrinks, whose tail is unmapped right after).
   void demote(const kernels::PagedKv& kv);
-  // Promotes the host tier's run at the start of `chain` (at most `max` blocks) into pages held
-  // by `owner`, written to out[0..n); returns n (0 when nothing was promoted).
-  uint32_t promote_into(const kernels::PagedKv& kv, core::OwnerId owner, Namespace ns,
-                        std::span<const BlockHash> chain, uint32_t max,
-                        const core::CallHints& hints, std::span<PageId> out);
 
   const core::HostTier& tier() const { return tier_; }
   const HostTierCopyStats& copy_stats() const { return stats_; }
@@ -67,17 +113,18 @@ class PoolHostTier {
  private:
   PoolHostTier(core::PagePool& pool, core::IndexObserver* next, uint32_t slots, uint64_t slot_bytes,
                std::unique_ptr<TierMemory> memory);
-  // Fills runs_ for page ↔ slot copies; `down`: page → slot.
-  void plan(const kernels::PagedKv& kv, std::span<const core::TierMover::Move> moves, bool down);
-  // Copies runs_; "" or the error, which is logged under `what`.
-  std::string run(const char* what, uint64_t& ns_total);
+  // Appends the runs of page ↔ slot copies to c.runs; `down`: page → slot.
+  void plan(const kernels::PagedKv& kv, std::span<const core::TierMover::Move> moves, bool down,
+            TierCopy& c) const;
 
+  core::PagePool& pool_;
+  core::OwnerId owner_;  // holds the pages plan_evict() took until their copy is done
   core::HostTier tier_;
   core::TierMover mover_;
   uint64_t slot_bytes_;
   std::unique_ptr<TierMemory> memory_;
-  std::vector<ByteRun> runs_;
   HostTierCopyStats stats_;
+  uint64_t failed_demotions_ = 0;  // batches whose demotion failed, as finished so far
 };
 
 }  // namespace kvpool::daemon

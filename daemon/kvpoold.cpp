@@ -4,7 +4,8 @@
 //   kvpoold --check-config FILE                  validate a config file and exit (0 = valid;
 //                                                a warning per pool this machine cannot back)
 //   kvpoold --version
-//   kvpoold --inline-copy-bytes SIZE ...         copies above SIZE (default 1MiB) run off the loop
+//   kvpoold --inline-copy-bytes SIZE ...         copies above SIZE (default 1MiB), page copies or
+//                                                host-tier moves of one call, run off the loop
 //
 // Signals: SIGTERM / SIGINT stop (every session is released, the socket removed); SIGHUP re-reads
 // and validates the config file, applies what can change live (limits, tenants, logging), names
@@ -64,9 +65,11 @@ int run(int argc, char** argv) {
                  "Close a connection that leaves a frame incomplete this long")
       ->capture_default_str()
       ->check(CLI::Range(1, 3600 * 1000));
-  app.add_option("--inline-copy-bytes", inline_copy,
-                 "Daemon-side copies up to this size run on the event loop; larger ones on a "
-                 "thread of their own (\"1GiB\" keeps every copy on the loop)")
+  app.add_option(
+         "--inline-copy-bytes", inline_copy,
+         "Daemon-side copies up to this size (a copy request, or one call's host-tier "
+         "demotions and promotions) run on the event loop; larger ones on a thread of "
+         "their own, and the call's reply waits for them (\"1B\" sends nearly every one there)")
       ->capture_default_str();
   app.add_flag("--version", version, "Print the version and exit");
   CLI11_PARSE(app, argc, argv);

@@ -345,7 +345,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     }
     server_.service_.finish_copy(*job, out_);
     if (copy_arrival_ != 0) {
-      server_.service_.request_latency().record(static_cast<uint16_t>(wire::Opcode::copy),
+      server_.service_.request_latency().record(static_cast<uint16_t>(job->op),
                                                 LatencyRecorder::now_ns() - copy_arrival_);
     }
     flush();

@@ -421,9 +421,47 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
         request);
   }
   // Pages the call evicted go down to the host tier before any reply tells a worker it may
-  // write them.
-  if (s.attached && s.pool->host_tier) s.pool->host_tier->demote(paged_kv(*s.pool));
+  // write them; a lookup's promoted pages come up before it answers.
+  if (s.attached && s.pool->host_tier && (deferred == nullptr || !*deferred)) {
+    Pool& pool = *s.pool;
+    pool.host_tier->plan_demote(paged_kv(pool), call_tier_);
+    if (!call_tier_.empty()) {
+      auto finish = [&pool, reply = std::move(reply), then = std::move(call_finish_)](
+                        TierCopy& c) mutable -> wire::Result<wire::Reply> {
+        if (then) return then(c);
+        pool.host_tier->finish_demote(c);
+        return std::move(reply);
+      };
+      call_finish_ = nullptr;
+      if (deferred != nullptr &&
+          (call_tier_.bytes() > inline_copy_bytes_ || pool.copies_in_flight > 0)) {
+        auto job = std::make_unique<CopyJob>();
+        job->pool = &pool;
+        job->session = &s;
+        job->request_id = request_id;
+        job->op = op;
+        job->started_ns = started;
+        job->tier = std::make_unique<TierCopy>(std::exchange(call_tier_, {}));
+        job->finish = std::move(finish);
+        ++pool.copies_in_flight;
+        *deferred = std::move(job);
+        return;  // finish_copy answers and times it
+      }
+      pool.host_tier->run(call_tier_);
+      reply = finish(call_tier_);
+      call_tier_ = {};
+    }
+  }
   if (deferred != nullptr && *deferred) return;  // finish_copy answers and times it
+  encode_answer(s, request_id, op, reply, out);
+  if (!reply.ok()) *fds_to_pass = {};
+  if (started != 0) {
+    service_latency_.record(static_cast<uint16_t>(op), LatencyRecorder::now_ns() - started);
+  }
+}
+
+void Service::encode_answer(SessionState& s, uint32_t request_id, wire::Opcode op,
+                            const wire::Result<wire::Reply>& reply, std::vector<std::byte>& out) {
   // A session learns of a new segment list before any reply that could hand it a page there.
   if (s.attached && s.known_epoch != s.pool->info.epoch && op != wire::Opcode::segments) {
     s.known_epoch = s.pool->info.epoch;
@@ -432,11 +470,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   if (reply.ok()) {
     wire::encode_reply(request_id, reply.value(), out);
   } else {
-    *fds_to_pass = {};
     wire::encode_error(request_id, static_cast<uint16_t>(op), reply.error(), out);
-  }
-  if (started != 0) {
-    service_latency_.record(static_cast<uint16_t>(op), LatencyRecorder::now_ns() - started);
   }
 }
 
@@ -629,14 +663,28 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
   refresh_held(s);
   l.tiers.assign(hits, wire::kTierDevice);
   if (s.pool->host_tier && hits < r.chain.size()) {
-    // The device tier missed at `hits`: the host tier may hold the run that follows.
-    const uint32_t promoted = s.pool->host_tier->promote_into(
-        paged_kv(*s.pool), s.owner, ns, std::span(r.chain).subspan(hits), new_pages_allowed(s),
-        hints.value(), std::span(l.pages).subspan(hits));
-    hits += promoted;
-    l.tiers.resize(hits, wire::kTierHost);
-    if (promoted != 0) refresh_held(s);
+    // The device tier missed at `hits`: the host tier may hold the run that follows. The reply
+    // waits for the promotion's copies (handle() runs them, here or off the loop).
+    const auto rest = std::span(r.chain).subspan(hits);
+    if (s.pool->host_tier->plan_promote(paged_kv(*s.pool), s.owner, ns, rest, new_pages_allowed(s),
+                                        hints.value(), call_tier_)) {
+      call_finish_ = [this, &s, ns, hits, l = std::move(l),
+                      chain = std::vector<BlockHash>(rest.begin(), rest.end())](
+                         TierCopy& c) mutable -> wire::Result<wire::Reply> {
+        const uint32_t promoted = s.pool->host_tier->finish_promote(
+            c, s.owner, ns, chain, std::span(l.pages).subspan(hits));
+        l.tiers.resize(hits + promoted, wire::kTierHost);
+        if (promoted != 0) refresh_held(s);
+        return lookup_reply(s, std::move(l), hits + promoted);
+      };
+      return wire::Reply(wire::LookupReply{});  // call_finish_'s takes its place
+    }
   }
+  return lookup_reply(s, std::move(l), hits);
+}
+
+wire::Result<wire::Reply> Service::lookup_reply(SessionState& s, wire::LookupReply l,
+                                                uint32_t hits) {
   l.pages.resize(hits);
   s.pool->prefix_stats->hit(l.pages, now_s_);
   return wire::Reply(std::move(l));
@@ -721,7 +769,10 @@ wire::Result<bool> Service::check_admin(const PeerCredentials& peer, std::string
 
 wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r) {
   if (auto ok = check_admin(s.peer, "evict"); !ok.ok()) return ok.error();
-  const uint32_t n = s.pool->pages->evict(r.count);
+  // With a host tier the pages go down first, held until their bytes are there (handle()).
+  const uint32_t n = s.pool->host_tier
+                         ? s.pool->host_tier->plan_evict(paged_kv(*s.pool), r.count, call_tier_)
+                         : s.pool->pages->evict(r.count);
   operator_change_ = true;
   log_event(LogLevel::info, "admin_evict",
             {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", s.pool->config.name),

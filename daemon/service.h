@@ -36,6 +36,11 @@
 // answers it. Until then the session's pages must stay held (the Server reads nothing more from
 // that connection and defers its close).
 //
+// Host tier: the copies a call's evictions and promotions need (host_tier_store.h) follow the
+// same rule: more than inline_copy_bytes(), or any while a job of the pool is in flight, go to
+// the caller as a CopyJob, and the call's reply (a lookup's promoted pages are published only
+// then) waits for them. Calls that move no tier bytes answer at once meanwhile.
+//
 // Hints: alloc, retain, lookup and publish may carry PageHints. A pin's TTL must not pass
 // limits.max_pin_ttl_ms; pins are charged to the session's tenant, at most
 // limits.max_pinned_pages_per_tenant pages per pool (default a quarter of it), so no tenant's pins
@@ -142,21 +147,30 @@ struct SessionState {
   std::optional<Subscription> subscription;
 };
 
-// A validated copy waiting to run off the event loop. run() may be called on any thread (one at
-// a time per pool: a pool's copies are all deferred while one is in flight); everything else
-// belongs to the event loop.
+// Work of one call that runs off the event loop: a validated page copy (opcode copy), or the
+// host-tier copies of an alloc, lookup or evict whose reply waits for them. run() may be called
+// on any thread (one job of a pool at a time: while one is in flight every further job of its
+// pool queues behind it); everything else belongs to the event loop.
 struct CopyJob {
   Pool* pool = nullptr;
+  SessionState* session = nullptr;  // tier jobs: the caller (alive until the job is finished)
   uint32_t request_id = 0;
+  wire::Opcode op = wire::Opcode::copy;
   uint64_t started_ns = 0;  // for the service latency histogram (0 = not timed)
   std::vector<PageId> src;
   std::vector<PageId> dst;
   kernels::CopyPagesArgs args;  // points into src and dst
   std::string error;            // set by run(): "" or the copier's error text
+  // Host-tier copies (PoolHostTier's step 2) and the call's reply once they are done (step 3).
+  std::unique_ptr<TierCopy> tier;
+  std::function<wire::Result<wire::Reply>(TierCopy&)> finish;
 
   // The page count was taken on the loop (args.kv.num_pages): an elastic pool may resize while
   // this runs, above the pages it copies, which its session holds.
-  void run() { error = pool->memory->copy_pages(args, args.kv.num_pages); }
+  void run() {
+    if (tier) pool->host_tier->run(*tier);
+    if (args.num_pairs != 0) error = pool->memory->copy_pages(args, args.kv.num_pages);
+  }
 };
 
 class Service {
@@ -183,7 +197,7 @@ class Service {
   void handle(SessionState& session, uint32_t request_id, const wire::Request& request,
               std::vector<std::byte>& out, std::span<const int>* fds_to_pass,
               std::unique_ptr<CopyJob>* deferred = nullptr);
-  // Appends the reply of a deferred copy that has run.
+  // Appends the reply of a deferred job that has run.
   void finish_copy(CopyJob& job, std::vector<std::byte>& out);
 
   const std::vector<std::unique_ptr<Pool>>& pools() const { return pools_; }
@@ -234,6 +248,11 @@ class Service {
   wire::Result<wire::Reply> retain(SessionState& s, const wire::RetainRequest& r);
   wire::Result<wire::Reply> release(SessionState& s, const wire::ReleaseRequest& r);
   wire::Result<wire::Reply> lookup(SessionState& s, const wire::LookupRequest& r);
+  // A lookup's reply with its first `hits` pages, counted in the prefix stats.
+  wire::Result<wire::Reply> lookup_reply(SessionState& s, wire::LookupReply l, uint32_t hits);
+  // Appends a call's reply (after a pool_changed notice when the session's segment list is old).
+  void encode_answer(SessionState& s, uint32_t request_id, wire::Opcode op,
+                     const wire::Result<wire::Reply>& reply, std::vector<std::byte>& out);
   wire::Result<wire::Reply> publish(SessionState& s, const wire::PublishRequest& r);
   wire::Result<wire::Reply> stats(SessionState& s);
   wire::Result<wire::Reply> evict(SessionState& s, const wire::EvictRequest& r);
@@ -337,6 +356,9 @@ class Service {
   uint64_t start_mono_ns_ = 0;
   uint64_t start_unix_ms_ = 0;
   uint32_t now_s_ = 1;  // seconds_now() as of the current request
+  // The current call's host-tier copies and, for a lookup that promotes, the rest of its reply.
+  TierCopy call_tier_;
+  std::function<wire::Result<wire::Reply>(TierCopy&)> call_finish_;
   uint32_t subscribers_ = 0;
   uint64_t reloads_ = 0;
   uint64_t reload_failures_ = 0;

@@ -128,15 +128,23 @@ wire::Result<wire::Reply> Service::copy_reply(const CopyJob& job) const {
 void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
   KVPOOL_CHECK(job.pool->copies_in_flight > 0);
   --job.pool->copies_in_flight;
-  const auto reply = copy_reply(job);
-  if (reply.ok()) {
-    wire::encode_reply(job.request_id, reply.value(), out);
+  if (job.tier) {
+    // A call whose host-tier copies ran off the loop: its reply is made now.
+    now_s_ = seconds_now();
+    const auto reply = job.finish(*job.tier);
+    encode_answer(*job.session, job.request_id, job.op, reply, out);
+    refresh_held(*job.session);
   } else {
-    wire::encode_error(job.request_id, static_cast<uint16_t>(wire::Opcode::copy), reply.error(),
-                       out);
+    const auto reply = copy_reply(job);
+    if (reply.ok()) {
+      wire::encode_reply(job.request_id, reply.value(), out);
+    } else {
+      wire::encode_error(job.request_id, static_cast<uint16_t>(wire::Opcode::copy), reply.error(),
+                         out);
+    }
   }
   if (job.started_ns != 0) {
-    service_latency_.record(static_cast<uint16_t>(wire::Opcode::copy),
+    service_latency_.record(static_cast<uint16_t>(job.op),
                             LatencyRecorder::now_ns() - job.started_ns);
   }
 }

@@ -12,8 +12,8 @@
 // pages they are promoted into.
 //
 // Error policy: make_tier_memory returns an Error naming the cause; copy() returns "" or the
-// error text, and then some of the runs may have been copied. Thread-safety: one caller (the
-// event loop).
+// error text, and then some of the runs may have been copied. Thread-safety: one copy() at a time,
+// from any thread (the event loop or the CopyWorker's).
 #pragma once
 
 #include <cstddef>

@@ -109,6 +109,10 @@ bool HostTier::erase(Namespace ns, const BlockHash& hash) {
 }
 
 void HostTier::discard(SlotId slot) {
+  // A copy that ran off the event loop may fail after its slot was flushed, taken by another
+  // block or claimed by a promotion: only a HELD slot is dropped (the caller cancels promotions
+  // that read a failed slot, host_tier_store.h).
+  if (keys_[slot].state != SlotState::held) return;
   unhold(slot, SlotState::free);
   --counters_.demoted;
 }

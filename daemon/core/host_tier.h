@@ -77,7 +77,8 @@ class HostTier {
   // Drops the block (ns, hash) if the tier holds it: the device tier has it again (a worker
   // published it afresh), and the tiers stay exclusive. Returns whether it was there.
   bool erase(Namespace ns, const BlockHash& hash);
-  // Drops a HELD slot whose bytes could not be copied in (it must never be promoted).
+  // Drops a HELD slot whose bytes could not be copied in (it must never be promoted); a slot in
+  // any other state is left alone.
   void discard(SlotId slot);
   // Drops every HELD slot; returns how many.
   uint32_t flush();

@@ -622,6 +622,27 @@ uint32_t PagePool::evict(uint32_t n) {
   return dropped;
 }
 
+uint32_t PagePool::evict_into(OwnerId owner, uint32_t n, std::vector<PageId>& out) {
+  Ledger* l = ledger(owner);
+  KVPOOL_CHECK(l != nullptr);
+  expire_pins();
+  const size_t before = free_.size();
+  const uint32_t dropped = drop_victims(n, IndexObserver::Removal::evicted);
+  counters_.evicted += dropped;
+  // drop_victims pushed exactly the victims on top of the free stack: take them back off.
+  KVPOOL_CHECK(free_.size() == before + dropped);
+  for (size_t i = before; i < free_.size(); ++i) {
+    const PageId page = free_[i];
+    pages_[page].word = 1;
+    l->add(page);
+    out.push_back(page);
+  }
+  free_.resize(before);
+  in_use_ += dropped;
+  checked("evict_into");
+  return dropped;
+}
+
 uint32_t PagePool::flush() {
   expire_pins();
   uint32_t dropped = drop_victims(cached_, IndexObserver::Removal::flushed);

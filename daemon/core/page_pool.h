@@ -210,6 +210,11 @@ class PagePool {
   }
   // Drops up to n CACHED pages in the policy's order; returns how many.
   uint32_t evict(uint32_t n);
+  // As evict(), but the dropped pages go to `owner` (one reference each, appended to `out`)
+  // instead of the free stack, so that nothing reuses them until the owner releases them: the
+  // daemon holds pages this way while their bytes are copied to the host tier off the event
+  // loop. Precondition: `owner` is open.
+  uint32_t evict_into(OwnerId owner, uint32_t n, std::vector<PageId>& out);
   // Drops every CACHED page, pinned ones too; pages in use (hashed or not) are untouched.
   // Returns how many.
   uint32_t flush();

@@ -54,7 +54,7 @@ std::span<const TierMover::Move> TierMover::admit_pending() {
 std::span<const TierMover::Move> TierMover::start_promotion(OwnerId owner, Namespace ns,
                                                             std::span<const BlockHash> chain,
                                                             uint32_t max, const CallHints& hints) {
-  KVPOOL_CHECK(promotions_.empty());
+  KVPOOL_CHECK(promotions_.count(owner) == 0);
   if (host_.held() == 0 || max == 0) return {};
   // Only as many as the device tier can hand out now, so that the allocation cannot fail for
   // want of pages: free ones and unpinned cached ones.
@@ -62,14 +62,15 @@ std::span<const TierMover::Move> TierMover::start_promotion(OwnerId owner, Names
   const PoolStats st = pool_.stats();
   const uint64_t room = uint64_t{st.free} + st.cached - st.pinned_cached;
   const size_t limit = std::min<uint64_t>({chain.size(), max, room});
+  std::vector<Move> promos;
   for (size_t i = 0; i < limit; ++i) {
     const SlotId slot = host_.find(ns, chain[i]);
     if (slot == kNoSlot) break;
     host_.begin_promote(slot);
-    promotions_.push_back({kNoPage, slot});
+    promos.push_back({kNoPage, slot});
   }
-  if (promotions_.empty()) return {};
-  pages_.resize(promotions_.size());
+  if (promos.empty()) return {};
+  pages_.resize(promos.size());
   Status s = pool_.alloc(owner, pages_, hints);
   if (s.code() == Errc::pin_limit_exceeded) {
     // The pin is the caller's wish for the pages it asked for; promoted pages go without it.
@@ -78,46 +79,51 @@ std::span<const TierMover::Move> TierMover::start_promotion(OwnerId owner, Names
     s = pool_.alloc(owner, pages_, unpinned);
   }
   if (!s.ok()) {
-    for (const Move& m : promotions_)
+    for (const Move& m : promos)
       host_.cancel_promote(m.slot);
-    promotions_.clear();
     return {};
   }
-  for (size_t i = 0; i < promotions_.size(); ++i)
-    promotions_[i].page = pages_[i];
-  return promotions_;
+  for (size_t i = 0; i < promos.size(); ++i)
+    promos[i].page = pages_[i];
+  // Node-based map: the vector, and the span into it, stay put while other owners come and go.
+  return promotions_[owner] = std::move(promos);
 }
 
 uint32_t TierMover::finish_promotion(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
                                      std::span<PageId> out) {
-  const size_t n = promotions_.size();
+  const auto open = promotions_.find(owner);
+  KVPOOL_CHECK(open != promotions_.end());
+  const std::vector<Move> promos = std::move(open->second);
+  promotions_.erase(open);
+  const size_t n = promos.size();
   KVPOOL_CHECK(chain.size() >= n && out.size() >= n);
   items_.resize(n);
   results_.resize(n);
   for (size_t i = 0; i < n; ++i)
-    items_[i] = PublishItem{promotions_[i].page, chain[i]};
+    items_[i] = PublishItem{promos[i].page, chain[i]};
   const Status s = pool_.publish(owner, ns, items_, results_);
   // The owner holds every page and each hash appears once: nothing can refuse this publish.
   KVPOOL_CHECK(s.ok());
   pages_.clear();
   for (size_t i = 0; i < n; ++i) {
     out[i] = results_[i].page;
-    if (results_[i].kind == PublishResult::Kind::duplicate) pages_.push_back(promotions_[i].page);
-    host_.end_promote(promotions_[i].slot);
+    if (results_[i].kind == PublishResult::Kind::duplicate) pages_.push_back(promos[i].page);
+    host_.end_promote(promos[i].slot);
   }
   if (!pages_.empty()) KVPOOL_CHECK(pool_.release(owner, pages_).ok());
-  promotions_.clear();
   return static_cast<uint32_t>(n);
 }
 
 void TierMover::cancel_promotion(OwnerId owner) {
+  const auto open = promotions_.find(owner);
+  if (open == promotions_.end()) return;
   pages_.clear();
-  for (const Move& m : promotions_) {
+  for (const Move& m : open->second) {
     pages_.push_back(m.page);
     host_.cancel_promote(m.slot);
   }
+  promotions_.erase(open);
   if (!pages_.empty()) KVPOOL_CHECK(pool_.release(owner, pages_).ok());
-  promotions_.clear();
 }
 
 }  // namespace kvpool::core

@@ -19,13 +19,16 @@
 //      failed, cancel_promotion() releases the pages (never published, so FREE again) and puts
 //      the slots back.
 // Until step 3 the new pages carry no hash: no other owner can find them, and the caller's reply
-// is not sent, so no worker ever sees a page half promoted.
+// is not sent, so no worker ever sees a page half promoted. Each owner may have one promotion
+// open, several owners at once (the copies of a promotion may run off the event loop while other
+// sessions' calls go on).
 //
 // Thread-safety: none (the pool's thread). Errors: the pool's Status, the mover unchanged.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/core/host_tier.h"
@@ -59,7 +62,7 @@ class TierMover final : public IndexObserver {
   // Step 1 (see above): claims up to `max` consecutive host hits at the start of `chain`, fewer
   // when the device tier cannot free that many pages now, and allocates their device pages for
   // `owner` with `hints`. Returns the (slot → page) copies to make, empty when nothing is
-  // promoted. Only one promotion is open at a time.
+  // promoted; valid until step 3. One promotion per owner is open at a time.
   std::span<const Move> start_promotion(OwnerId owner, Namespace ns,
                                         std::span<const BlockHash> chain, uint32_t max,
                                         const CallHints& hints);
@@ -83,7 +86,7 @@ class TierMover final : public IndexObserver {
   IndexObserver* next_;
   std::vector<Eviction> pending_;
   std::vector<Move> demotions_;
-  std::vector<Move> promotions_;  // the open promotion
+  std::unordered_map<OwnerId, std::vector<Move>> promotions_;  // the open promotion of each owner
   std::vector<PublishItem> items_;
   std::vector<PublishResult> results_;
   std::vector<PageId> pages_;

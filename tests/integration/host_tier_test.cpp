@@ -3,13 +3,16 @@
 // pool with other blocks; a later lookup, in another process, finds them in the host tier
 // (tier "host"), promoted into pages whose every byte and scale is what was written, in both
 // layouts. A worker killed with SIGKILL while its lookups promote leaves no page held, no slot
-// claimed and no block lost. kvpoolctl status and the stats snapshot show the tier.
+// claimed and no block lost. kvpoolctl status and the stats snapshot show the tier. Each runs
+// twice: with the tier's copies on the event loop (the default for small ones) and with every
+// copy on the daemon's copy thread (--inline-copy-bytes 1B), where the caller's reply waits for it.
 #include <signal.h>
 
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "client/connection.h"
@@ -90,10 +93,15 @@ uint64_t wrong_bytes(const Connection& c, PageId p, uint64_t block_id) {
   return wrong;
 }
 
-class HostTier : public ::testing::TestWithParam<const char*> {};
+// (layout, whether every tier copy runs off the event loop)
+class HostTier : public ::testing::TestWithParam<std::tuple<const char*, bool>> {
+ protected:
+  const char* layout() const { return std::get<0>(GetParam()); }
+  std::string args() const { return std::get<1>(GetParam()) ? "--inline-copy-bytes 1B" : ""; }
+};
 
 TEST_P(HostTier, DemotedBlocksComeBackByteForByte) {
-  Daemon d(pool_yaml(GetParam()));
+  Daemon d(pool_yaml(layout()), args());
   ASSERT_TRUE(d.start()) << d.log();
   // Worker 1 caches blocks 0..3, then 4..7, which pushes 0..3 down to the host tier.
   const int writer = run_worker([&] {
@@ -143,7 +151,7 @@ TEST_P(HostTier, DemotedBlocksComeBackByteForByte) {
 }
 
 TEST_P(HostTier, PromotionStopsAtTheFirstBlockNeitherTierHolds) {
-  Daemon d(pool_yaml(GetParam()));
+  Daemon d(pool_yaml(layout()), args());
   ASSERT_TRUE(d.start()) << d.log();
   auto c = attach(d, "w");
   ASSERT_TRUE(c);
@@ -164,9 +172,42 @@ TEST_P(HostTier, PromotionStopsAtTheFirstBlockNeitherTierHolds) {
   EXPECT_EQ(wrong_bytes(*c, mixed.value().pages[2], 2), 0u);
 }
 
+TEST_P(HostTier, AnOperatorsEvictDemotesAndThenFreesThePages) {
+  Daemon d(pool_yaml(layout()), args());
+  ASSERT_TRUE(d.start()) << d.log();
+  auto c = attach(d, "w");
+  ASSERT_TRUE(c);
+  ASSERT_EQ(cache_blocks(*c, 0, 4), "");
+  auto evicted = c->evict(4);  // the daemon holds the pages until their bytes are down
+  ASSERT_TRUE(evicted.ok()) << evicted.error().message;
+  ASSERT_EQ(evicted.value(), 4u);
+  auto st = c->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(st.value().in_use, 0u);  // and gives them back once they are
+  EXPECT_EQ(st.value().free, 4u);
+  // Another worker takes and overwrites all four pages; the blocks come back from the tier.
+  const int scribbler = run_worker([&] {
+    auto w = attach(d, "scribbler");
+    if (!w) return 1;
+    auto pages = w->alloc(4);
+    if (!pages.ok()) return 2;
+    for (const PageId p : pages.value())
+      for_each_byte(*w, p, [](std::byte* b, uint64_t) { *b = std::byte{0xee}; });
+    return w->release(pages.value()).ok() ? 0 : 3;
+  });
+  ASSERT_EQ(scribbler, 0);
+  auto r = c->lookup_with_tiers(chain(0, 4));
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_EQ(r.value().pages.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(r.value().tiers[i], wire::kTierHost) << "block " << i;
+    EXPECT_EQ(wrong_bytes(*c, r.value().pages[i], i), 0u) << "block " << i;
+  }
+}
+
 TEST_P(HostTier, KillNineDuringPromotionsLeaksNothing) {
   // 8 device pages and a host tier holding every block: blocks 0..31 all fit in the two tiers.
-  Daemon d(pool_yaml(GetParam(), 8, 64));
+  Daemon d(pool_yaml(layout(), 8, 64), args());
   ASSERT_TRUE(d.start()) << d.log();
   {
     auto c = attach(d, "writer");
@@ -234,7 +275,13 @@ TEST_P(HostTier, KillNineDuringPromotionsLeaksNothing) {
   EXPECT_TRUE(d.running());
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, HostTier, ::testing::Values("page_major", "layer_major"));
+INSTANTIATE_TEST_SUITE_P(Layouts, HostTier,
+                         ::testing::Combine(::testing::Values("page_major", "layer_major"),
+                                            ::testing::Bool()),
+                         [](const auto& param_info) {
+                           return std::string(std::get<0>(param_info.param)) +
+                                  (std::get<1>(param_info.param) ? "_OffTheLoop" : "_OnTheLoop");
+                         });
 
 TEST(HostTierConfig, RefusesATierThatHoldsNoPage) {
   Daemon d(

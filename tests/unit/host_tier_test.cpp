@@ -5,6 +5,7 @@
 // step.
 
 #include <gtest/gtest.h>
+#include <algorithm>
 
 #include <vector>
 
@@ -116,7 +117,9 @@ TEST_F(Tiered, PromotionClaimsSlotsAllocatesAndPublishes) {
   cache({5, 6, 7, 8});  // 1..4 demoted
   mover.admit_pending();
   const std::vector<BlockHash> chain{h(1), h(2), h(9)};
-  const auto promos = mover.start_promotion(owner, kNs, chain, PagePool::kUnlimited, {});
+  const auto started = mover.start_promotion(owner, kNs, chain, PagePool::kUnlimited, {});
+  // A copy: the span is the mover's, and ends with the promotion.
+  const std::vector<TierMover::Move> promos(started.begin(), started.end());
   ASSERT_EQ(promos.size(), 2u);  // h(9) was never cached
   // The promotion's pages carry no hash until finish: nobody can find them yet.
   uint32_t hits = 0;
@@ -152,7 +155,8 @@ TEST_F(Tiered, PromotionIsBoundedByTheDeviceRoom) {
   ASSERT_TRUE(pool.alloc(owner, held).ok());  // one page left that can be handed out
   mover.admit_pending();
   const std::vector<BlockHash> chain{h(1), h(2)};
-  const auto promos = mover.start_promotion(owner, kNs, chain, PagePool::kUnlimited, {});
+  const auto started = mover.start_promotion(owner, kNs, chain, PagePool::kUnlimited, {});
+  const std::vector<TierMover::Move> promos(started.begin(), started.end());
   EXPECT_EQ(promos.size(), 1u);
   std::vector<PageId> out(1);
   mover.admit_pending();
@@ -166,7 +170,8 @@ TEST_F(Tiered, CancelReleasesThePagesAndRestoresTheSlots) {
   cache({5, 6, 7, 8});
   mover.admit_pending();
   const std::vector<BlockHash> chain{h(3), h(4)};
-  const auto promos = mover.start_promotion(owner, kNs, chain, 2, {});
+  const auto started = mover.start_promotion(owner, kNs, chain, 2, {});
+  const std::vector<TierMover::Move> promos(started.begin(), started.end());
   ASSERT_EQ(promos.size(), 2u);
   mover.admit_pending();
   mover.cancel_promotion(owner);
@@ -182,7 +187,8 @@ TEST_F(Tiered, AHashPublishedMeanwhileIsAnsweredWithTheDevicePage) {
   cache({5, 6, 7, 8});
   mover.admit_pending();
   const std::vector<BlockHash> chain{h(1)};
-  const auto promos = mover.start_promotion(owner, kNs, chain, 1, {});
+  const auto started = mover.start_promotion(owner, kNs, chain, 1, {});
+  const std::vector<TierMover::Move> promos(started.begin(), started.end());
   ASSERT_EQ(promos.size(), 1u);
   mover.admit_pending();
   // Another owner computes and publishes h(1) before the promotion finishes.
@@ -197,6 +203,73 @@ TEST_F(Tiered, AHashPublishedMeanwhileIsAnsweredWithTheDevicePage) {
   EXPECT_EQ(mover.finish_promotion(owner, kNs, chain, out), 1u);
   EXPECT_EQ(out[0], page);
   EXPECT_EQ(pool.owner_pages(owner), 1u);  // the allocated copy was released
+  check();
+}
+
+TEST_F(Tiered, TwoOwnersMayEachHaveAPromotionOpen) {
+  cache({1, 2, 3, 4});
+  cache({5, 6, 7, 8});  // 1..4 demoted
+  mover.admit_pending();
+  const OwnerId other = pool.open_owner();
+  const std::vector<BlockHash> first{h(1), h(2)};
+  const std::vector<BlockHash> second{h(3)};
+  const auto a = mover.start_promotion(owner, kNs, first, PagePool::kUnlimited, {});
+  const std::vector<TierMover::Move> mine(a.begin(), a.end());
+  mover.admit_pending();
+  const auto b = mover.start_promotion(other, kNs, second, PagePool::kUnlimited, {});
+  const std::vector<TierMover::Move> theirs(b.begin(), b.end());
+  mover.admit_pending();
+  ASSERT_EQ(mine.size(), 2u);
+  ASSERT_EQ(theirs.size(), 1u);
+  EXPECT_EQ(host.promoting(), 3u);
+  // The second finishes first; each owner gets its own pages, published under its own chain.
+  std::vector<PageId> out(2);
+  EXPECT_EQ(mover.finish_promotion(other, kNs, second, out), 1u);
+  EXPECT_EQ(out[0], theirs[0].page);
+  mover.cancel_promotion(owner);
+  EXPECT_EQ(pool.owner_pages(owner), 0u);
+  EXPECT_NE(host.find(kNs, h(1)), kNoSlot);  // back in the host tier
+  EXPECT_EQ(host.find(kNs, h(3)), kNoSlot);  // promoted
+  EXPECT_EQ(host.promoting(), 0u);
+  check();
+}
+
+TEST_F(Tiered, DiscardLeavesASlotThatIsNoLongerHeldAlone) {
+  cache({1, 2, 3, 4});
+  cache({5, 6, 7, 8});
+  mover.admit_pending();
+  const std::vector<BlockHash> chain{h(1)};
+  const auto started = mover.start_promotion(owner, kNs, chain, 1, {});
+  ASSERT_EQ(started.size(), 1u);
+  const SlotId claimed = started[0].slot;
+  mover.admit_pending();
+  // A demotion that failed off the loop after its slot was claimed: nothing to drop.
+  mover.discard(claimed);
+  EXPECT_EQ(host.promoting(), 1u);
+  std::vector<PageId> out(1);
+  EXPECT_EQ(mover.finish_promotion(owner, kNs, chain, out), 1u);
+  check();
+}
+
+TEST_F(Tiered, EvictIntoHoldsTheVictimsForTheOwner) {
+  const auto pages = cache({1, 2, 3});
+  const OwnerId tier_owner = pool.open_owner();
+  std::vector<PageId> held;
+  EXPECT_EQ(pool.evict_into(tier_owner, 2, held), 2u);
+  ASSERT_EQ(held.size(), 2u);
+  for (const PageId p : held) {
+    EXPECT_EQ(pool.held(tier_owner, p), 1u);
+    EXPECT_FALSE(pool.published(p));
+  }
+  EXPECT_EQ(mover.admit_pending().size(), 2u);  // demoted as any eviction
+  // Nobody else gets them while they are held: the pool's one free page and one cached remain.
+  EXPECT_EQ(pool.stats().free, 1u);
+  std::vector<PageId> two(2);
+  ASSERT_TRUE(pool.alloc(owner, two).ok());
+  for (const PageId p : two)
+    EXPECT_EQ(std::count(held.begin(), held.end(), p), 0);
+  ASSERT_TRUE(pool.release(tier_owner, held).ok());
+  EXPECT_EQ(pool.stats().free, 2u);
   check();
 }
 
