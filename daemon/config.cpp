@@ -49,8 +49,8 @@ constexpr std::string_view kLimitKeys[] = {
     "max_buffered_bytes", "max_pages_per_session",       "max_pages_per_tenant",
     "max_pin_ttl_ms",     "max_pinned_pages_per_tenant", "max_pinned_pool_percent"};
 constexpr std::string_view kPoolKeys[] = {
-    "name",   "policy",    "capacity",     "share_between_tenants", "geometry",
-    "layout", "host_tier", "max_capacity", "min_capacity",          "segment_size"};
+    "name",      "policy",       "capacity",     "share_between_tenants", "geometry",  "layout",
+    "host_tier", "max_capacity", "min_capacity", "segment_size",          "grow_ahead"};
 constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
@@ -289,6 +289,10 @@ class Parser : private NodeReader {
         pool.segment_size = parse_byte_size(*m);
         pool.segment_size_at.text = location(*m);
         if (pool.segment_size == 0) fail(*m, "must be at least one byte");
+      }
+      if (auto* b = find(f, "grow_ahead")) {
+        if (!pool.max_capacity) fail(*b, "grow_ahead needs max_capacity (an elastic pool)");
+        pool.grow_ahead = get_bool(*b);
       }
       if (pool.max_capacity) check_elastic(pool, f);
       config.pools.push_back(std::move(pool));

@@ -87,6 +87,10 @@ struct PoolConfig {
   std::optional<Capacity> max_capacity{};
   std::optional<Capacity> min_capacity{};
   uint64_t segment_size = uint64_t{64} << 20;
+  // Whether the next segment is made in the background once fewer than half a segment's pages
+  // are free (and the budget has room without shrinking another pool), so that allocs find it
+  // mapped instead of waiting for it. False: segments are made only when an alloc needs them.
+  bool grow_ahead = true;
   KeyLocation capacity_at{};      // the capacity key, or the pool's entry when it has none
   KeyLocation host_tier_at{};     // the host_tier key, when given
   KeyLocation max_capacity_at{};  // the max_capacity key, when given

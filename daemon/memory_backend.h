@@ -19,6 +19,12 @@
 // Segments carry their offset (SegmentInfo::offset); a worker reserves reserved_bytes() and maps
 // each at its offset. Backends with descriptors (host, cuda-vmm, fake-device) support it.
 //
+// The slow half of a resize is the memory itself (creating a 64 MiB segment zeroes it: ~16 ms on
+// a CPU backend; giving it back takes about as long), so growth comes in steps that let it leave
+// the event loop: plan_growth() (the loop: where the next segment goes), make_growth() (any
+// thread: creates and exports it), commit_growth() (the loop: maps it, cheap). shrink_segment()
+// can likewise hand the segment's memory to the caller as a LooseSegment, released off the loop.
+//
 // Error policy: create() returns an Error naming the cause (the failing call, sizes and the
 // system's or CUDA's text); nothing throws out of a backend. Thread-safety: the event loop owns
 // the backend and its pools' memory.
@@ -31,6 +37,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/device/vmm.h"
 #include "common/protocol.h"
 #include "kernels/paged_kv.h"
 
@@ -45,6 +52,42 @@ struct ElasticLayout {
   uint64_t scales_bytes = 0;         // 0: no scales region
   uint64_t segment_bytes = 0;        // the growth unit (the last segment of the region may be less)
   uint64_t initial_pages_bytes = 0;  // a multiple of segment_bytes (or the whole region), > 0
+};
+
+// A segment's memory outside any mapping: a VmmApi handle and the descriptor exported for it.
+// Destroying it gives the memory back (VmmApi::discard first, so that workers still mapping a
+// segment the pool let go of keep nothing). Move-only; any thread.
+class LooseSegment {
+ public:
+  LooseSegment() = default;
+  LooseSegment(std::shared_ptr<device::VmmApi> api, device::VmmHandle handle, int fd,
+               uint64_t offset, uint64_t bytes)
+      : api_(std::move(api)), handle_(handle), fd_(fd), offset_(offset), bytes_(bytes) {}
+  LooseSegment(LooseSegment&& o) noexcept { *this = std::move(o); }
+  LooseSegment& operator=(LooseSegment&& o) noexcept;
+  ~LooseSegment() { reset(); }
+
+  bool empty() const { return api_ == nullptr; }
+  uint64_t offset() const { return offset_; }
+  uint64_t bytes() const { return bytes_; }
+  // Hands the handle and descriptor over (the object is empty afterwards).
+  std::pair<device::VmmHandle, int> take();
+  void reset();
+
+ private:
+  std::shared_ptr<device::VmmApi> api_;
+  device::VmmHandle handle_ = 0;
+  int fd_ = -1;
+  uint64_t offset_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// One step of growth (see above): where the next pages segment goes and, once made, its memory.
+struct Growth {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  LooseSegment memory;  // set by make_growth()
+  std::string error;    // make_growth()'s failure, named
 };
 
 class PoolMemory {
@@ -73,12 +116,23 @@ class PoolMemory {
   virtual uint64_t pages_bytes_mapped() const { return bytes(); }
   // Creates, exports and maps one more pages segment right after the mapped ones (segments()
   // and fds() gain it, in offset order). invalid_argument when the pages region is full or the
-  // memory is not there (VmmApi::why_no_room is asked first); nothing changes on failure.
-  virtual wire::Result<bool> grow_segment();
-  // Unmaps and releases the last pages segment and closes its descriptor (workers that mapped
-  // it keep the memory until they unmap it). The scales segment and the first pages segment
-  // always stay: invalid_argument when only one pages segment is left.
-  virtual wire::Result<bool> shrink_segment();
+  // memory is not there (VmmApi::why_no_room is asked first); nothing changes on failure. The
+  // three growth steps below, in one call.
+  wire::Result<bool> grow_segment();
+  // Unmaps and releases the last pages segment and closes its descriptor. The scales segment
+  // and the first pages segment always stay: invalid_argument when only one pages segment is
+  // left. With `loose`, the memory goes there instead, for the caller to release off the loop;
+  // either way workers that still map it keep nothing once it is released (host memory; on
+  // CUDA they keep it until they unmap it).
+  virtual wire::Result<bool> shrink_segment(LooseSegment* loose = nullptr);
+  // Growth in steps (see above). plan_growth: the next segment's place, or why there is none
+  // (the errors of grow_segment). make_growth: any thread, touches nothing of this object but
+  // its backend's stateless primitives. commit_growth: maps it; invalid_argument, and the
+  // growth is released, when the pool's end moved since the plan.
+  // `after`: bytes already planned past the end (several segments made in one go).
+  virtual wire::Result<Growth> plan_growth(uint64_t after = 0) const;
+  virtual void make_growth(Growth& g) const;
+  virtual wire::Result<bool> commit_growth(Growth& g);
 };
 
 class MemoryBackend {

@@ -183,6 +183,20 @@ void Server::notify_pool_changes() {
     c->notify_pool_change();
 }
 
+void Server::start_background_jobs() {
+  if (stopping_) return;
+  while (auto job = service_.take_background_job()) {
+    copy_worker_.submit(std::move(job), [this](std::unique_ptr<CopyJob> done) {
+      if (stopping_) return;
+      service_.finish_background(*done);
+      notify_pool_changes();
+      publish_kv_events();
+      if (activity_ != nullptr) activity_->on_activity();
+      start_background_jobs();
+    });
+  }
+}
+
 void Server::publish_kv_events() {
   if (kv_publisher_ == nullptr) return;
   for (const auto& pool : service_.pools()) {

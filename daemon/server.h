@@ -111,6 +111,9 @@ class Server {
   // After a pool's segments changed: a pool_changed notice to each of its sessions that has not
   // had one (not to subscribed connections, which carry only events).
   void notify_pool_changes();
+  // Hands the Service's background jobs (segments made ahead of need or given back) to the
+  // CopyWorker; each completion tells the sessions of what changed.
+  void start_background_jobs();
   // Closes the connections holding the most buffered bytes until the total is within
   // limits.max_buffered_bytes.
   void enforce_buffer_budget();

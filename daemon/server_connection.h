@@ -150,6 +150,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       if (server_.activity_ != nullptr) server_.activity_->on_activity();
       server_.publish_kv_events();
       server_.notify_pool_changes();
+      server_.start_background_jobs();
       flush();
       server_.pump_subscribers();
       if (closed_) return;
@@ -344,6 +345,11 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       return;
     }
     server_.service_.finish_copy(*job, out_);
+    // What the job changed reaches the other sessions even if this one sends nothing more.
+    if (server_.activity_ != nullptr) server_.activity_->on_activity();
+    server_.publish_kv_events();
+    server_.notify_pool_changes();
+    server_.start_background_jobs();
     if (copy_arrival_ != 0) {
       server_.service_.request_latency().record(static_cast<uint16_t>(job->op),
                                                 LatencyRecorder::now_ns() - copy_arrival_);

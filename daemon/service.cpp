@@ -442,7 +442,9 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
         job->op = op;
         job->started_ns = started;
         job->tier = std::make_unique<TierCopy>(std::exchange(call_tier_, {}));
-        job->finish = std::move(finish);
+        job->finish = [tier = job->tier.get(), finish = std::move(finish)]() mutable {
+          return finish(*tier);
+        };
         ++pool.copies_in_flight;
         *deferred = std::move(job);
         return;  // finish_copy answers and times it
@@ -452,12 +454,27 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
       call_tier_ = {};
     }
   }
+  if (call_job_) {
+    // The call left its slow part to run off the loop (or here, when the caller cannot).
+    std::unique_ptr<CopyJob> job = std::move(call_job_);
+    job->session = &s;
+    job->request_id = request_id;
+    job->op = op;
+    job->started_ns = started;
+    if (deferred != nullptr) {
+      *deferred = std::move(job);
+      return;
+    }
+    job->run();
+    reply = job->finish();
+  }
   if (deferred != nullptr && *deferred) return;  // finish_copy answers and times it
   encode_answer(s, request_id, op, reply, out);
   if (!reply.ok()) *fds_to_pass = {};
   if (started != 0) {
     service_latency_.record(static_cast<uint16_t>(op), LatencyRecorder::now_ns() - started);
   }
+  if (s.attached && s.pool->elastic()) grow_ahead(*s.pool);
 }
 
 void Service::encode_answer(SessionState& s, uint32_t request_id, wire::Opcode op,

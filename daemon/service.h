@@ -115,6 +115,8 @@ struct Pool {
   uint64_t hits_at_resize = 0;  // counters.hit_blocks at the last resize: the donor choice
   uint64_t grows = 0;
   uint64_t shrinks = 0;
+  uint64_t growing_ahead = 0;  // bytes of the segment being made off the loop (0: none)
+  uint64_t grown_ahead = 0;    // segments that came that way
   // The last resizes, oldest first once full: (Unix ms, pages after), for kvpoolctl status.
   static constexpr size_t kResizeHistory = 8;
   std::array<std::pair<uint64_t, uint32_t>, kResizeHistory> resize_history{};
@@ -153,22 +155,29 @@ struct SessionState {
 // pool queues behind it); everything else belongs to the event loop.
 struct CopyJob {
   Pool* pool = nullptr;
-  SessionState* session = nullptr;  // tier jobs: the caller (alive until the job is finished)
+  SessionState* session = nullptr;  // a call's job: the caller (alive until it is finished)
   uint32_t request_id = 0;
   wire::Opcode op = wire::Opcode::copy;
   uint64_t started_ns = 0;  // for the service latency histogram (0 = not timed)
+  bool counted = true;      // in pool->copies_in_flight (page and host-tier copies)
   std::vector<PageId> src;
   std::vector<PageId> dst;
   kernels::CopyPagesArgs args;  // points into src and dst
   std::string error;            // set by run(): "" or the copier's error text
-  // Host-tier copies (PoolHostTier's step 2) and the call's reply once they are done (step 3).
+  // Host-tier copies (PoolHostTier's step 2).
   std::unique_ptr<TierCopy> tier;
-  std::function<wire::Result<wire::Reply>(TierCopy&)> finish;
+  // Other work off the loop (making or releasing segments).
+  std::function<void()> work;
+  // On the loop once run: the call's reply (null: a page copy's), or, for the daemon's own
+  // background jobs (no session), what completes them.
+  std::function<wire::Result<wire::Reply>()> finish;
+  std::function<void()> done;
 
   // The page count was taken on the loop (args.kv.num_pages): an elastic pool may resize while
   // this runs, above the pages it copies, which its session holds.
   void run() {
     if (tier) pool->host_tier->run(*tier);
+    if (work) work();
     if (args.num_pairs != 0) error = pool->memory->copy_pages(args, args.kv.num_pages);
   }
 };
@@ -199,6 +208,10 @@ class Service {
               std::unique_ptr<CopyJob>* deferred = nullptr);
   // Appends the reply of a deferred job that has run.
   void finish_copy(CopyJob& job, std::vector<std::byte>& out);
+  // The daemon's own work off the loop (segments made ahead of need, shrunk ones given back),
+  // one job at a time until null; the caller runs each and then calls finish_background.
+  std::unique_ptr<CopyJob> take_background_job();
+  void finish_background(CopyJob& job);
 
   const std::vector<std::unique_ptr<Pool>>& pools() const { return pools_; }
   const std::vector<std::string>& tenants() const { return tenant_names_; }
@@ -263,6 +276,8 @@ class Service {
   // resize.
   wire::Result<wire::Reply> segments(SessionState& s, std::span<const int>* fds);
   wire::Result<wire::Reply> resize(SessionState& s, const wire::ResizeRequest& r);
+  // An admin resize upwards: segments planned here, made off the loop (call_job_).
+  wire::Result<wire::Reply> resize_up(SessionState& s, Pool& pool, uint32_t target);
   // Makes an elastic pool's memory and sets its info (create()); the pool's page count.
   wire::Result<uint32_t> create_elastic(Pool& pool, uint32_t initial_pages);
   // Grows an elastic pool by segments until it has `free_wanted` free pages, its max, or no
@@ -291,6 +306,14 @@ class Service {
   uint64_t elastic_bytes() const;
   // After a resize: page count, info, epoch, history, log and event.
   void resized(Pool& pool, bool grew);
+  // Starts the pool's next segment off the loop when its free pages run low and the budget has
+  // room (no other pool is shrunk for it); a background job maps it once made.
+  void grow_ahead(Pool& pool);
+  // Maps a segment made off the loop and grows the pool over it; false (the memory released)
+  // when the pool's end moved or the budget no longer has room.
+  bool commit_growth(Pool& pool, Growth& g);
+  // Bytes of segments being made ahead of need, in all pools.
+  uint64_t ahead_bytes() const;
   // A copy: run here, or handed to the caller through `deferred` (see handle()).
   wire::Result<wire::Reply> copy(SessionState& s, uint32_t request_id, const wire::CopyRequest& r,
                                  uint64_t started_ns, std::unique_ptr<CopyJob>* deferred);
@@ -359,6 +382,11 @@ class Service {
   // The current call's host-tier copies and, for a lookup that promotes, the rest of its reply.
   TierCopy call_tier_;
   std::function<wire::Result<wire::Reply>(TierCopy&)> call_finish_;
+  // A job the current call made for itself (an admin resize's segments); handle() hands it out.
+  std::unique_ptr<CopyJob> call_job_;
+  // Background jobs not yet taken, and shrunk segments whose memory is still to go back.
+  std::vector<std::unique_ptr<CopyJob>> background_;
+  std::vector<LooseSegment> released_;
   uint32_t subscribers_ = 0;
   uint64_t reloads_ = 0;
   uint64_t reload_failures_ = 0;

@@ -126,12 +126,14 @@ wire::Result<wire::Reply> Service::copy_reply(const CopyJob& job) const {
 }
 
 void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
-  KVPOOL_CHECK(job.pool->copies_in_flight > 0);
-  --job.pool->copies_in_flight;
-  if (job.tier) {
-    // A call whose host-tier copies ran off the loop: its reply is made now.
+  if (job.counted) {
+    KVPOOL_CHECK(job.pool->copies_in_flight > 0);
+    --job.pool->copies_in_flight;
+  }
+  if (job.finish) {
+    // A call whose slow part ran off the loop: its reply is made now.
     now_s_ = seconds_now();
-    const auto reply = job.finish(*job.tier);
+    const auto reply = job.finish();
     encode_answer(*job.session, job.request_id, job.op, reply, out);
     refresh_held(*job.session);
   } else {
@@ -146,6 +148,9 @@ void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
   if (job.started_ns != 0) {
     service_latency_.record(static_cast<uint16_t>(job.op),
                             LatencyRecorder::now_ns() - job.started_ns);
+  }
+  if (job.session != nullptr && job.session->attached && job.pool->elastic()) {
+    grow_ahead(*job.pool);
   }
 }
 

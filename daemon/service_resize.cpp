@@ -211,8 +211,11 @@ wire::Result<bool> Service::shrink_one(Pool& pool) {
     }
   }
   if (pool.host_tier) pool.host_tier->demote(tail);
-  auto r = pool.memory->shrink_segment();
+  // The memory goes back off the loop (take_background_job), as long as it took to make.
+  LooseSegment loose;
+  auto r = pool.memory->shrink_segment(&loose);
   KVPOOL_CHECK(r.ok());  // the core refused nothing, and more than one pages segment is mapped
+  released_.push_back(std::move(loose));
   resized(pool, false);
   return true;
 }
@@ -308,6 +311,137 @@ bool Service::grow_for(Pool& pool, uint64_t free_wanted) {
   return grew;
 }
 
+wire::Result<wire::Reply> Service::resize_up(SessionState& s, Pool& pool, uint32_t target) {
+  // Planned here (the budget, other pools shrunk for it), made off the loop (call_job_), mapped
+  // and answered back on the loop, where nothing else moved the pool's end meanwhile: a
+  // concurrent growth or shrink makes the remaining segments fail to commit, and the reply
+  // gives the size reached.
+  const uint32_t before = pool.pages->num_pages();
+  const uint64_t stride = pool.info.page_stride;
+  auto plan = std::make_shared<std::vector<Growth>>();
+  uint64_t planned = 0;
+  while (std::min<uint64_t>((pool.memory->pages_bytes_mapped() + planned) / stride,
+                            pool.info.max_pages) < target) {
+    auto g = pool.memory->plan_growth(planned);
+    if (!g.ok()) {
+      if (plan->empty()) return g.error();
+      break;
+    }
+    // An operator's resize may take from any donor above its min.
+    if (elastic_bytes() + ahead_bytes() + planned + g.value().bytes > budget_bytes_ &&
+        !reclaim(pool, ahead_bytes() + planned + g.value().bytes, -1.0)) {
+      if (plan->empty()) {
+        return resize_error(Errc::out_of_pages,
+                            "pool " + pool.config.name + ": no segment fits memory_budget (" +
+                                human_bytes(budget_bytes_) + ", " + human_bytes(elastic_bytes()) +
+                                " mapped) and no other pool can give one back");
+      }
+      break;
+    }
+    planned += g.value().bytes;
+    plan->push_back(std::move(g.value()));
+  }
+  call_job_ = std::make_unique<CopyJob>();
+  call_job_->pool = &pool;
+  call_job_->counted = false;
+  call_job_->work = [memory = pool.memory.get(), plan] {
+    for (Growth& g : *plan) {
+      memory->make_growth(g);
+      if (!g.error.empty()) break;  // the rest would not be contiguous
+    }
+  };
+  call_job_->finish = [this, &s, &pool, plan, before, target]() -> wire::Result<wire::Reply> {
+    wire::Error first;
+    for (Growth& g : *plan) {
+      if (!commit_growth(pool, g)) {
+        if (first.message.empty()) {
+          first = resize_error(Errc::out_of_pages,
+                               g.error.empty()
+                                   ? "pool " + pool.config.name + " changed size while it grew"
+                                   : g.error);
+        }
+        g.memory.reset();
+      }
+    }
+    log_event(LogLevel::info, "admin_resize",
+              {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", pool.config.name),
+               kv("asked", target), kv("from", before), kv("pages", pool.pages->num_pages())});
+    if (pool.pages->num_pages() == before && !first.message.empty()) return first;
+    return wire::Reply(wire::ResizeReply{pool.pages->num_pages()});
+  };
+  return wire::Reply(wire::ResizeReply{});  // call_job_'s takes its place
+}
+
+uint64_t Service::ahead_bytes() const {
+  uint64_t n = 0;
+  for (const auto& p : pools_)
+    n += p->growing_ahead;
+  return n;
+}
+
+bool Service::commit_growth(Pool& pool, Growth& g) {
+  if (!g.error.empty() || g.memory.empty()) return false;
+  if (elastic_bytes() + g.bytes > budget_bytes_ || pool.pages->num_pages() >= pool.info.max_pages) {
+    g.memory.reset();
+    return false;
+  }
+  if (!pool.memory->commit_growth(g).ok()) return false;
+  const uint64_t pages = std::min<uint64_t>(
+      pool.memory->pages_bytes_mapped() / pool.info.page_stride, pool.info.max_pages);
+  KVPOOL_CHECK(pool.pages->grow(static_cast<uint32_t>(pages)).ok());
+  resized(pool, true);
+  return true;
+}
+
+void Service::grow_ahead(Pool& pool) {
+  if (!pool.config.grow_ahead || pool.growing_ahead != 0 ||
+      pool.pages->num_pages() >= pool.info.max_pages) {
+    return;
+  }
+  const uint64_t next = next_segment_bytes(pool);
+  // The low-water mark: half a segment's pages (at least one) free.
+  const uint64_t low_water = std::max<uint64_t>(1, next / pool.info.page_stride / 2);
+  if (next == 0 || pool.pages->stats().free >= low_water) return;
+  if (elastic_bytes() + ahead_bytes() + next > budget_bytes_) return;  // never shrinks others
+  auto g = pool.memory->plan_growth();
+  if (!g.ok()) return;
+  auto growth = std::make_shared<Growth>(std::move(g.value()));
+  pool.growing_ahead = growth->bytes;
+  auto job = std::make_unique<CopyJob>();
+  job->pool = &pool;
+  job->counted = false;
+  job->work = [memory = pool.memory.get(), growth] { memory->make_growth(*growth); };
+  job->done = [this, &pool, growth] {
+    pool.growing_ahead = 0;
+    if (commit_growth(pool, *growth)) {
+      ++pool.grown_ahead;
+    } else if (!growth->error.empty()) {
+      log_event(LogLevel::warn, "grow_ahead_failed",
+                {kv("pool", pool.config.name), kv("error", growth->error)});
+    }
+  };
+  background_.push_back(std::move(job));
+}
+
+std::unique_ptr<CopyJob> Service::take_background_job() {
+  if (!released_.empty()) {
+    auto job = std::make_unique<CopyJob>();
+    job->counted = false;
+    auto segments = std::make_shared<std::vector<LooseSegment>>(std::move(released_));
+    released_.clear();
+    job->work = [segments] { segments->clear(); };  // each gives its memory back
+    return job;
+  }
+  if (background_.empty()) return nullptr;
+  auto job = std::move(background_.front());
+  background_.erase(background_.begin());
+  return job;
+}
+
+void Service::finish_background(CopyJob& job) {
+  if (job.done) job.done();
+}
+
 wire::Result<wire::Reply> Service::segments(SessionState& s, std::span<const int>* fds) {
   *fds = s.pool->memory->fds();
   wire::PoolInfo info = s.pool->info;
@@ -325,24 +459,7 @@ wire::Result<wire::Reply> Service::resize(SessionState& s, const wire::ResizeReq
         "pool " + pool.config.name + " is not elastic (give it max_capacity in the config)");
   }
   const uint32_t before = pool.pages->num_pages();
-  while (pool.pages->num_pages() < r.pages && pool.pages->num_pages() < pool.info.max_pages) {
-    const uint64_t next = next_segment_bytes(pool);
-    // An operator's resize may take from any donor above its min.
-    if (elastic_bytes() + next > budget_bytes_ && !reclaim(pool, next, -1.0)) {
-      if (pool.pages->num_pages() == before) {
-        return resize_error(Errc::out_of_pages,
-                            "pool " + pool.config.name + ": no segment fits memory_budget (" +
-                                human_bytes(budget_bytes_) + ", " + human_bytes(elastic_bytes()) +
-                                " mapped) and no other pool can give one back");
-      }
-      break;
-    }
-    auto g = grow_one(pool);
-    if (!g.ok()) {
-      if (pool.pages->num_pages() == before) return g.error();
-      break;
-    }
-  }
+  if (r.pages > before && before < pool.info.max_pages) return resize_up(s, pool, r.pages);
   // Down only when the pool was above the target, and only while it stays at or above it.
   while (before > r.pages && pages_after_shrink(pool) >= std::max(r.pages, pool.min_pages) &&
          pool.pages->num_pages() > pool.min_pages) {

@@ -60,29 +60,62 @@ class ElasticVmmMemory final : public PoolMemory {
   uint64_t reserved_bytes() const override { return mapping_->bytes(); }
   uint64_t pages_bytes_mapped() const override { return pages_mapped_; }
 
-  wire::Result<bool> grow_segment() override {
-    const uint64_t left = layout_.pages_region_bytes - pages_mapped_;
-    if (left == 0) {
+  wire::Result<Growth> plan_growth(uint64_t after) const override {
+    const uint64_t end = pages_mapped_ + after;
+    if (end >= layout_.pages_region_bytes) {
       return fail("the pages region is mapped whole (" + std::to_string(pages_mapped_) +
                   " bytes): the pool is at its maximum size");
     }
-    if (segments_.size() >= wire::kMaxSegments) {
+    const uint64_t left = layout_.pages_region_bytes - end;
+    const uint64_t planned =
+        after == 0 ? 0 : (after + layout_.segment_bytes - 1) / layout_.segment_bytes;
+    if (segments_.size() + planned >= wire::kMaxSegments) {
       return fail("a pool has at most " + std::to_string(wire::kMaxSegments) + " segments");
     }
-    const uint64_t bytes = std::min(layout_.segment_bytes, left);
-    if (std::string why = api_->why_no_room(bytes); !why.empty()) return fail(why);
-    return add_segment(pages_mapped_, bytes, pages_segments_);
+    Growth g;
+    g.offset = end;
+    g.bytes = std::min(layout_.segment_bytes, left);
+    if (std::string why = api_->why_no_room(g.bytes); !why.empty()) return fail(why);
+    return g;
   }
 
-  wire::Result<bool> shrink_segment() override {
+  void make_growth(Growth& g) const override {
+    auto h = api_->create(g.bytes);
+    if (!h.ok()) {
+      g.error = where_ + h.error().message;
+      return;
+    }
+    auto fd = api_->export_fd(h.value());
+    if (!fd.ok()) {
+      api_->release(h.value());
+      g.error = where_ + fd.error().message;
+      return;
+    }
+    g.memory = LooseSegment(api_, h.value(), fd.value(), g.offset, g.bytes);
+  }
+
+  wire::Result<bool> commit_growth(Growth& g) override {
+    if (!g.error.empty()) return wire::Error{Status(Errc::internal), g.error};
+    if (g.memory.empty() || g.offset != pages_mapped_ || segments_.size() >= wire::kMaxSegments) {
+      g.memory.reset();
+      return fail("the pool's end moved from " + std::to_string(g.offset) + " to " +
+                  std::to_string(pages_mapped_) + " bytes while its next segment was made");
+    }
+    const auto [handle, fd] = g.memory.take();
+    return place_segment(g.offset, g.bytes, handle, fd, pages_segments_);
+  }
+
+  wire::Result<bool> shrink_segment(LooseSegment* loose) override {
     if (pages_segments_ <= 1) {
       return fail("the first pages segment stays: the pool cannot shrink below " +
                   std::to_string(pages_mapped_) + " bytes of pages");
     }
     const size_t last = pages_segments_ - 1;
-    auto unmapped = mapping_->unmap_at(segments_[last].offset);
+    auto unmapped = mapping_->unmap_keep(segments_[last].offset);
     if (!unmapped.ok()) return fail(unmapped.error().message);
-    ::close(fds_[last]);
+    LooseSegment gone(api_, unmapped.value(), fds_[last], segments_[last].offset,
+                      segments_[last].bytes);
+    if (loose != nullptr) *loose = std::move(gone);  // else released here
     pages_mapped_ -= segments_[last].bytes;
     segments_.erase(segments_.begin() + static_cast<std::ptrdiff_t>(last));
     fds_.erase(fds_.begin() + static_cast<std::ptrdiff_t>(last));
@@ -100,9 +133,15 @@ class ElasticVmmMemory final : public PoolMemory {
       api_->release(h.value());
       return prefixed(fd.error());
     }
-    auto mapped = mapping_->map_at(offset, bytes, h.value());  // takes the handle
+    return place_segment(offset, bytes, h.value(), fd.value(), index);
+  }
+
+  // Maps a created segment (handle and exported fd, both taken) at `offset`, listed at `index`.
+  wire::Result<bool> place_segment(uint64_t offset, uint64_t bytes, device::VmmHandle handle,
+                                   int fd, size_t index) {
+    auto mapped = mapping_->map_at(offset, bytes, handle);  // takes the handle
     if (!mapped.ok()) {
-      ::close(fd.value());
+      ::close(fd);
       return prefixed(mapped.error());
     }
     const auto at = static_cast<std::ptrdiff_t>(index);
@@ -114,7 +153,7 @@ class ElasticVmmMemory final : public PoolMemory {
     std::vector<uint8_t> id(sizeof serial);
     std::memcpy(id.data(), &serial, sizeof serial);
     segments_.insert(segments_.begin() + at, wire::SegmentInfo{bytes, std::move(id), offset});
-    fds_.insert(fds_.begin() + at, fd.value());
+    fds_.insert(fds_.begin() + at, fd);
     if (offset < layout_.pages_region_bytes) {
       pages_mapped_ += bytes;
       ++pages_segments_;

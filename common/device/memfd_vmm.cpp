@@ -84,6 +84,14 @@ void MemfdVmm::release(VmmHandle handle) {
   ::close(as_fd(handle));
 }
 
+void MemfdVmm::discard(VmmHandle handle, uint64_t bytes) {
+  // Frees the pages and zaps every process's mapping of them: a worker that still maps a segment
+  // the pool gave back (it has not made a call since) no longer keeps its memory. Best effort:
+  // without it the memory goes with the last mapping.
+  (void)::fallocate(as_fd(handle), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0,
+                    static_cast<off_t>(bytes));
+}
+
 wire::Result<uintptr_t> MemfdVmm::reserve(uint64_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return failed("reserving " + std::to_string(bytes) + " bytes", errno);

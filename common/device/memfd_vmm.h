@@ -31,6 +31,7 @@ class MemfdVmm final : public VmmApi {
   wire::Result<int> export_fd(VmmHandle handle) override;
   wire::Result<VmmHandle> import_fd(int fd, uint64_t bytes) override;
   void release(VmmHandle handle) override;
+  void discard(VmmHandle handle, uint64_t bytes) override;
   wire::Result<uintptr_t> reserve(uint64_t bytes) override;
   wire::Result<bool> map(uintptr_t va, uint64_t bytes, VmmHandle handle) override;
   wire::Result<bool> set_access(uintptr_t va, uint64_t bytes) override;

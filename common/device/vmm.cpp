@@ -129,16 +129,23 @@ wire::Result<bool> VmmMapping::import_at(int fd, uint64_t offset, uint64_t bytes
 }
 
 wire::Result<bool> VmmMapping::unmap_at(uint64_t offset) {
+  auto h = unmap_keep(offset);
+  if (!h.ok()) return h.error();
+  api_->release(h.value());
+  return true;
+}
+
+wire::Result<VmmHandle> VmmMapping::unmap_keep(uint64_t offset) {
   const auto it = std::find_if(segments_.begin(), segments_.end(),
                                [&](const Segment& s) { return s.offset == offset; });
   if (it == segments_.end()) {
     return bad("no mapped segment starts at offset " + std::to_string(offset));
   }
   api_->unmap(va_ + it->offset, it->bytes);
-  api_->release(it->handle);
+  const VmmHandle handle = it->handle;
   mapped_ -= it->bytes;
   segments_.erase(it);
-  return true;
+  return handle;
 }
 
 wire::Result<std::unique_ptr<VmmMapping>> import_and_map(std::shared_ptr<VmmApi> api,

@@ -55,6 +55,10 @@ class VmmApi {
   virtual wire::Result<int> export_fd(VmmHandle handle) = 0;
   virtual wire::Result<VmmHandle> import_fd(int fd, uint64_t bytes) = 0;
   virtual void release(VmmHandle handle) = 0;
+  // Gives the memory of `bytes` of `handle` back now, even while other processes map it (they
+  // read zeros there afterwards); for a segment nobody may use any more. The default can not:
+  // the memory goes when the last mapping does (CUDA).
+  virtual void discard(VmmHandle /*handle*/, uint64_t /*bytes*/) {}
   virtual wire::Result<uintptr_t> reserve(uint64_t bytes) = 0;
   virtual wire::Result<bool> map(uintptr_t va, uint64_t bytes, VmmHandle handle) = 0;
   virtual wire::Result<bool> set_access(uintptr_t va, uint64_t bytes) = 0;
@@ -100,6 +104,9 @@ class VmmMapping {
   // Unmaps the segment that starts at `offset` (the range becomes reserved and inaccessible
   // again) and releases its handle. invalid_argument when no segment starts there.
   wire::Result<bool> unmap_at(uint64_t offset);
+  // As unmap_at, but the handle is the caller's to release (off the event loop: giving back a
+  // segment's memory takes as long as zeroing it took).
+  wire::Result<VmmHandle> unmap_keep(uint64_t offset);
 
   std::byte* base() const { return reinterpret_cast<std::byte*>(va_); }
   // Bytes reserved (mapped or not).

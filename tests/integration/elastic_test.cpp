@@ -29,12 +29,14 @@ constexpr uint32_t kPerSegment = 256;
 constexpr char kGeometry[] =
     "{layers: 2, kv_heads: 2, head_dim: 32, tokens_per_page: 16, dtype: fp16}";
 
+// Segments come only when an alloc needs them unless `grow_ahead`, so that sizes are exact.
 std::string elastic_pool(const std::string& name, uint32_t segments, uint32_t max_segments,
-                         const std::string& dtype_geometry = kGeometry) {
+                         const std::string& dtype_geometry = kGeometry, bool grow_ahead = false) {
   return "  - name: " + name + "\n    geometry: " + dtype_geometry +
          "\n    capacity: " + std::to_string(segments * kPerSegment) +
          " pages\n    max_capacity: " + std::to_string(max_segments * kPerSegment) +
-         " pages\n    segment_size: 2MiB\n";
+         " pages\n    segment_size: 2MiB\n    grow_ahead: " + (grow_ahead ? "true" : "false") +
+         "\n";
 }
 
 BlockHash block(uint64_t i) {
@@ -287,6 +289,46 @@ TEST_P(Elastic, AnAllocPastMaxCapacityIsRefusedBeforeAnyPoolMoves) {
   EXPECT_TRUE(pools_state(*a, 2) == before) << "a refused alloc moved memory";
 }
 
+TEST_P(Elastic, GrowsAheadOfNeedInTheBackground) {
+  // One segment of two mapped, the budget room for exactly one more; pool b shows that a pool
+  // growing ahead takes nothing from another.
+  Daemon d(std::string("backend: ") + GetParam() + "\nmemory_budget: 6MiB\npools:\n" +
+           elastic_pool("a", 1, 4, kGeometry, true) + elastic_pool("b", 1, 4, kGeometry, true));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto a = attach(d, "a-worker", "a");
+  auto idle = attach(d, "idle", "a");
+  ASSERT_TRUE(a && idle);
+  // Half a segment's pages free or more: nothing happens.
+  auto few = a->alloc(kPerSegment / 2 - 1);
+  ASSERT_TRUE(few.ok());
+  ::usleep(100 * 1000);
+  EXPECT_EQ(pool_stats(*a, 0).total, kPerSegment);
+  // Below the low-water mark the next segment comes without any alloc asking for it.
+  auto more = a->alloc(kPerSegment / 2);
+  ASSERT_TRUE(more.ok());
+  uint32_t total = 0;
+  for (int i = 0; i < 500 && total != 2 * kPerSegment; ++i) {
+    ::usleep(10 * 1000);
+    total = pool_stats(*a, 0).total;
+  }
+  ASSERT_EQ(total, 2 * kPerSegment) << d.log();
+  EXPECT_EQ(pool_stats(*a, 0).grows, 1u);
+  // Every session of the pool is told, the idle one too, and maps the new segment.
+  auto st = idle->stats();
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(idle->pool().num_pages, 2 * kPerSegment);
+  // The rest of the first segment and the whole second one are there without a grow on demand.
+  auto rest = a->alloc(2 * kPerSegment - (kPerSegment - 1));
+  ASSERT_TRUE(rest.ok()) << rest.error().message;
+  fill(*a, rest.value().back(), 7);
+  EXPECT_EQ(wrong(*idle, rest.value().back(), 7), 0u);
+  // The budget (6 MiB: a's two segments and b's one) has no room for a third: it does not come
+  // ahead, and pool b is not shrunk for it.
+  ::usleep(100 * 1000);
+  EXPECT_EQ(pool_stats(*a, 0).total, 2 * kPerSegment);
+  EXPECT_EQ(pool_stats(*a, 1).total, kPerSegment);
+}
+
 TEST_P(Elastic, ABudgetThatFundsPartOfASegmentFundsNone) {
   // 5 MiB of budget, one 2 MiB segment mapped: room for one more segment and a half. A pool
   // grows by whole segments, so 300 pages (more than one segment's 256) are out of reach.
@@ -344,7 +386,7 @@ TEST(ElasticConfig, CheckConfigAndTheStartRefuseTheSameConfigs) {
     std::string what;
   };
   const Bad bad[] = {
-      {"backend: host\n" + pool + "    host_tier: 4TiB\n", ":8: pools[0].host_tier",
+      {"backend: host\n" + pool + "    host_tier: 4TiB\n", ":9: pools[0].host_tier",
        "of memory available here (MemAvailable)"},
       {"backend: host\nmemory_budget: 4TiB\n" + pool, ":2: memory_budget",
        "of memory available here"},

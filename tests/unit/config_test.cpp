@@ -856,6 +856,7 @@ TEST(ConfigTest, HostTierAndElasticKeys) {
   const Config c = parse_ok(std::string(kPoolHead) +
                             "    host_tier: 1000 pages\n    max_capacity: 1MiB\n"
                             "    min_capacity: 32 pages\n    segment_size: 512KiB\n"
+                            "    grow_ahead: false\n"
                             "memory_budget: 40%\n");
   const PoolConfig& p = c.pools.at(0);
   ASSERT_TRUE(p.host_tier && p.max_capacity && p.min_capacity);
@@ -865,12 +866,14 @@ TEST(ConfigTest, HostTierAndElasticKeys) {
   EXPECT_EQ(p.max_capacity->value, uint64_t{1} << 20);
   EXPECT_EQ(p.min_capacity->value, 32u);
   EXPECT_EQ(p.segment_size, uint64_t{512} << 10);
+  EXPECT_FALSE(p.grow_ahead);
   ASSERT_TRUE(c.memory_budget);
   EXPECT_DOUBLE_EQ(c.memory_budget->fraction, 0.4);
   // Without the keys: no tier, a fixed pool, no budget.
   const Config plain = parse_ok(kPoolHead);
   EXPECT_FALSE(plain.pools.at(0).host_tier || plain.pools.at(0).max_capacity ||
                plain.memory_budget);
+  EXPECT_TRUE(plain.pools.at(0).grow_ahead);
 }
 
 TEST(ConfigErrorTest, ElasticKeys) {
@@ -880,6 +883,9 @@ TEST(ConfigErrorTest, ElasticKeys) {
   expect_error(head + "    min_capacity: 8 pages\n", 5, "pools[0].min_capacity",
                "needs max_capacity");
   expect_error(head + "    segment_size: 2MiB\n", 5, "pools[0].segment_size", "needs max_capacity");
+  expect_error(head + "    grow_ahead: true\n", 5, "pools[0].grow_ahead", "needs max_capacity");
+  expect_error(head + "    max_capacity: 128 pages\n    grow_ahead: sometimes\n", 6,
+               "pools[0].grow_ahead", "");
   expect_error(head + "    max_capacity: 50%\n", 5, "pools[0].max_capacity", "pages or bytes");
   expect_error(head + "    host_tier: 100B\n", 5, "pools[0].host_tier", "no whole page");
   expect_error("memory_budget: 10 pages\n", 1, "memory_budget", "not pages");
@@ -899,8 +905,8 @@ TEST(ConfigErrorTest, ElasticSizesMustFitEachOther) {
                "pools[0].min_capacity", "above the pool's capacity of 64 pages");
   expect_error(head + "    max_capacity: 128 pages\n    segment_size: 4MiB\n", 6,
                "pools[0].segment_size", "more than the pool's whole max_capacity (2.0 MiB)");
-  expect_error(head + "    max_capacity: 128 pages\nmemory_budget: 512KiB\n", 6,
-               "memory_budget", "less than the 2.0 MiB the elastic pools start with");
+  expect_error(head + "    max_capacity: 128 pages\nmemory_budget: 512KiB\n", 6, "memory_budget",
+               "less than the 2.0 MiB the elastic pools start with");
   // What fits is fine: min ≤ capacity ≤ max, a segment within the max, a budget that holds it.
   parse_ok(head +
            "    max_capacity: 128 pages\n    min_capacity: 64 pages\n    segment_size: 1MiB\n"

@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -25,6 +26,12 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 bool fd_open(int fd) {
   return ::fcntl(fd, F_GETFD) != -1;
+}
+
+// Bytes of memory behind a memfd (its blocks, not its size).
+uint64_t allocated_bytes(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
 }
 
 struct Backend {
@@ -109,14 +116,22 @@ TEST(ElasticMemory, GrowsMapsSharesAndShrinks) {
 
     // Shrink: the last pages segment and its descriptor go; the scales stay.
     const int last_fd = mem.fds()[3];
+    const int kept = ::dup(last_fd);  // a worker's descriptor of the segment, say
+    ASSERT_GE(kept, 0);
+    EXPECT_GT(allocated_bytes(kept), 0u);
     ASSERT_TRUE(mem.shrink_segment().ok());
     EXPECT_FALSE(fd_open(last_fd));
     EXPECT_EQ(mem.pages_bytes_mapped(), 3 * l.segment_bytes);
     ASSERT_EQ(mem.segments().size(), 4u);
     EXPECT_EQ(mem.segments()[3].offset, l.scales_offset);
     EXPECT_TRUE(has_pattern(mem.base() + l.scales_offset, l.scales_bytes, 0x42));
-    // The worker still maps the old segment until it lets go.
-    EXPECT_TRUE(has_pattern(seen, 4 * l.segment_bytes, 0x21));
+    // Its memory went back although the worker still maps it and holds a descriptor (an idle
+    // worker must not keep a segment the pool gave up); the worker reads zeros there now.
+    EXPECT_EQ(allocated_bytes(kept), 0u);
+    ::close(kept);
+    EXPECT_TRUE(has_pattern(seen, 3 * l.segment_bytes, 0x21));
+    EXPECT_EQ(seen[3 * l.segment_bytes], std::byte{0});
+    EXPECT_EQ(seen[4 * l.segment_bytes - 1], std::byte{0});
 
     // Growing again maps fresh memory at the same offset.
     ASSERT_TRUE(mem.grow_segment().ok());
