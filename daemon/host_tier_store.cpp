@@ -129,7 +129,8 @@ uint32_t PoolHostTier::finish_promote(TierCopy& c, core::OwnerId owner, Namespac
     log_event(LogLevel::error, "host_tier_copy_failed",
               {kv("copy", "promote"),
                kv("error", poisoned ? "a demotion queued before it failed" : c.promote_error)});
-    mover_.cancel_promotion(owner);
+    // A poisoned slot may hold a failed demotion's partial bytes: it must not come back.
+    mover_.cancel_promotion(owner, !poisoned);
     return 0;
   }
   stats_.promote_copies += c.promoted.size();

@@ -47,7 +47,7 @@ wire::Result<bool> PoolMemory::shrink_segment(LooseSegment*) {
   return wire::Error{Status(Errc::invalid_argument), "a fixed-size pool cannot shrink"};
 }
 
-wire::Result<Growth> PoolMemory::plan_growth(uint64_t) const {
+wire::Result<Growth> PoolMemory::plan_growth(uint64_t, bool) const {
   return wire::Error{Status(Errc::invalid_argument), "a fixed-size pool cannot grow"};
 }
 

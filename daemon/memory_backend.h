@@ -126,11 +126,13 @@ class PoolMemory {
   // CUDA they keep it until they unmap it).
   virtual wire::Result<bool> shrink_segment(LooseSegment* loose = nullptr);
   // Growth in steps (see above). plan_growth: the next segment's place, or why there is none
-  // (the errors of grow_segment). make_growth: any thread, touches nothing of this object but
-  // its backend's stateless primitives. commit_growth: maps it; invalid_argument, and the
-  // growth is released, when the pool's end moved since the plan.
-  // `after`: bytes already planned past the end (several segments made in one go).
-  virtual wire::Result<Growth> plan_growth(uint64_t after = 0) const;
+  // (the errors of grow_segment; `check_room`: whether the memory is there now, which the
+  // caller may leave to make_growth when memory is being given back meanwhile); `after`: bytes
+  // already planned past the end (several segments made in one go). make_growth: any thread,
+  // touches nothing of this object but its backend's stateless primitives. commit_growth: maps
+  // it at the pool's end, which may have moved since the plan as long as a segment there has
+  // the same size; else invalid_argument, and g.memory stays the caller's to release.
+  virtual wire::Result<Growth> plan_growth(uint64_t after = 0, bool check_room = true) const;
   virtual void make_growth(Growth& g) const;
   virtual wire::Result<bool> commit_growth(Growth& g);
 };

@@ -447,7 +447,8 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
         };
         ++pool.copies_in_flight;
         *deferred = std::move(job);
-        return;  // finish_copy answers and times it
+        KVPOOL_CHECK(!call_job_);  // one job per call
+        return;                    // finish_copy answers and times it
       }
       pool.host_tier->run(call_tier_);
       reply = finish(call_tier_);
@@ -685,6 +686,7 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
     const auto rest = std::span(r.chain).subspan(hits);
     if (s.pool->host_tier->plan_promote(paged_kv(*s.pool), s.owner, ns, rest, new_pages_allowed(s),
                                         hints.value(), call_tier_)) {
+      refresh_held(s);  // the promoted pages count against the quotas from now on
       call_finish_ = [this, &s, ns, hits, l = std::move(l),
                       chain = std::vector<BlockHash>(rest.begin(), rest.end())](
                          TierCopy& c) mutable -> wire::Result<wire::Reply> {

@@ -115,8 +115,10 @@ struct Pool {
   uint64_t hits_at_resize = 0;  // counters.hit_blocks at the last resize: the donor choice
   uint64_t grows = 0;
   uint64_t shrinks = 0;
-  uint64_t growing_ahead = 0;  // bytes of the segment being made off the loop (0: none)
-  uint64_t grown_ahead = 0;    // segments that came that way
+  uint64_t growing_ahead = 0;       // bytes of the segment being made ahead of need (0: none)
+  uint64_t resizing_bytes = 0;      // bytes an admin resize is making (0: none)
+  uint64_t grown_ahead = 0;         // segments that came ahead of need
+  uint32_t grow_ahead_retry_s = 0;  // no growth ahead before this (seconds_now) after a failure
   // The last resizes, oldest first once full: (Unix ms, pages after), for kvpoolctl status.
   static constexpr size_t kResizeHistory = 8;
   std::array<std::pair<uint64_t, uint32_t>, kResizeHistory> resize_history{};
@@ -309,9 +311,10 @@ class Service {
   // Starts the pool's next segment off the loop when its free pages run low and the budget has
   // room (no other pool is shrunk for it); a background job maps it once made.
   void grow_ahead(Pool& pool);
-  // Maps a segment made off the loop and grows the pool over it; false (the memory released)
-  // when the pool's end moved or the budget no longer has room.
-  bool commit_growth(Pool& pool, Growth& g);
+  // Maps a segment made off the loop and grows the pool over it; "" or why not (the memory then
+  // goes back off the loop): it could not be made, the budget has no room left, the pool's end
+  // moved to where a segment of another size goes, or the pool reached its max.
+  std::string commit_growth(Pool& pool, Growth& g);
   // Bytes of segments being made ahead of need, in all pools.
   uint64_t ahead_bytes() const;
   // A copy: run here, or handed to the caller through `deferred` (see handle()).

@@ -132,6 +132,9 @@ wire::Result<bool> Service::grow_one(Pool& pool) {
                             std::to_string(pool.info.max_pages) + " pages)");
   }
   const uint64_t before = pool.memory->bytes();
+  // Memory a shrink let go of (a reclaim for this growth, say) goes back first: this path
+  // already waits on the loop for the new segment.
+  released_.clear();
   auto g = pool.memory->grow_segment();
   if (!g.ok()) return g.error();
   if (elastic_bytes() > budget_bytes_) {
@@ -297,7 +300,10 @@ uint64_t Service::growable_pages(const Pool& pool) const {
 bool Service::grow_for(Pool& pool, uint64_t free_wanted) {
   bool grew = false;
   while (pool.pages->stats().free < free_wanted && pool.pages->num_pages() < pool.info.max_pages) {
-    const uint64_t next = next_segment_bytes(pool);
+    // Other pools' segments in the making hold their room (this pool's own is placed at its
+    // new end when it is ready, or released).
+    const uint64_t next =
+        next_segment_bytes(pool) + ahead_bytes() - pool.growing_ahead - pool.resizing_bytes;
     if (elastic_bytes() + next > budget_bytes_) {
       // A full budget: the pool's own cache first, unless its hits per byte beat a donor's;
       // under pressure (nothing of its own left to evict) any donor will do.
@@ -312,24 +318,26 @@ bool Service::grow_for(Pool& pool, uint64_t free_wanted) {
 }
 
 wire::Result<wire::Reply> Service::resize_up(SessionState& s, Pool& pool, uint32_t target) {
-  // Planned here (the budget, other pools shrunk for it), made off the loop (call_job_), mapped
-  // and answered back on the loop, where nothing else moved the pool's end meanwhile: a
-  // concurrent growth or shrink makes the remaining segments fail to commit, and the reply
-  // gives the size reached.
+  // Planned here (the budget, other pools shrunk for it), made off the loop (call_job_) after
+  // the donors' memory has gone back, then mapped and answered on the loop. The planned bytes
+  // count as the pool's own growth in flight (ahead_bytes) until then, so no other growth takes
+  // the room. A growth or shrink that ran meanwhile moves the end: segments still commit there
+  // while their size fits (commit_growth), and the reply gives the size reached.
   const uint32_t before = pool.pages->num_pages();
   const uint64_t stride = pool.info.page_stride;
   auto plan = std::make_shared<std::vector<Growth>>();
   uint64_t planned = 0;
   while (std::min<uint64_t>((pool.memory->pages_bytes_mapped() + planned) / stride,
                             pool.info.max_pages) < target) {
-    auto g = pool.memory->plan_growth(planned);
+    // The memory check waits for make_growth: a donor's memory goes back only in the job.
+    auto g = pool.memory->plan_growth(planned, false);
     if (!g.ok()) {
       if (plan->empty()) return g.error();
       break;
     }
     // An operator's resize may take from any donor above its min.
-    if (elastic_bytes() + ahead_bytes() + planned + g.value().bytes > budget_bytes_ &&
-        !reclaim(pool, ahead_bytes() + planned + g.value().bytes, -1.0)) {
+    const uint64_t wanted = ahead_bytes() + planned + g.value().bytes;
+    if (elastic_bytes() + wanted > budget_bytes_ && !reclaim(pool, wanted, -1.0)) {
       if (plan->empty()) {
         return resize_error(Errc::out_of_pages,
                             "pool " + pool.config.name + ": no segment fits memory_budget (" +
@@ -341,32 +349,31 @@ wire::Result<wire::Reply> Service::resize_up(SessionState& s, Pool& pool, uint32
     planned += g.value().bytes;
     plan->push_back(std::move(g.value()));
   }
+  pool.resizing_bytes = planned;
   call_job_ = std::make_unique<CopyJob>();
   call_job_->pool = &pool;
   call_job_->counted = false;
-  call_job_->work = [memory = pool.memory.get(), plan] {
-    for (Growth& g : *plan) {
-      memory->make_growth(g);
-      if (!g.error.empty()) break;  // the rest would not be contiguous
-    }
-  };
-  call_job_->finish = [this, &s, &pool, plan, before, target]() -> wire::Result<wire::Reply> {
-    wire::Error first;
-    for (Growth& g : *plan) {
-      if (!commit_growth(pool, g)) {
-        if (first.message.empty()) {
-          first = resize_error(Errc::out_of_pages,
-                               g.error.empty()
-                                   ? "pool " + pool.config.name + " changed size while it grew"
-                                   : g.error);
+  call_job_->work =
+      [memory = pool.memory.get(), plan,
+       donors = std::make_shared<std::vector<LooseSegment>>(std::exchange(released_, {}))] {
+        donors->clear();  // the reclaimed memory goes back before the new is taken
+        for (Growth& g : *plan) {
+          memory->make_growth(g);
+          if (!g.error.empty()) break;
         }
-        g.memory.reset();
-      }
+      };
+  call_job_->finish = [this, &s, &pool, plan, before, target]() -> wire::Result<wire::Reply> {
+    pool.resizing_bytes = 0;
+    std::string first;
+    for (Growth& g : *plan) {
+      if (std::string why = commit_growth(pool, g); !why.empty() && first.empty()) first = why;
     }
     log_event(LogLevel::info, "admin_resize",
               {kv("session", s.id), kv("uid", s.peer.uid), kv("pool", pool.config.name),
                kv("asked", target), kv("from", before), kv("pages", pool.pages->num_pages())});
-    if (pool.pages->num_pages() == before && !first.message.empty()) return first;
+    if (pool.pages->num_pages() == before && !first.empty()) {
+      return resize_error(Errc::out_of_pages, first);
+    }
     return wire::Reply(wire::ResizeReply{pool.pages->num_pages()});
   };
   return wire::Reply(wire::ResizeReply{});  // call_job_'s takes its place
@@ -375,27 +382,40 @@ wire::Result<wire::Reply> Service::resize_up(SessionState& s, Pool& pool, uint32
 uint64_t Service::ahead_bytes() const {
   uint64_t n = 0;
   for (const auto& p : pools_)
-    n += p->growing_ahead;
+    n += p->growing_ahead + p->resizing_bytes;
   return n;
 }
 
-bool Service::commit_growth(Pool& pool, Growth& g) {
-  if (!g.error.empty() || g.memory.empty()) return false;
-  if (elastic_bytes() + g.bytes > budget_bytes_ || pool.pages->num_pages() >= pool.info.max_pages) {
-    g.memory.reset();
-    return false;
+std::string Service::commit_growth(Pool& pool, Growth& g) {
+  std::string why;
+  if (!g.error.empty()) {
+    why = g.error;
+  } else if (g.memory.empty()) {
+    why = "pool " + pool.config.name + ": a segment before this one could not be made";
+  } else if (pool.pages->num_pages() >= pool.info.max_pages) {
+    why = "pool " + pool.config.name + " reached its max_capacity meanwhile";
+  } else if (elastic_bytes() + g.bytes > budget_bytes_) {
+    why = "pool " + pool.config.name + ": memory_budget (" + human_bytes(budget_bytes_) +
+          ") has no room left for a segment of " + human_bytes(g.bytes) +
+          " (another pool grew meanwhile)";
+  } else if (auto c = pool.memory->commit_growth(g); !c.ok()) {
+    why = c.error().message;
   }
-  if (!pool.memory->commit_growth(g).ok()) return false;
+  if (!why.empty()) {
+    // Made for nothing: its memory goes back off the loop, as a shrunk segment's does.
+    if (!g.memory.empty()) released_.push_back(std::move(g.memory));
+    return why;
+  }
   const uint64_t pages = std::min<uint64_t>(
       pool.memory->pages_bytes_mapped() / pool.info.page_stride, pool.info.max_pages);
   KVPOOL_CHECK(pool.pages->grow(static_cast<uint32_t>(pages)).ok());
   resized(pool, true);
-  return true;
+  return {};
 }
 
 void Service::grow_ahead(Pool& pool) {
-  if (!pool.config.grow_ahead || pool.growing_ahead != 0 ||
-      pool.pages->num_pages() >= pool.info.max_pages) {
+  if (!pool.config.grow_ahead || pool.growing_ahead != 0 || pool.resizing_bytes != 0 ||
+      pool.pages->num_pages() >= pool.info.max_pages || now_s_ < pool.grow_ahead_retry_s) {
     return;
   }
   const uint64_t next = next_segment_bytes(pool);
@@ -404,7 +424,10 @@ void Service::grow_ahead(Pool& pool) {
   if (next == 0 || pool.pages->stats().free >= low_water) return;
   if (elastic_bytes() + ahead_bytes() + next > budget_bytes_) return;  // never shrinks others
   auto g = pool.memory->plan_growth();
-  if (!g.ok()) return;
+  if (!g.ok()) {
+    pool.grow_ahead_retry_s = now_s_ + 1;  // the memory is short: not again on every call
+    return;
+  }
   auto growth = std::make_shared<Growth>(std::move(g.value()));
   pool.growing_ahead = growth->bytes;
   auto job = std::make_unique<CopyJob>();
@@ -413,11 +436,13 @@ void Service::grow_ahead(Pool& pool) {
   job->work = [memory = pool.memory.get(), growth] { memory->make_growth(*growth); };
   job->done = [this, &pool, growth] {
     pool.growing_ahead = 0;
-    if (commit_growth(pool, *growth)) {
+    const std::string why = commit_growth(pool, *growth);
+    if (why.empty()) {
       ++pool.grown_ahead;
-    } else if (!growth->error.empty()) {
-      log_event(LogLevel::warn, "grow_ahead_failed",
-                {kv("pool", pool.config.name), kv("error", growth->error)});
+    } else {
+      pool.grow_ahead_retry_s = now_s_ + 1;
+      log_event(LogLevel::info, "grow_ahead_dropped",
+                {kv("pool", pool.config.name), kv("why", why)});
     }
   };
   background_.push_back(std::move(job));

@@ -60,7 +60,7 @@ class ElasticVmmMemory final : public PoolMemory {
   uint64_t reserved_bytes() const override { return mapping_->bytes(); }
   uint64_t pages_bytes_mapped() const override { return pages_mapped_; }
 
-  wire::Result<Growth> plan_growth(uint64_t after) const override {
+  wire::Result<Growth> plan_growth(uint64_t after, bool check_room) const override {
     const uint64_t end = pages_mapped_ + after;
     if (end >= layout_.pages_region_bytes) {
       return fail("the pages region is mapped whole (" + std::to_string(pages_mapped_) +
@@ -75,7 +75,9 @@ class ElasticVmmMemory final : public PoolMemory {
     Growth g;
     g.offset = end;
     g.bytes = std::min(layout_.segment_bytes, left);
-    if (std::string why = api_->why_no_room(g.bytes); !why.empty()) return fail(why);
+    if (std::string why = check_room ? api_->why_no_room(g.bytes) : ""; !why.empty()) {
+      return fail(why);
+    }
     return g;
   }
 
@@ -96,11 +98,16 @@ class ElasticVmmMemory final : public PoolMemory {
 
   wire::Result<bool> commit_growth(Growth& g) override {
     if (!g.error.empty()) return wire::Error{Status(Errc::internal), g.error};
-    if (g.memory.empty() || g.offset != pages_mapped_ || segments_.size() >= wire::kMaxSegments) {
-      g.memory.reset();
+    // Segment memory does not depend on where it goes: one made for an end that has moved
+    // (another grow or a shrink ran meanwhile) fits the end now if a segment there has its size.
+    const uint64_t left =
+        layout_.pages_region_bytes - std::min(layout_.pages_region_bytes, pages_mapped_);
+    if (g.memory.empty() || g.bytes != std::min(layout_.segment_bytes, left) ||
+        segments_.size() >= wire::kMaxSegments) {
       return fail("the pool's end moved from " + std::to_string(g.offset) + " to " +
                   std::to_string(pages_mapped_) + " bytes while its next segment was made");
     }
+    g.offset = pages_mapped_;
     const auto [handle, fd] = g.memory.take();
     return place_segment(g.offset, g.bytes, handle, fd, pages_segments_);
   }

@@ -146,6 +146,8 @@ class CudaVmm final : public VmmApi {
   uint64_t granularity() const override { return granularity_; }
 
   wire::Result<VmmHandle> create(uint64_t bytes) override {
+    // kvpoold makes segments on its copy thread too: that thread's current device must be ours.
+    (void)cudaSetDevice(ordinal_);
     CUmemAllocationProp prop = properties();
     CUmemGenericAllocationHandle h = 0;
     const CUresult r = d_.memCreate(&h, bytes, &prop, 0);

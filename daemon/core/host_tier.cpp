@@ -100,6 +100,15 @@ void HostTier::cancel_promote(SlotId slot) {
   make_held(slot, k.ns, k.hash);
 }
 
+void HostTier::drop_promote(SlotId slot) {
+  Key& k = keys_[slot];
+  KVPOOL_CHECK(k.state == SlotState::promoting);
+  --promoting_;
+  k.state = SlotState::free;
+  free_.push_back(slot);
+  ++counters_.dropped;
+}
+
 bool HostTier::erase(Namespace ns, const BlockHash& hash) {
   const SlotId slot = find(ns, hash);
   if (slot == kNoSlot) return false;

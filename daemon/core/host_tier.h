@@ -74,6 +74,9 @@ class HostTier {
   void begin_promote(SlotId slot);
   void end_promote(SlotId slot);
   void cancel_promote(SlotId slot);
+  // A cancelled promotion whose slot's bytes may be bad (a demotion into it failed): the slot
+  // is freed, its block lost.
+  void drop_promote(SlotId slot);
   // Drops the block (ns, hash) if the tier holds it: the device tier has it again (a worker
   // published it afresh), and the tiers stay exclusive. Returns whether it was there.
   bool erase(Namespace ns, const BlockHash& hash);

@@ -639,6 +639,7 @@ uint32_t PagePool::evict_into(OwnerId owner, uint32_t n, std::vector<PageId>& ou
   }
   free_.resize(before);
   in_use_ += dropped;
+  counters_.allocated += dropped;  // handed out, to the owner: its release is counted too
   checked("evict_into");
   return dropped;
 }

@@ -114,13 +114,17 @@ uint32_t TierMover::finish_promotion(OwnerId owner, Namespace ns, std::span<cons
   return static_cast<uint32_t>(n);
 }
 
-void TierMover::cancel_promotion(OwnerId owner) {
+void TierMover::cancel_promotion(OwnerId owner, bool keep_slots) {
   const auto open = promotions_.find(owner);
   if (open == promotions_.end()) return;
   pages_.clear();
   for (const Move& m : open->second) {
     pages_.push_back(m.page);
-    host_.cancel_promote(m.slot);
+    if (keep_slots) {
+      host_.cancel_promote(m.slot);
+    } else {
+      host_.drop_promote(m.slot);
+    }
   }
   promotions_.erase(open);
   if (!pages_.empty()) KVPOOL_CHECK(pool_.release(owner, pages_).ok());

@@ -71,7 +71,8 @@ class TierMover final : public IndexObserver {
   // page, the allocated one released). Returns the number promoted.
   uint32_t finish_promotion(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
                             std::span<PageId> out);
-  void cancel_promotion(OwnerId owner);
+  // Without `keep_slots` the slots are freed, their blocks lost (their bytes may be bad).
+  void cancel_promotion(OwnerId owner, bool keep_slots = true);
 
   const HostTier& host() const { return host_; }
 

@@ -156,6 +156,76 @@ TEST(ElasticMemory, GrowsMapsSharesAndShrinks) {
   }
 }
 
+TEST(ElasticMemory, GrowsInStepsAndASegmentMadeForAMovedEndGoesToTheNewOne) {
+  for (Backend& b : backends()) {
+    SCOPED_TRACE(b.name);
+    const ElasticLayout l = layout_for(b.backend->granularity());
+    auto created = b.backend->create_elastic(l, "steps");
+    ASSERT_TRUE(created.ok()) << created.error().message;
+    PoolMemory& mem = *created.value();
+    // Planned and made (as on the copy thread); nothing is mapped until the commit.
+    auto planned = mem.plan_growth();
+    ASSERT_TRUE(planned.ok()) << planned.error().message;
+    Growth g = std::move(planned.value());
+    EXPECT_EQ(g.offset, l.segment_bytes);
+    mem.make_growth(g);
+    ASSERT_TRUE(g.error.empty()) << g.error;
+    EXPECT_EQ(mem.pages_bytes_mapped(), l.segment_bytes);
+    // Meanwhile the pool grows on demand: the end moves by a segment of the same size.
+    ASSERT_TRUE(mem.grow_segment().ok());
+    ASSERT_TRUE(mem.commit_growth(g).ok());
+    EXPECT_EQ(g.offset, 2 * l.segment_bytes);
+    EXPECT_EQ(mem.pages_bytes_mapped(), 3 * l.segment_bytes);
+    write_pattern(mem.base() + 2 * l.segment_bytes, l.segment_bytes, 0x33);
+    EXPECT_TRUE(has_pattern(mem.base() + 2 * l.segment_bytes, l.segment_bytes, 0x33));
+    // Two planned at once sit back to back.
+    auto third = mem.plan_growth();
+    auto fourth = mem.plan_growth(l.segment_bytes);
+    ASSERT_TRUE(third.ok() && fourth.ok());
+    EXPECT_EQ(fourth.value().offset, third.value().offset + l.segment_bytes);
+    // A growth whose make failed commits nothing and says why.
+    Growth failed;
+    failed.offset = mem.pages_bytes_mapped();
+    failed.bytes = l.segment_bytes;
+    failed.error = "made of nothing";
+    auto refused = mem.commit_growth(failed);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("made of nothing"), std::string::npos);
+    EXPECT_EQ(mem.pages_bytes_mapped(), 3 * l.segment_bytes);
+  }
+}
+
+TEST(ElasticMemory, ASegmentOfTheWrongSizeForTheNewEndStaysTheCallers) {
+  for (Backend& b : backends()) {
+    SCOPED_TRACE(b.name);
+    const uint64_t gran = b.backend->granularity();
+    ElasticLayout l;
+    l.segment_bytes = 2 * gran;
+    l.pages_region_bytes = 3 * gran;  // the second segment is one granule
+    l.reserve_bytes = 3 * gran;
+    l.initial_pages_bytes = 2 * gran;
+    auto created = b.backend->create_elastic(l, "short");
+    ASSERT_TRUE(created.ok()) << created.error().message;
+    PoolMemory& mem = *created.value();
+    ASSERT_TRUE(mem.grow_segment().ok());  // the short last one
+    ASSERT_TRUE(mem.shrink_segment().ok());
+    auto planned = mem.plan_growth();
+    ASSERT_TRUE(planned.ok());
+    Growth g = std::move(planned.value());
+    EXPECT_EQ(g.bytes, gran);
+    mem.make_growth(g);
+    ASSERT_TRUE(g.error.empty()) << g.error;
+    // Meanwhile the pool grows on demand to the region's end: no place is left for g.
+    ASSERT_TRUE(mem.grow_segment().ok());
+    auto late = mem.commit_growth(g);
+    ASSERT_FALSE(late.ok());
+    EXPECT_NE(late.error().message.find("end moved"), std::string::npos) << late.error().message;
+    EXPECT_FALSE(g.memory.empty());  // the caller's, to release where it likes
+    g.memory.reset();
+    EXPECT_EQ(mem.pages_bytes_mapped(), 3 * gran);
+  }
+}
+
 TEST(ElasticMemory, NoScalesAndAShortLastSegment) {
   for (Backend& b : backends()) {
     SCOPED_TRACE(b.name);

@@ -251,6 +251,24 @@ TEST_F(Tiered, DiscardLeavesASlotThatIsNoLongerHeldAlone) {
   check();
 }
 
+TEST_F(Tiered, ACancelThatDropsTheSlotsLosesTheBlocks) {
+  cache({1, 2, 3, 4});
+  cache({5, 6, 7, 8});
+  mover.admit_pending();
+  const std::vector<BlockHash> chain{h(3), h(4)};
+  ASSERT_EQ(mover.start_promotion(owner, kNs, chain, 2, {}).size(), 2u);
+  mover.admit_pending();
+  const uint32_t held_before = host.held();
+  // The slots' bytes may be bad (a demotion into one failed): they must not come back.
+  mover.cancel_promotion(owner, false);
+  EXPECT_EQ(pool.owner_pages(owner), 0u);
+  EXPECT_EQ(host.find(kNs, h(3)), kNoSlot);
+  EXPECT_EQ(host.find(kNs, h(4)), kNoSlot);
+  EXPECT_EQ(host.held(), held_before);
+  EXPECT_EQ(host.promoting(), 0u);
+  check();
+}
+
 TEST_F(Tiered, EvictIntoHoldsTheVictimsForTheOwner) {
   const auto pages = cache({1, 2, 3});
   const OwnerId tier_owner = pool.open_owner();
