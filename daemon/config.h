@@ -90,6 +90,7 @@ struct PoolConfig {
   // Whether the next segment is made in the background once fewer than half a segment's pages
   // are free (and the budget has room without shrinking another pool), so that allocs find it
   // mapped instead of waiting for it. False: segments are made only when an alloc needs them.
+  // Applies on reload.
   bool grow_ahead = true;
   KeyLocation capacity_at{};      // the capacity key, or the pool's entry when it has none
   KeyLocation host_tier_at{};     // the host_tier key, when given

@@ -227,12 +227,14 @@ std::vector<std::string> Service::apply_live(const Config& next) {
   if (next.memory_budget != config_.memory_budget) restart.emplace_back("memory_budget");
   // Whether tenants may share a pool is a permission, checked at attach: it applies live (and
   // the config that sets it was validated with it), the rest of a pool waits for a restart.
-  // The eviction policy too: PagePool::set_policy hands the cached pages over.
+  // The eviction policy too: PagePool::set_policy hands the cached pages over. And whether an
+  // elastic pool grows ahead of need, which each call reads afresh.
   std::vector<PoolConfig> running_pools = config_.pools;
   if (next.pools.size() == running_pools.size()) {
     for (size_t i = 0; i < running_pools.size(); ++i) {
       running_pools[i].share_between_tenants = next.pools[i].share_between_tenants;
       running_pools[i].policy = next.pools[i].policy;
+      running_pools[i].grow_ahead = next.pools[i].grow_ahead;
     }
   }
   if (next.pools != running_pools) restart.emplace_back("pools");

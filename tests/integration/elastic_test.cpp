@@ -9,7 +9,11 @@
 // size over time.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -327,6 +331,35 @@ TEST_P(Elastic, GrowsAheadOfNeedInTheBackground) {
   ::usleep(100 * 1000);
   EXPECT_EQ(pool_stats(*a, 0).total, 2 * kPerSegment);
   EXPECT_EQ(pool_stats(*a, 1).total, kPerSegment);
+}
+
+TEST_P(Elastic, GrowAheadTurnsOnByReload) {
+  const std::string head = std::string("backend: ") + GetParam() + "\npools:\n";
+  Daemon d(head + elastic_pool("a", 1, 4));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto a = attach(d, "a-worker", "a");
+  ASSERT_TRUE(a);
+  auto most = a->alloc(kPerSegment - 1);  // one page free: far below the low-water mark
+  ASSERT_TRUE(most.ok());
+  ::usleep(100 * 1000);
+  EXPECT_EQ(pool_stats(*a, 0).total, kPerSegment);  // off: no segment comes ahead
+  std::ofstream(d.config_path()) << head + elastic_pool("a", 1, 4, kGeometry, true);
+  ::kill(d.pid(), SIGHUP);
+  bool reloaded = false;
+  for (int i = 0; i < 500 && !reloaded; ++i) {
+    reloaded = d.log().find("event=reloaded") != std::string::npos;
+    if (!reloaded) ::usleep(10 * 1000);
+  }
+  ASSERT_TRUE(reloaded) << d.log();
+  EXPECT_EQ(d.log().find("event=reload_needs_restart"), std::string::npos) << d.log();
+  // The next call finds the pool below the mark and starts the segment.
+  ASSERT_TRUE(a->stats().ok());
+  uint32_t total = 0;
+  for (int i = 0; i < 500 && total != 2 * kPerSegment; ++i) {
+    ::usleep(10 * 1000);
+    total = pool_stats(*a, 0).total;
+  }
+  EXPECT_EQ(total, 2 * kPerSegment) << d.log();
 }
 
 TEST_P(Elastic, ABudgetThatFundsPartOfASegmentFundsNone) {
