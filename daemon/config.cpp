@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <span>
 #include <utility>
 
 #include <yaml-cpp/yaml.h>
@@ -529,8 +530,22 @@ class Parser : private NodeReader {
 
 }  // namespace
 
-std::string default_socket_path() {
-  return kvpool::default_socket_path();
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  const auto add = [&](std::string_view prefix, std::span<const std::string_view> names) {
+    for (const std::string_view n : names)
+      keys.push_back(std::string(prefix) + std::string(n));
+  };
+  add("", kRootKeys);
+  add("socket.", kSocketKeys);
+  add("limits.", kLimitKeys);
+  add("pools[].", kPoolKeys);
+  add("pools[].geometry.", kGeometryKeys);
+  add("tenants[].", kTenantKeys);
+  add("logging.", kLoggingKeys);
+  add("metrics.", kMetricsKeys);
+  add("events.", kEventsKeys);
+  return keys;
 }
 
 Config default_config() {

@@ -10,6 +10,7 @@
 //   backend:  auto | host | cuda-vmm | cuda-ipc | fake-device   (fake-device: tests only)
 //   device:   INT                                   (CUDA device ordinal, default 0)
 //   max_segment_bytes: SIZE    (largest memory segment of a pool; default: one per pool)
+//   memory_budget: SIZE | "60%"   (what the elastic pools may map together; default: none)
 //   limits:   { max_sessions: INT, max_sessions_per_uid: INT, hello_timeout_ms: INT,
 //               max_buffered_bytes: SIZE, max_pages_per_session: INT, max_pages_per_tenant: INT,
 //               max_pin_ttl_ms: INT, max_pinned_pages_per_tenant: INT,
@@ -18,7 +19,10 @@
 //                 capacity: "1GiB" | "4096 pages" | "40%",
 //                 share_between_tenants: BOOL, layout: page_major | layer_major,
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
-//                             dtype: fp16 | bf16 | fp8_e4m3 | int8 } } ]
+//                             dtype: fp16 | bf16 | fp8_e4m3 | int8 },
+//                 host_tier: "8000 pages" | SIZE | "10%",
+//                 max_capacity: "4096 pages" | SIZE, min_capacity: "512 pages" | SIZE,
+//                 segment_size: SIZE, grow_ahead: BOOL } ]   (the last four: elastic pools)
 //   tenants:  [ { name: STR, uids: [INT], gids: [INT], pools: [STR] } ]
 //
 // Pools and tenants: a tenant entry may use exactly the pools it lists (none when the list is
@@ -37,6 +41,9 @@
 //               zmq_replay_endpoint: STR, zmq_replay_batches: INT,
 //               data_parallel_rank: INT }
 //
+// config_keys() lists every key parse knows; a test holds this comment and config/kvpoold.yaml
+// to it.
+//
 // Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
 #pragma once
 
@@ -47,6 +54,7 @@
 #include <vector>
 
 #include "common/geometry.h"
+#include "common/paths.h"
 #include "common/protocol.h"
 
 namespace kvpool::daemon {
@@ -137,7 +145,7 @@ inline constexpr uint32_t kAdminReservedSessions = 16;
 struct Config {
   std::string source = "<built-in>";  // file the config came from
 
-  std::string socket_path;  // default: default_socket_path()
+  std::string socket_path;  // default: kvpool::default_socket_path() (common/paths.h)
   uint32_t socket_mode = 0660;
   std::string socket_group;  // empty = the daemon's own group
 
@@ -180,12 +188,12 @@ struct Config {
   friend bool operator==(const Config&, const Config&) = default;
 };
 
-// $XDG_RUNTIME_DIR/kvpool/kvpoold.sock when XDG_RUNTIME_DIR is set, else /run/kvpool/kvpoold.sock.
-std::string default_socket_path();
-
 // The built-in configuration: one pool "default" (32 layers, 8 KV heads, head dim 128, 16 tokens
-// per page, bf16: 2 MiB pages), 256 MiB, auto backend, socket at default_socket_path().
+// per page, bf16: 2 MiB pages), 256 MiB, auto backend, socket at kvpool::default_socket_path().
 Config default_config();
+
+// Every key the parser accepts, as dotted paths ("socket.path", "pools[].grow_ahead").
+std::vector<std::string> config_keys();
 
 // Parses YAML text; `source` names it in error messages. Keys absent from the text keep their
 // default_config() values, except pools: a file that lists pools replaces the default pool.

@@ -2,8 +2,10 @@
 //
 // It owns the pools (a PagePool and a memory segment each), maps peers to tenants, enforces the
 // limits of the config and turns each decoded request of a session into a reply. The Server does
-// the I/O and calls it from the one event-loop thread; the Service never blocks and never does
-// I/O, so it is driven directly by tests as well.
+// the I/O and calls it from the one event-loop thread. The Service does no socket I/O, so tests
+// drive it directly; memory work it cannot finish in about a millisecond (copies and host-tier
+// moves above inline_copy_bytes, making and releasing elastic segments) it hands out as CopyJobs
+// for the Server's copy thread, and the memcpy of smaller ones runs inside handle().
 //
 // Namespaces: a session's namespace is the index of its tenant, derived here from the peer's
 // credentials (SO_PEERCRED) and the config, never from the client. Two tenants sharing a pool

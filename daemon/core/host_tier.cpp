@@ -1,21 +1,11 @@
 #include "daemon/core/host_tier.h"
 
-#include <random>
-
 #include "daemon/core/check.h"
 
 namespace kvpool::core {
 
-namespace {
-// A secret key for the index's slot hash, so that no client can aim hashes at one probe run.
-uint64_t random_seed() {
-  std::random_device rd;
-  return (uint64_t{rd()} << 32) ^ rd() ^ 1;
-}
-}  // namespace
-
 HostTier::HostTier(uint32_t slots, uint64_t index_seed)
-    : keys_(slots), index_(slots, index_seed != 0 ? index_seed : random_seed()) {
+    : keys_(slots), index_(slots, index_seed != 0 ? index_seed : PrefixIndex::secret_seed()) {
   KVPOOL_CHECK(slots <= kMaxPages);
   lru_.reset(slots);
   free_.reserve(slots);

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <stdexcept>
 #include <string_view>
 
@@ -13,11 +12,6 @@
 namespace kvpool::core {
 
 namespace {
-
-uint64_t random_seed() {
-  std::random_device rd;
-  return (uint64_t{rd()} << 32) ^ rd();
-}
 
 uint32_t checked_pages(uint32_t n) {
   if (n == 0) throw std::invalid_argument("a page pool needs at least one page");
@@ -29,7 +23,8 @@ uint32_t checked_pages(uint32_t n) {
 
 PagePool::PagePool(PoolOptions options)
     : pages_(checked_pages(options.num_pages)),
-      index_(options.num_pages, options.index_seed != 0 ? options.index_seed : random_seed()),
+      index_(options.num_pages,
+             options.index_seed != 0 ? options.index_seed : PrefixIndex::secret_seed()),
       pin_(options.num_pages),
       clock_ms_(std::move(options.clock_ms)),
       policy_(options.policy ? std::move(options.policy) : make_policy("lru")),

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <random>
 #include <utility>
 
 #include "daemon/core/check.h"
@@ -35,6 +36,11 @@ uint64_t slots_for(uint32_t max_entries) {
 }
 
 }  // namespace
+
+uint64_t PrefixIndex::secret_seed() {
+  std::random_device rd;
+  return ((uint64_t{rd()} << 32) ^ rd()) | 1;
+}
 
 PrefixIndex::PrefixIndex(uint32_t max_entries, uint64_t seed) {
   const uint64_t n = slots_for(max_entries);

@@ -31,8 +31,11 @@ namespace kvpool::core {
 
 class PrefixIndex {
  public:
-  // Room for `max_entries` keys. `seed` keys the tag hash; pass a random value in production.
+  // Room for `max_entries` keys. `seed` keys the tag hash; pass secret_seed() in production.
   PrefixIndex(uint32_t max_entries, uint64_t seed);
+  // A random, nonzero seed from the OS: a secret key for the tag hash, so that no client can aim
+  // hashes at one probe run.
+  static uint64_t secret_seed();
 
   uint32_t tag(Namespace ns, const BlockHash& hash) const;
 

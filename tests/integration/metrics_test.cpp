@@ -43,12 +43,14 @@ void traffic(Connection& w) {
   ASSERT_TRUE(w.release(p.value()).ok());
 }
 
-// Waits until the stats segment shows `allocated` pages allocated: it trails the pools by up to
-// 10 ms (more on a loaded machine), so a test reads it only once it has caught up.
-void settled(const Daemon& d, uint64_t allocated) {
+// Waits until the stats segment shows traffic()'s last op (its release of the 4 pages): the
+// segment trails the pools by up to 10 ms (more on a loaded machine), and waiting for an earlier
+// op's effect (the alloc) could read it before the lookup's hit tokens were counted.
+void settled(const Daemon& d) {
   stats::Snapshot s;
   ASSERT_TRUE(wait_until([&] {
-    return client::read_stats_segment(d.socket(), s).empty() && s.pools[0].allocated == allocated;
+    return client::read_stats_segment(d.socket(), s).empty() && s.pools[0].allocated == 4 &&
+           s.pools[0].released == 4;
   }));
 }
 
@@ -74,7 +76,7 @@ TEST(Metrics, PrometheusTextFromKvpoolctlAndHttpParsesStrictly) {
   auto w = attach(d, "worker");
   ASSERT_NE(w, nullptr);
   traffic(*w);
-  settled(d, 4);
+  settled(d);
   std::string out;
   ASSERT_EQ(ctl(d, "stats --format prom", out), 0) << out;
   expect_valid_exposition(out, "kvpoolctl (segment)");

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -83,6 +85,32 @@ std::string example_path() {
   return (std::filesystem::path(__FILE__).parent_path() / ".." / ".." / "config" / "kvpoold.yaml")
       .lexically_normal()
       .string();
+}
+
+// Every key the parser knows is in the schema comment of daemon/config.h and documented in
+// config/kvpoold.yaml (set, or as a commented example "# key: ...").
+TEST(ConfigTest, EveryKeyIsInTheSchemaCommentAndTheExampleFile) {
+  const auto read = [](const std::filesystem::path& p) {
+    std::ifstream in(p);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  const std::filesystem::path root = std::filesystem::path(__FILE__).parent_path() / ".." / "..";
+  const std::string header = read(root / "daemon" / "config.h");
+  const std::string schema = header.substr(0, header.find("#pragma once"));
+  const std::string example = read(example_path());
+  ASSERT_FALSE(schema.empty());
+  ASSERT_FALSE(example.empty());
+  const std::vector<std::string> keys = config_keys();
+  EXPECT_GT(keys.size(), 50u);
+  for (const std::string& key : keys) {
+    const std::string leaf = key.substr(key.rfind('.') + 1);
+    const std::regex word("\\b" + leaf + "\\b");
+    EXPECT_TRUE(std::regex_search(schema, word)) << key << " is missing from daemon/config.h";
+    const std::regex line("(^|\\n)[ #-]*" + leaf + ":");
+    EXPECT_TRUE(std::regex_search(example, line)) << key << " is missing from config/kvpoold.yaml";
+  }
 }
 
 // Default config and socket path ------------------------------------------------------------
