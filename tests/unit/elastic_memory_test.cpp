@@ -58,6 +58,16 @@ ElasticLayout layout_for(uint64_t g) {
   return l;
 }
 
+// No scales; segments of two granules in a region of three: the second segment is one granule.
+ElasticLayout short_last_layout(uint64_t g) {
+  ElasticLayout l;
+  l.segment_bytes = 2 * g;
+  l.pages_region_bytes = 3 * g;
+  l.reserve_bytes = 3 * g;
+  l.initial_pages_bytes = 2 * g;
+  return l;
+}
+
 void write_pattern(std::byte* p, uint64_t bytes, uint8_t seed) {
   for (uint64_t i = 0; i < bytes; i += 512)
     p[i] = std::byte(static_cast<uint8_t>(seed ^ (i >> 9)));
@@ -199,12 +209,7 @@ TEST(ElasticMemory, ASegmentOfTheWrongSizeForTheNewEndStaysTheCallers) {
   for (Backend& b : backends()) {
     SCOPED_TRACE(b.name);
     const uint64_t gran = b.backend->granularity();
-    ElasticLayout l;
-    l.segment_bytes = 2 * gran;
-    l.pages_region_bytes = 3 * gran;  // the second segment is one granule
-    l.reserve_bytes = 3 * gran;
-    l.initial_pages_bytes = 2 * gran;
-    auto created = b.backend->create_elastic(l, "short");
+    auto created = b.backend->create_elastic(short_last_layout(gran), "short");
     ASSERT_TRUE(created.ok()) << created.error().message;
     PoolMemory& mem = *created.value();
     ASSERT_TRUE(mem.grow_segment().ok());  // the short last one
@@ -230,12 +235,7 @@ TEST(ElasticMemory, NoScalesAndAShortLastSegment) {
   for (Backend& b : backends()) {
     SCOPED_TRACE(b.name);
     const uint64_t g = b.backend->granularity();
-    ElasticLayout l;
-    l.segment_bytes = 2 * g;
-    l.pages_region_bytes = 3 * g;  // the second segment is one granule
-    l.reserve_bytes = 3 * g;
-    l.initial_pages_bytes = 2 * g;
-    auto created = b.backend->create_elastic(l, "p");
+    auto created = b.backend->create_elastic(short_last_layout(g), "p");
     ASSERT_TRUE(created.ok()) << created.error().message;
     PoolMemory& mem = *created.value();
     ASSERT_EQ(mem.segments().size(), 1u);
