@@ -1,4 +1,5 @@
-// Reading kvpoold's stats segment (daemon/stats_segment.h) without a round trip to the daemon.
+// Reading kvpoold's stats segment (daemon/telemetry/stats_segment.h) without a round trip to the
+// daemon.
 //
 // The segment is the file "<socket path>.stats". It is used only when it can be trusted to be
 // the live daemon's: a regular file owned by the socket's owner, of a size and layout this build

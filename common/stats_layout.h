@@ -122,7 +122,7 @@ struct PoolStats {
   uint64_t pins_expired = 0;   // pins that ran out
   uint32_t layout = 0;         // KvLayout
   uint32_t host_slots = 0;     // the host tier's capacity in pages; 0 = no host tier
-  // The host tier (daemon/host_tier_store.h). Layout version 4.
+  // The host tier (daemon/memory/host_tier_store.h). Layout version 4.
   uint32_t host_held = 0;        // blocks it holds now
   uint32_t host_unused = 0;      // keeps the words below 8-byte aligned
   uint64_t host_bytes = 0;       // its memory

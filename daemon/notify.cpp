@@ -8,7 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "daemon/log.h"
+#include "daemon/telemetry/log.h"
 
 namespace kvpool::daemon {
 

@@ -1,7 +1,7 @@
 #include "daemon/reload.h"
 
-#include "daemon/config.h"
-#include "daemon/log.h"
+#include "daemon/config/config.h"
+#include "daemon/telemetry/log.h"
 
 namespace kvpool::daemon {
 

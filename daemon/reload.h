@@ -14,7 +14,7 @@
 #include <string>
 
 #include "common/protocol.h"
-#include "daemon/service.h"
+#include "daemon/service/service.h"
 
 namespace kvpool::daemon {
 

@@ -21,9 +21,9 @@
 #include <vector>
 
 #include "common/stats_layout.h"
-#include "daemon/server.h"
-#include "daemon/service.h"
-#include "daemon/stats_segment.h"
+#include "daemon/server/server.h"
+#include "daemon/service/service.h"
+#include "daemon/telemetry/stats_segment.h"
 
 namespace kvpool::daemon {
 

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "daemon/core/page_pool.h"
-#include "daemon/host_backend.h"
-#include "daemon/vmm_backend.h"
+#include "daemon/memory/host_backend.h"
+#include "daemon/memory/vmm_backend.h"
 
 namespace {
 

@@ -20,8 +20,8 @@
 //   H3  the free stack holds exactly the FREE slots.
 // Every operation is O(1) (an index probe, a list link or unlink, a stack push or pop).
 //
-// No I/O and no bytes: the daemon (daemon/host_tier_store.h) owns the memory the slots name and
-// does the copies; the replay bench drives this class directly.
+// No I/O and no bytes: the daemon (daemon/memory/host_tier_store.h) owns the memory the slots name
+// and does the copies; the replay bench drives this class directly.
 //
 // Thread-safety: none; one thread owns it. Error policy: preconditions (a slot in the wrong state)
 // are bugs and abort via KVPOOL_CHECK.

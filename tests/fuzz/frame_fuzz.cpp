@@ -43,10 +43,10 @@
 #include <vector>
 
 #include "common/protocol.h"
-#include "daemon/config.h"
-#include "daemon/host_backend.h"
-#include "daemon/log.h"
-#include "daemon/service.h"
+#include "daemon/config/config.h"
+#include "daemon/memory/host_backend.h"
+#include "daemon/service/service.h"
+#include "daemon/telemetry/log.h"
 
 namespace {
 

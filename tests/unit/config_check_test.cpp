@@ -1,9 +1,9 @@
-// kvpoold --check-config's memory warnings (daemon/config_check.h), against made-up figures of
-// available memory: one line per pool that cannot be backed, naming FILE:LINE: KEY, and nothing
+// kvpoold --check-config's memory warnings (daemon/config/config_check.h), against made-up figures
+// of available memory: one line per pool that cannot be backed, naming FILE:LINE: KEY, and nothing
 // for pools that fit or take a fraction. Also: a pool's location in the file is not part of what
 // it means (a reload compares pools with ==).
 
-#include "daemon/config_check.h"
+#include "daemon/config/config_check.h"
 
 #include <gtest/gtest.h>
 

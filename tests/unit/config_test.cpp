@@ -1,4 +1,4 @@
-#include "daemon/config.h"
+#include "daemon/config/config.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -87,7 +87,7 @@ std::string example_path() {
       .string();
 }
 
-// Every key the parser knows is in the schema comment of daemon/config.h and documented in
+// Every key the parser knows is in the schema comment of daemon/config/config.h and documented in
 // config/kvpoold.yaml (set, or as a commented example "# key: ...").
 TEST(ConfigTest, EveryKeyIsInTheSchemaCommentAndTheExampleFile) {
   const auto read = [](const std::filesystem::path& p) {
@@ -97,7 +97,7 @@ TEST(ConfigTest, EveryKeyIsInTheSchemaCommentAndTheExampleFile) {
     return ss.str();
   };
   const std::filesystem::path root = std::filesystem::path(__FILE__).parent_path() / ".." / "..";
-  const std::string header = read(root / "daemon" / "config.h");
+  const std::string header = read(root / "daemon" / "config" / "config.h");
   const std::string schema = header.substr(0, header.find("#pragma once"));
   const std::string example = read(example_path());
   ASSERT_FALSE(schema.empty());
@@ -107,7 +107,8 @@ TEST(ConfigTest, EveryKeyIsInTheSchemaCommentAndTheExampleFile) {
   for (const std::string& key : keys) {
     const std::string leaf = key.substr(key.rfind('.') + 1);
     const std::regex word("\\b" + leaf + "\\b");
-    EXPECT_TRUE(std::regex_search(schema, word)) << key << " is missing from daemon/config.h";
+    EXPECT_TRUE(std::regex_search(schema, word))
+        << key << " is missing from daemon/config/config.h";
     const std::regex line("(^|\\n)[ #-]*" + leaf + ":");
     EXPECT_TRUE(std::regex_search(example, line)) << key << " is missing from config/kvpoold.yaml";
   }

@@ -16,8 +16,8 @@
 
 #include "common/device/memfd_vmm.h"
 #include "common/device/vmm.h"
-#include "daemon/host_backend.h"
-#include "daemon/vmm_backend.h"
+#include "daemon/memory/host_backend.h"
+#include "daemon/memory/vmm_backend.h"
 
 namespace kvpool::daemon {
 namespace {

@@ -5,12 +5,12 @@
 
 #include <vector>
 
+#include "daemon/config/listen_address.h"
 #include "daemon/core/page_pool.h"
-#include "daemon/events.h"
-#include "daemon/index_events.h"
-#include "daemon/latency.h"
-#include "daemon/listen_address.h"
-#include "daemon/prefix_stats.h"
+#include "daemon/telemetry/events.h"
+#include "daemon/telemetry/index_events.h"
+#include "daemon/telemetry/latency.h"
+#include "daemon/telemetry/prefix_stats.h"
 
 namespace kvpool::daemon {
 namespace {

@@ -1,9 +1,9 @@
-// The msgpack batches of KV events for routers (daemon/kv_event_encoder.h), decoded with
+// The msgpack batches of KV events for routers (daemon/telemetry/kv_event_encoder.h), decoded with
 // msgpack-cxx's unpacker and held to vLLM's array_like layout element by element: the batch
 // [ts, events(, data_parallel_rank)], each event a tagged array with its fields in declaration
 // order, hashes as 16-byte bins (lo then hi, little-endian) or as the lo word; and to the map
 // layout of vLLM's main branch, key by key.
-#include "daemon/kv_event_encoder.h"
+#include "daemon/telemetry/kv_event_encoder.h"
 
 #include <gtest/gtest.h>
 #define MSGPACK_NO_BOOST 1

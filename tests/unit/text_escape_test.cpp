@@ -11,7 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/text.h"
-#include "daemon/log.h"
+#include "daemon/telemetry/log.h"
 
 namespace kvpool {
 namespace {

@@ -1,0 +1,616 @@
+// kvpoold configuration (see config.h): the schema (the known keys of each section, each
+// section's values and cross-checks), the built-in defaults, and parsing and loading a config
+// file. Reading the YAML tree (lines, paths, checked scalars) is in config_yaml.cpp, capacity
+// strings ("1GiB", "4096 pages", "40%") in config_capacity.cpp.
+#include "daemon/config/config.h"
+
+#include <fcntl.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <span>
+#include <utility>
+
+#include <yaml-cpp/yaml.h>
+
+#include "common/byte_units.h"
+#include "common/paths.h"
+#include "daemon/config/config_yaml.h"
+#include "daemon/config/listen_address.h"
+#include "daemon/core/eviction_policy.h"
+#include "daemon/core/types.h"
+
+namespace kvpool::daemon {
+
+namespace {
+
+using config_yaml::kind_of;
+using config_yaml::line_of;
+using config_yaml::NodeReader;
+using config_yaml::ParseFailure;
+using config_yaml::quoted;
+using config_yaml::Value;
+
+constexpr size_t kMaxConfigBytes = size_t{4} << 20;
+constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
+
+constexpr std::string_view kRootKeys[] = {
+    "socket",  "backend", "device",  "max_segment_bytes", "memory_budget",
+    "limits",  "pools",   "tenants", "default_tenant",    "admin_group",
+    "logging", "metrics", "events"};
+constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
+constexpr std::string_view kLimitKeys[] = {
+    "max_sessions",       "max_sessions_per_uid",        "hello_timeout_ms",
+    "max_buffered_bytes", "max_pages_per_session",       "max_pages_per_tenant",
+    "max_pin_ttl_ms",     "max_pinned_pages_per_tenant", "max_pinned_pool_percent"};
+constexpr std::string_view kPoolKeys[] = {
+    "name",      "policy",       "capacity",     "share_between_tenants", "geometry",  "layout",
+    "host_tier", "max_capacity", "min_capacity", "segment_size",          "grow_ahead"};
+constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
+constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
+constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
+constexpr uint64_t kMaxPinTtlMs = uint64_t{24} * 3600 * 1000;
+constexpr std::string_view kGeometryKeys[] = {"layers", "kv_heads", "head_dim", "tokens_per_page",
+                                              "dtype"};
+constexpr std::string_view kTenantKeys[] = {"name", "uids", "gids", "pools"};
+constexpr std::string_view kLoggingKeys[] = {"level"};
+constexpr std::string_view kMetricsKeys[] = {"listen", "allow_non_loopback", "latency_histograms",
+                                             "stats_segment"};
+constexpr std::string_view kEventsKeys[] = {
+    "ring_events",  "zmq_endpoint",        "zmq_topic",          "zmq_block_hash",
+    "zmq_send_hwm", "zmq_replay_endpoint", "zmq_replay_batches", "data_parallel_rank",
+    "zmq_payload",  "zmq_queue_bytes",     "zmq_max_connections"};
+constexpr std::string_view kZmqPayloads[] = {"array", "map"};
+constexpr std::string_view kZmqBlockHashes[] = {"bytes", "uint64"};
+constexpr uint64_t kMaxZmqBatches = 1000000;
+constexpr uint64_t kMinZmqQueueBytes = uint64_t{1} << 20;
+constexpr uint64_t kMaxZmqConnections = 65536;
+constexpr uint64_t kMaxRingEvents = uint64_t{1} << 24;
+
+constexpr std::string_view kBackends[] = {"auto", "host", "cuda-vmm", "cuda-ipc", "fake-device"};
+constexpr std::string_view kLogLevels[] = {"debug", "info", "warn", "error"};
+
+wire::Error make_error(std::string message) {
+  return wire::Error{Status{Errc::invalid_argument}, std::move(message)};
+}
+
+class Parser : private NodeReader {
+ public:
+  using NodeReader::NodeReader;
+
+  Config parse(const YAML::Node& root) {
+    Config config = default_config();
+    const Value top{root, "", line_of(root, 1)};
+    if (!root.IsMap()) fail(top, "the config must be a mapping of keys, not " + kind_of(root));
+    auto f = fields(top, kRootKeys);
+    if (auto* v = find(f, "socket")) parse_socket(*v, config);
+    if (auto* v = find(f, "backend")) config.backend = get_choice(*v, kBackends);
+    if (auto* v = find(f, "device")) {
+      config.device = static_cast<int>(get_uint(*v, 0, std::numeric_limits<int>::max()));
+    }
+    if (auto* v = find(f, "max_segment_bytes")) config.max_segment_bytes = parse_byte_size(*v);
+    if (auto* v = find(f, "memory_budget")) {
+      require_scalar(*v, "a size in bytes or a percentage");
+      Capacity c;
+      if (std::string err = parse_capacity(v->node.Scalar(), c); !err.empty()) fail(*v, err);
+      if (c.unit == Capacity::Unit::pages) fail(*v, "expected bytes or a percentage, not pages");
+      config.memory_budget = c;
+      config.memory_budget_at.text = location(*v);
+    }
+    if (auto* v = find(f, "limits")) parse_limits(*v, config);
+    if (auto* v = find(f, "logging")) {
+      auto lf = fields(*v, kLoggingKeys);
+      if (auto* level = find(lf, "level")) config.log_level = get_choice(*level, kLogLevels);
+    }
+    if (auto* v = find(f, "pools")) parse_pools(*v, config);
+    if (auto* v = find(f, "memory_budget")) check_budget(*v, config);
+    if (auto* v = find(f, "tenants")) parse_tenants(*v, config);
+    if (auto* v = find(f, "default_tenant")) {
+      config.default_tenant = get_string(*v);
+      check_default_tenant(*v, config);
+    }
+    if (auto* v = find(f, "admin_group")) config.admin_group = get_string(*v);
+    if (auto* v = find(f, "metrics")) parse_metrics(*v, config);
+    if (auto* v = find(f, "events")) parse_events(*v, config);
+    return config;
+  }
+
+ private:
+  void parse_socket(const Value& v, Config& config) const {
+    auto f = fields(v, kSocketKeys);
+    if (auto* p = find(f, "path")) {
+      config.socket_path = get_string(*p, "an absolute path");
+      if (config.socket_path.empty()) fail(*p, "must not be empty");
+      if (config.socket_path.front() != '/') fail(*p, "must be an absolute path");
+      if (config.socket_path.size() > kMaxSocketPathBytes) {
+        fail(*p, "is " + std::to_string(config.socket_path.size()) +
+                     " bytes long; a Unix socket path holds at most " +
+                     std::to_string(kMaxSocketPathBytes));
+      }
+    }
+    if (auto* m = find(f, "mode")) config.socket_mode = get_mode(*m);
+    if (auto* g = find(f, "group")) config.socket_group = get_string(*g);
+  }
+
+  void parse_limits(const Value& v, Config& config) const {
+    constexpr uint64_t kMax64 = std::numeric_limits<uint64_t>::max();
+    auto f = fields(v, kLimitKeys);
+    if (auto* m = find(f, "max_sessions")) {
+      config.max_sessions = static_cast<uint32_t>(get_uint(*m, 1, UINT32_MAX));
+    }
+    if (auto* m = find(f, "max_sessions_per_uid")) {
+      config.max_sessions_per_uid = static_cast<uint32_t>(get_uint(*m, 0, UINT32_MAX));
+    }
+    if (auto* m = find(f, "hello_timeout_ms")) {
+      config.hello_timeout_ms = static_cast<uint32_t>(get_uint(*m, 1, kMaxHelloTimeoutMs));
+    }
+    if (auto* m = find(f, "max_buffered_bytes")) {
+      config.max_buffered_bytes = parse_byte_size(*m);
+      if (config.max_buffered_bytes < kMinBufferedBytes) {
+        fail(*m, "must be at least 16MiB (two full frames and their replies)");
+      }
+    }
+    if (auto* m = find(f, "max_pages_per_session")) {
+      config.max_pages_per_session = get_uint(*m, 0, kMax64);
+    }
+    if (auto* m = find(f, "max_pages_per_tenant")) {
+      config.max_pages_per_tenant = get_uint(*m, 0, kMax64);
+    }
+    if (auto* m = find(f, "max_pin_ttl_ms")) {
+      config.max_pin_ttl_ms = static_cast<uint32_t>(get_uint(*m, 0, kMaxPinTtlMs));
+    }
+    if (auto* m = find(f, "max_pinned_pages_per_tenant")) {
+      config.max_pinned_pages_per_tenant = static_cast<uint32_t>(get_uint(*m, 0, UINT32_MAX));
+    }
+    if (auto* m = find(f, "max_pinned_pool_percent")) {
+      config.max_pinned_pool_percent = static_cast<uint32_t>(get_uint(*m, 1, 100));
+    }
+  }
+
+  std::string get_name(const Value& v) const {
+    std::string name = get_string(v, "a name");
+    if (name.empty()) fail(v, "must not be empty");
+    if (name.size() > wire::kMaxNameBytes) {
+      fail(v, "is longer than " + std::to_string(wire::kMaxNameBytes) + " bytes");
+    }
+    return name;
+  }
+
+  Geometry parse_geometry(const Value& v) const {
+    auto f = fields(v, kGeometryKeys, /*null_ok=*/false);
+    Geometry g;
+    g.layers = static_cast<uint32_t>(get_uint(required(f, v, "layers"), 1, UINT32_MAX));
+    g.kv_heads = static_cast<uint32_t>(get_uint(required(f, v, "kv_heads"), 1, UINT32_MAX));
+    g.head_dim = static_cast<uint32_t>(get_uint(required(f, v, "head_dim"), 1, UINT32_MAX));
+    g.tokens_per_page =
+        static_cast<uint32_t>(get_uint(required(f, v, "tokens_per_page"), 1, UINT32_MAX));
+    const Value& dtype = required(f, v, "dtype");
+    const std::string name = get_string(dtype, "one of fp16, bf16, fp8_e4m3 (fp8), int8");
+    const auto d = parse_dtype(name);
+    if (!d) fail(dtype, quoted(name) + " is not one of fp16, bf16, fp8_e4m3 (fp8), int8");
+    g.dtype = *d;
+    if (std::string err = validate(g); !err.empty()) fail(v, err);
+    return g;
+  }
+
+  uint64_t parse_byte_size(const Value& v) const {
+    require_scalar(v, "a size in bytes");
+    Capacity c;
+    if (std::string err = parse_capacity(v.node.Scalar(), c); !err.empty()) fail(v, err);
+    if (c.unit != Capacity::Unit::bytes) fail(v, "expected bytes, like \"2GiB\"");
+    return c.value;
+  }
+
+  Capacity parse_pool_capacity(const Value& v, const Geometry& g) const {
+    require_scalar(v, "a capacity");
+    Capacity c;
+    if (std::string err = parse_capacity(v.node.Scalar(), c); !err.empty()) fail(v, err);
+    check_pages(v, c, g);
+    return c;
+  }
+
+  // A capacity in bytes or pages must hold at least one page and no more than a pool can.
+  void check_pages(const Value& v, const Capacity& c, const Geometry& g) const {
+    const uint64_t per_page = page_data_bytes(g) + page_scale_bytes(g);
+    uint64_t pages = c.value;
+    if (c.unit == Capacity::Unit::bytes) {
+      pages = c.value / per_page;
+      if (pages == 0) {
+        fail(v, std::to_string(c.value) + " bytes hold no whole page of " +
+                    std::to_string(per_page) + " bytes");
+      }
+    }
+    if (c.unit != Capacity::Unit::fraction && pages > core::kMaxPages) {
+      fail(v, std::to_string(pages) + " pages exceed the " + std::to_string(core::kMaxPages) +
+                  " a pool can hold");
+    }
+    if (c.unit == Capacity::Unit::pages && pages > (uint64_t{1} << 63) / per_page) {
+      fail(v, std::to_string(pages) + " pages of " + std::to_string(per_page) +
+                  " bytes exceed 2^63 bytes");
+    }
+  }
+
+  void parse_pools(const Value& v, Config& config) const {
+    const std::vector<Value> list = items(v);
+    if (list.empty()) fail(v, "must list at least one pool");
+    config.pools.clear();
+    const PoolConfig defaults = default_config().pools.front();
+    for (const Value& item : list) {
+      auto f = fields(item, kPoolKeys, /*null_ok=*/false);
+      PoolConfig pool;
+      const Value& name = required(f, item, "name");
+      pool.name = get_name(name);
+      for (const PoolConfig& other : config.pools) {
+        if (other.name == pool.name) fail(name, "duplicate pool name " + quoted(pool.name));
+      }
+      if (auto* p = find(f, "policy")) pool.policy = get_choice(*p, core::policy_names());
+      if (auto* b = find(f, "share_between_tenants")) pool.share_between_tenants = get_bool(*b);
+      if (auto* l = find(f, "layout")) pool.layout = *parse_layout(get_choice(*l, kLayouts));
+      pool.geometry = parse_geometry(required(f, item, "geometry"));
+      pool.capacity = defaults.capacity;
+      if (auto* c = find(f, "capacity")) {
+        pool.capacity = parse_pool_capacity(*c, pool.geometry);
+        pool.capacity_at.text = location(*c);
+      } else {
+        const Value absent{item.node, item.path + ".capacity (default 256MiB)", item.line};
+        check_pages(absent, pool.capacity, pool.geometry);
+        pool.capacity_at.text = location(absent);
+      }
+      if (auto* h = find(f, "host_tier")) {
+        pool.host_tier = parse_pool_capacity(*h, pool.geometry);
+        pool.host_tier_at.text = location(*h);
+      }
+      if (auto* m = find(f, "max_capacity")) {
+        pool.max_capacity = parse_pool_capacity(*m, pool.geometry);
+        pool.max_capacity_at.text = location(*m);
+        if (pool.max_capacity->unit == Capacity::Unit::fraction) {
+          fail(*m, "expected pages or bytes (an elastic pool's limits are absolute)");
+        }
+        if (pool.layout != KvLayout::page_major) {
+          fail(*m,
+               "only page_major pools can be elastic (a layer_major pool's planes are sized "
+               "by its page count)");
+        }
+      }
+      if (auto* m = find(f, "min_capacity")) {
+        if (!pool.max_capacity) fail(*m, "min_capacity needs max_capacity (an elastic pool)");
+        pool.min_capacity = parse_pool_capacity(*m, pool.geometry);
+        if (pool.min_capacity->unit == Capacity::Unit::fraction) {
+          fail(*m, "expected pages or bytes (an elastic pool's limits are absolute)");
+        }
+      }
+      if (auto* m = find(f, "segment_size")) {
+        if (!pool.max_capacity) fail(*m, "segment_size needs max_capacity (an elastic pool)");
+        pool.segment_size = parse_byte_size(*m);
+        pool.segment_size_at.text = location(*m);
+        if (pool.segment_size == 0) fail(*m, "must be at least one byte");
+      }
+      if (auto* b = find(f, "grow_ahead")) {
+        if (!pool.max_capacity) fail(*b, "grow_ahead needs max_capacity (an elastic pool)");
+        pool.grow_ahead = get_bool(*b);
+      }
+      if (pool.max_capacity) check_elastic(pool, f);
+      config.pools.push_back(std::move(pool));
+    }
+  }
+
+  // A memory_budget in bytes must hold what the elastic pools start with: their capacity in
+  // whole segments of segment_size (the backend's granularity may round a segment up further,
+  // which only the start can tell; it names that case).
+  void check_budget(const Value& v, const Config& config) const {
+    const Capacity& budget = *config.memory_budget;
+    if (budget.unit != Capacity::Unit::bytes) return;
+    uint64_t start = 0;
+    for (const PoolConfig& pool : config.pools) {
+      if (!pool.max_capacity || pool.capacity.unit == Capacity::Unit::fraction) continue;
+      const uint64_t stride = page_data_bytes(pool.geometry);
+      const uint64_t per_page = stride + page_scale_bytes(pool.geometry);
+      const uint64_t pages = pool.capacity.unit == Capacity::Unit::pages
+                                 ? pool.capacity.value
+                                 : pool.capacity.value / per_page;
+      // The start maps whole segments (at least segment_size each; more where the backend's
+      // granularity rounds them up), never more than the pool's whole pages region.
+      const uint64_t max_pages = pool.max_capacity->unit == Capacity::Unit::pages
+                                     ? pool.max_capacity->value
+                                     : pool.max_capacity->value / per_page;
+      const uint64_t segment = std::max(pool.segment_size, stride);
+      start += std::min((pages * stride + segment - 1) / segment * segment, max_pages * stride);
+    }
+    if (start > budget.value) {
+      fail(v, "is " + human_bytes(budget.value) + ", less than the " + human_bytes(start) +
+                  " the elastic pools start with (their capacity); raise it or start them "
+                  "smaller");
+    }
+  }
+
+  // An elastic pool's sizes must fit each other, as kvpoold would find at start: capacity ≤
+  // max_capacity, min_capacity ≤ both, a segment no larger than the pool's max. Sizes in bytes
+  // count whole pages, as the daemon does.
+  void check_elastic(const PoolConfig& pool, const Fields& f) const {
+    const uint64_t per_page = page_data_bytes(pool.geometry) + page_scale_bytes(pool.geometry);
+    auto pages = [&](const Capacity& c) {
+      return c.unit == Capacity::Unit::pages ? c.value : c.value / per_page;
+    };
+    auto said = [&](const Capacity& c) {
+      return std::to_string(pages(c)) + " pages" +
+             (c.unit == Capacity::Unit::bytes ? " (" + human_bytes(c.value) + ")" : "");
+    };
+    const uint64_t max_pages = pages(*pool.max_capacity);
+    const Value& max_at = *find(f, "max_capacity");
+    if (pool.capacity.unit != Capacity::Unit::fraction && pages(pool.capacity) > max_pages) {
+      fail(max_at, "is " + said(*pool.max_capacity) + ", below the pool's capacity of " +
+                       said(pool.capacity) +
+                       "; an elastic pool starts at capacity and grows up "
+                       "to max_capacity");
+    }
+    if (pool.min_capacity) {
+      const Value& min_at = *find(f, "min_capacity");
+      const uint64_t min_pages = pages(*pool.min_capacity);
+      if (min_pages > max_pages) {
+        fail(min_at, "is " + said(*pool.min_capacity) + ", above max_capacity (" +
+                         said(*pool.max_capacity) + ")");
+      }
+      if (pool.capacity.unit != Capacity::Unit::fraction && min_pages > pages(pool.capacity)) {
+        fail(min_at, "is " + said(*pool.min_capacity) + ", above the pool's capacity of " +
+                         said(pool.capacity) +
+                         "; a pool never shrinks below min_capacity, so "
+                         "it must start at or above it");
+      }
+    }
+    if (const Value* seg = find(f, "segment_size"); seg != nullptr) {
+      if (pool.segment_size > max_pages * per_page) {
+        fail(*seg, "is " + human_bytes(pool.segment_size) + ", more than the pool's whole " +
+                       "max_capacity (" + human_bytes(max_pages * per_page) + ")");
+      }
+    }
+  }
+
+  // A list of uids or gids; `owner` maps each id already claimed to its tenant.
+  std::vector<uint32_t> get_ids(const Value& v, std::string_view kind,
+                                std::map<uint32_t, std::string>& owner,
+                                const std::string& tenant) const {
+    std::vector<uint32_t> ids;
+    for (const Value& item : items(v)) {
+      // (uid_t)-1 means "no id" to the kernel; no peer has it.
+      const auto id = static_cast<uint32_t>(get_uint(item, 0, UINT32_MAX - 1));
+      auto [it, inserted] = owner.emplace(id, tenant);
+      if (!inserted) {
+        fail(item,
+             std::string(kind) + " " + std::to_string(id) + " is already listed " +
+                 (it->second == tenant ? "in this tenant" : "in tenant " + quoted(it->second)));
+      }
+      ids.push_back(id);
+    }
+    return ids;
+  }
+
+  void parse_tenants(const Value& v, Config& config) const {
+    std::map<uint32_t, std::string> uid_owner;
+    std::map<uint32_t, std::string> gid_owner;
+    std::map<std::string, std::string> pool_user;  // pool → the first tenant listing it
+    config.tenants.clear();
+    for (const Value& item : items(v)) {
+      auto f = fields(item, kTenantKeys, /*null_ok=*/false);
+      TenantConfig tenant;
+      const Value& name = required(f, item, "name");
+      tenant.name = get_name(name);
+      for (const TenantConfig& other : config.tenants) {
+        if (other.name == tenant.name) fail(name, "duplicate tenant name " + quoted(tenant.name));
+      }
+      if (auto* u = find(f, "uids")) tenant.uids = get_ids(*u, "uid", uid_owner, tenant.name);
+      if (auto* g = find(f, "gids")) tenant.gids = get_ids(*g, "gid", gid_owner, tenant.name);
+      if (auto* p = find(f, "pools")) {
+        for (const Value& pool_item : items(*p)) {
+          std::string pool = get_string(pool_item, "a pool name");
+          const bool known = std::any_of(config.pools.begin(), config.pools.end(),
+                                         [&](const PoolConfig& pc) { return pc.name == pool; });
+          if (!known) fail(pool_item, "no pool is named " + quoted(pool));
+          if (std::find(tenant.pools.begin(), tenant.pools.end(), pool) != tenant.pools.end()) {
+            fail(pool_item, "pool " + quoted(pool) + " is listed twice");
+          }
+          check_sharing(pool_item, config, pool, tenant.name, pool_user);
+          tenant.pools.push_back(std::move(pool));
+        }
+      }
+      config.tenants.push_back(std::move(tenant));
+    }
+  }
+
+  // Every worker of a pool maps all of its memory, so a pool listed by two tenants lets each
+  // read and overwrite the other's pages: allowed only where the pool says so.
+  void check_sharing(const Value& v, const Config& config, const std::string& pool,
+                     const std::string& tenant, std::map<std::string, std::string>& user) const {
+    const auto [it, first] = user.emplace(pool, tenant);
+    if (first) return;
+    const auto pc = std::find_if(config.pools.begin(), config.pools.end(),
+                                 [&](const PoolConfig& p) { return p.name == pool; });
+    if (pc->share_between_tenants) return;
+    fail(v, "pool " + quoted(pool) + " is already used by tenant " + quoted(it->second) +
+                "; tenants sharing a pool can read and overwrite each other's pages, so this "
+                "needs share_between_tenants: true on pool " +
+                quoted(pool) + " (pools[" + std::to_string(pc - config.pools.begin()) + "])");
+  }
+
+  // Operations, metrics and events ----------------------------------------------------------
+
+  void parse_metrics(const Value& v, Config& config) const {
+    auto f = fields(v, kMetricsKeys);
+    if (auto* b = find(f, "allow_non_loopback")) config.metrics.allow_non_loopback = get_bool(*b);
+    if (auto* b = find(f, "latency_histograms")) config.metrics.latency_histograms = get_bool(*b);
+    if (auto* b = find(f, "stats_segment")) config.metrics.stats_segment = get_bool(*b);
+    if (auto* l = find(f, "listen")) {
+      config.metrics.listen = get_string(*l, "\"HOST:PORT\", or \"\" for no endpoint");
+      if (config.metrics.listen.empty()) return;
+      ListenAddress address;
+      if (std::string err = parse_listen_address(config.metrics.listen, address); !err.empty()) {
+        fail(*l, err);
+      }
+      if (!address.loopback && !config.metrics.allow_non_loopback) {
+        fail(*l, quoted(config.metrics.listen) +
+                     " is not a loopback address; the metrics endpoint has no authentication, "
+                     "so serving it beyond this machine needs metrics.allow_non_loopback: true");
+      }
+    }
+  }
+
+  void parse_events(const Value& v, Config& config) const {
+    auto f = fields(v, kEventsKeys);
+    if (auto* r = find(f, "ring_events")) {
+      config.events.ring_events = static_cast<uint32_t>(get_uint(*r, 16, kMaxRingEvents));
+    }
+    EventsConfig& e = config.events;
+    if (auto* z = find(f, "zmq_endpoint")) {
+      e.zmq_endpoint = get_zmq_endpoint(*z);
+    }
+    if (auto* t = find(f, "zmq_topic")) e.zmq_topic = get_string(*t);
+    if (auto* h = find(f, "zmq_block_hash")) e.zmq_block_hash = get_choice(*h, kZmqBlockHashes);
+    if (auto* p = find(f, "zmq_payload")) e.zmq_payload = get_choice(*p, kZmqPayloads);
+    if (auto* h = find(f, "zmq_send_hwm")) {
+      e.zmq_send_hwm = static_cast<uint32_t>(get_uint(*h, 1, kMaxZmqBatches));
+    }
+    if (auto* q = find(f, "zmq_queue_bytes")) {
+      e.zmq_queue_bytes = parse_byte_size(*q);
+      if (e.zmq_queue_bytes < kMinZmqQueueBytes) {
+        fail(*q, "is " + human_bytes(e.zmq_queue_bytes) + "; at least " +
+                     human_bytes(kMinZmqQueueBytes) + " (one full message of 4,096 block hashes)");
+      }
+    }
+    if (auto* m = find(f, "zmq_max_connections")) {
+      e.zmq_max_connections = static_cast<uint32_t>(get_uint(*m, 1, kMaxZmqConnections));
+    }
+    if (auto* b = find(f, "zmq_replay_batches")) {
+      e.zmq_replay_batches = static_cast<uint32_t>(get_uint(*b, 1, kMaxZmqBatches));
+    }
+    if (auto* r = find(f, "data_parallel_rank")) {
+      e.data_parallel_rank = static_cast<uint32_t>(get_uint(*r, 0, UINT32_MAX));
+    }
+    if (auto* z = find(f, "zmq_replay_endpoint")) {
+      e.zmq_replay_endpoint = get_zmq_endpoint(*z);
+      if (!e.zmq_replay_endpoint.empty() && e.zmq_endpoint.empty()) {
+        fail(*z, "replays what events.zmq_endpoint publishes, which is not set");
+      }
+      if (!e.zmq_replay_endpoint.empty() && e.zmq_replay_endpoint == e.zmq_endpoint) {
+        fail(*z, "must differ from events.zmq_endpoint");
+      }
+    }
+  }
+
+  // A ZeroMQ endpoint kvpoold binds: "tcp://HOST:PORT" or "ipc://PATH", or "" for none. libzmq
+  // checks the rest when it binds at start.
+  std::string get_zmq_endpoint(const Value& v) const {
+    std::string endpoint = get_string(v, "\"tcp://HOST:PORT\", \"ipc://PATH\" or \"\"");
+    if (endpoint.empty()) return endpoint;
+    const bool tcp = endpoint.starts_with("tcp://") && endpoint.size() > 6;
+    const bool ipc = endpoint.starts_with("ipc://") && endpoint.size() > 6;
+    if (!tcp && !ipc) {
+      fail(v, quoted(endpoint) +
+                  " is not a ZeroMQ endpoint kvpoold can bind: use \"tcp://HOST:PORT\" (e.g. "
+                  "\"tcp://*:5557\") or \"ipc://PATH\", or \"\" for none");
+    }
+    return endpoint;
+  }
+
+  void check_default_tenant(const Value& v, const Config& config) const {
+    const std::string& name = config.default_tenant;
+    if (name.empty() || name == "default") return;
+    const bool known = std::any_of(config.tenants.begin(), config.tenants.end(),
+                                   [&](const TenantConfig& t) { return t.name == name; });
+    if (!known) {
+      fail(v, "no tenant is named " + quoted(name) +
+                  " (list it under tenants, or use \"default\", or \"\" to refuse unknown peers)");
+    }
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> config_keys() {
+  std::vector<std::string> keys;
+  const auto add = [&](std::string_view prefix, std::span<const std::string_view> names) {
+    for (const std::string_view n : names)
+      keys.push_back(std::string(prefix) + std::string(n));
+  };
+  add("", kRootKeys);
+  add("socket.", kSocketKeys);
+  add("limits.", kLimitKeys);
+  add("pools[].", kPoolKeys);
+  add("pools[].geometry.", kGeometryKeys);
+  add("tenants[].", kTenantKeys);
+  add("logging.", kLoggingKeys);
+  add("metrics.", kMetricsKeys);
+  add("events.", kEventsKeys);
+  return keys;
+}
+
+Config default_config() {
+  Config config;
+  config.socket_path = default_socket_path();
+  PoolConfig pool;
+  pool.name = "default";
+  pool.geometry = Geometry{
+      .layers = 32, .kv_heads = 8, .head_dim = 128, .tokens_per_page = 16, .dtype = KvDtype::bf16};
+  pool.capacity = Capacity{.unit = Capacity::Unit::bytes, .value = uint64_t{256} << 20};
+  pool.policy = std::string(core::kDefaultPolicy);
+  config.pools.push_back(std::move(pool));
+  return config;
+}
+
+wire::Result<Config> parse_config(std::string_view yaml, std::string_view source) {
+  const std::string src(source);
+  try {
+    const std::vector<YAML::Node> docs = YAML::LoadAll(std::string(yaml));
+    if (docs.size() > 1) {
+      return make_error(src + ":" + std::to_string(line_of(docs[1], 1)) +
+                        ": a config file holds one YAML document, not " +
+                        std::to_string(docs.size()));
+    }
+    Config config;
+    if (docs.empty() || docs[0].IsNull()) {
+      config = default_config();
+    } else {
+      config = Parser(source).parse(docs[0]);
+    }
+    config.source = src;
+    return config;
+  } catch (const ParseFailure& e) {
+    return make_error(e.message);
+  } catch (const YAML::Exception& e) {
+    const int line = e.mark.is_null() ? 1 : e.mark.line + 1;
+    return make_error(src + ":" + std::to_string(line) + ": YAML syntax error: " + e.msg);
+  } catch (const std::exception& e) {
+    return make_error(src + ": " + e.what());
+  }
+}
+
+wire::Result<Config> load_config(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return make_error(path + ": cannot open: " + std::strerror(errno));
+  std::string text;
+  char buf[16384];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int err = errno;
+      ::close(fd);
+      return make_error(path + ": cannot read: " + std::strerror(err));
+    }
+    if (n == 0) break;
+    text.append(buf, static_cast<size_t>(n));
+    if (text.size() > kMaxConfigBytes) {
+      ::close(fd);
+      return make_error(path + ": larger than " + std::to_string(kMaxConfigBytes >> 20) +
+                        " MiB; not a config file");
+    }
+  }
+  ::close(fd);
+  return parse_config(text, path);
+}
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,130 @@
+// PoolHostTier: a pool's host tier inside kvpoold: the bookkeeping (core::HostTier under a
+// core::TierMover, daemon/core/tier_mover.h) and the memory its slots live in (TierMemory), with
+// the copies that move blocks between the tiers.
+//
+// A slot holds one page packed: the page's runs in the pool memory (page_chunks: one run in
+// page_major, 2 · layers in layer_major) back to back, then its scales (8-bit pools), so
+// slot_bytes = page_data_bytes + page_scale_bytes whatever the layout. Demotion copies a page's
+// runs into its slot; promotion copies them back into a newly allocated page; bytes and scales
+// come back exactly as they went.
+//
+// The Service drives it (service.cpp) in three steps, so that large copies can leave the event
+// loop (DESIGN §7):
+//   1. plan, on the loop: plan_demote() takes the device tier's recent evictions (evict() first
+//      takes up to n cached pages itself, held by the tier's own owner so nothing reuses them
+//      before their bytes are down); plan_promote() claims the host tier's run at the start of a
+//      lookup's missing chain and allocates its pages (demotions that allocation caused come
+//      first in the same batch). The bookkeeping is done; the bytes are described in a TierCopy.
+//   2. run(), on any thread: the copies, demotions first (a promoted page may be one just
+//      evicted). One TierCopy of a pool runs at a time, in planning order: the Service runs a
+//      batch inline only when no other job of its pool is in flight, else queues it behind.
+//   3. finish_demote() / finish_promote(), on the loop: a failed demotion's slots are discarded
+//      (never promoted), a failed promotion cancelled (its pages released unpublished), and the
+//      held pages released; promoted hashes are published only now.
+// Until step 3 no worker can see a page whose bytes are moving: evicted pages belong to the
+// caller whose reply waits for the copy, or to the tier's owner; promoted pages carry no hash.
+// A promotion planned while an earlier batch's demotion was still queued is cancelled when that
+// demotion fails (it may have claimed the slot the failed copy left half written).
+//
+// Thread-safety: run() touches only the tier memory and its TierCopy; everything else belongs to
+// the event loop. Error policy: create() returns an Error naming the cause; copy failures are
+// reported through the counters and the log, never to a client as an error (the lookup answers
+// the device hits alone).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daemon/core/host_tier.h"
+#include "daemon/core/tier_mover.h"
+#include "daemon/memory/tier_memory.h"
+#include "kernels/paged_kv.h"
+
+namespace kvpool::daemon {
+
+struct HostTierCopyStats {
+  uint64_t demote_copies = 0;   // pages copied down
+  uint64_t promote_copies = 0;  // pages copied up
+  uint64_t demote_ns = 0;       // time spent copying down, in all
+  uint64_t promote_ns = 0;      // time spent copying up, in all
+  uint64_t copy_failures = 0;
+};
+
+// One batch of copies between a pool's tiers (see above): demotions, then at most one
+// promotion's, as planned on the event loop.
+struct TierCopy {
+  std::vector<core::TierMover::Move> demoted;   // page → slot
+  std::vector<core::TierMover::Move> promoted;  // slot → page
+  std::vector<ByteRun> runs;                    // the demotions' runs first, then the promotion's
+  size_t demote_runs = 0;
+  std::vector<PageId> held;  // evicted pages the tier's owner holds until the copy is done
+  uint64_t failures_at_plan = 0;
+  // Set by run().
+  std::string demote_error, promote_error;
+  uint64_t demote_ns = 0, promote_ns = 0;
+
+  uint64_t bytes() const;
+  bool empty() const { return runs.empty() && held.empty(); }
+};
+
+class PoolHostTier {
+ public:
+  // A tier of `slots` pages for the pool `label` whose memory lies on CUDA device `device` (−1:
+  // host memory), observing `pool` and forwarding its index changes to `next`.
+  static wire::Result<std::unique_ptr<PoolHostTier>> create(core::PagePool& pool,
+                                                            core::IndexObserver* next,
+                                                            const Geometry& geometry,
+                                                            uint32_t slots, int device,
+                                                            const std::string& label);
+  ~PoolHostTier();
+
+  // Step 1. kv: the pool's memory as it is now.
+  // Appends the copies of the device tier's evictions since the last plan.
+  void plan_demote(const kernels::PagedKv& kv, TierCopy& c);
+  // Evicts up to n cached pages of the pool (the operator's evict), holding them for the copy,
+  // and plans their demotion; returns how many were evicted.
+  uint32_t plan_evict(const kernels::PagedKv& kv, uint32_t n, TierCopy& c);
+  // Plans the promotion of the host tier's run at the start of `chain` (at most `max` blocks)
+  // into pages held by `owner`; false when nothing is promoted (c then holds only demotions).
+  bool plan_promote(const kernels::PagedKv& kv, core::OwnerId owner, Namespace ns,
+                    std::span<const BlockHash> chain, uint32_t max, const core::CallHints& hints,
+                    TierCopy& c);
+  // Step 2: any thread.
+  void run(TierCopy& c) const;
+  // Step 3. finish_promote also finishes the batch's demotions; it writes the pages `owner` now
+  // holds for chain[0..n) to out[0..n) and returns n (0 when the promotion failed).
+  void finish_demote(TierCopy& c);
+  uint32_t finish_promote(TierCopy& c, core::OwnerId owner, Namespace ns,
+                          std::span<const BlockHash> chain, std::span<PageId> out);
+
+  // The three steps at once, on the loop (shrinks, whose tail is unmapped right after).
+  void demote(const kernels::PagedKv& kv);
+
+  const core::HostTier& tier() const { return tier_; }
+  const HostTierCopyStats& copy_stats() const { return stats_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint64_t bytes() const { return memory_->bytes(); }
+  // Drops every block; returns how many.
+  uint32_t flush() { return tier_.flush(); }
+
+ private:
+  PoolHostTier(core::PagePool& pool, core::IndexObserver* next, uint32_t slots, uint64_t slot_bytes,
+               std::unique_ptr<TierMemory> memory);
+  // Appends the runs of page ↔ slot copies to c.runs; `down`: page → slot.
+  void plan(const kernels::PagedKv& kv, std::span<const core::TierMover::Move> moves, bool down,
+            TierCopy& c) const;
+
+  core::PagePool& pool_;
+  core::OwnerId owner_;  // holds the pages plan_evict() took until their copy is done
+  core::HostTier tier_;
+  core::TierMover mover_;
+  uint64_t slot_bytes_;
+  std::unique_ptr<TierMemory> memory_;
+  HostTierCopyStats stats_;
+  uint64_t failed_demotions_ = 0;  // batches whose demotion failed, as finished so far
+};
+
+}  // namespace kvpool::daemon
