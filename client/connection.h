@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "client/pool_mapping.h"
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::client {
 

@@ -1,9 +1,9 @@
 // EventStream: follows kvpoold's prefix-index events, as KV-aware routers consume them.
 //
 // open() attaches to a pool (hello) and sends subscribe on that connection; from then on the
-// daemon pushes event batches on it (common/protocol.h, event_batch): `stored` when a block hash
-// is published, `removed` when it leaves the index (evicted or flushed), `cleared` when a flush
-// empties the pool's index, each with the next sequence number of the daemon's log, and `gap`
+// daemon pushes event batches on it (common/wire/protocol.h, event_batch): `stored` when a block
+// hash is published, `removed` when it leaves the index (evicted or flushed), `cleared` when a
+// flush empties the pool's index, each with the next sequence number of the daemon's log, and `gap`
 // when this reader fell behind the daemon's ring: `count` events were lost, `seq` is where the
 // stream resumes (a router should then resynchronise, e.g. treat its view of the pool as stale).
 // A non-admin sees its own tenant's blocks only; sequence numbers of events it may not see, or

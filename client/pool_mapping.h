@@ -33,7 +33,7 @@
 #include <memory>
 #include <span>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::client {
 

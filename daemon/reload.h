@@ -13,7 +13,7 @@
 
 #include <string>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 #include "daemon/service/service.h"
 
 namespace kvpool::daemon {

@@ -35,7 +35,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::device {
 

@@ -55,7 +55,7 @@
 
 #include "common/geometry.h"
 #include "common/paths.h"
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::daemon {
 

@@ -7,8 +7,8 @@
 #include <cstdint>
 
 #include "common/byte_units.h"
-#include "common/protocol.h"
 #include "common/system_memory.h"
+#include "common/wire/protocol.h"
 #include "daemon/core/types.h"
 
 namespace kvpool::daemon {

@@ -38,7 +38,7 @@
 #include <vector>
 
 #include "common/device/vmm.h"
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 #include "kernels/paged_kv.h"
 
 namespace kvpool::daemon {

@@ -13,7 +13,7 @@
 #include <memory>
 #include <string>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 #include "kernels/paged_kv.h"
 
 namespace kvpool::daemon {

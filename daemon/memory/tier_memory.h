@@ -23,7 +23,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::daemon {
 

@@ -76,8 +76,8 @@
 #include <utility>
 #include <vector>
 
-#include "common/protocol.h"
 #include "common/stats_layout.h"
+#include "common/wire/protocol.h"
 #include "daemon/config/config.h"
 #include "daemon/core/page_pool.h"
 #include "daemon/memory/host_tier_store.h"

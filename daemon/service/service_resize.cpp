@@ -19,7 +19,7 @@
 // So under a full budget a pool evicts its own cache before taking memory from a pool whose
 // cache earns more, and an idle pool's memory goes to a busy one.
 //
-// Sessions learn of a new segment list by a pool_changed notice (common/protocol.h): handle()
+// Sessions learn of a new segment list by a pool_changed notice (common/wire/protocol.h): handle()
 // puts one before the reply of the session whose call resized the pool, the Server pushes one to
 // the pool's other sessions; each client then asks for the segments and maps them.
 #include <algorithm>

@@ -20,8 +20,8 @@
 #include <vector>
 
 #include "common/block_hash.h"
-#include "common/protocol.h"
 #include "common/types.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::daemon {
 

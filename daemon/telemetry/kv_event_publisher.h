@@ -53,7 +53,7 @@
 #include <string>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 #include "daemon/config/config.h"
 #include "daemon/telemetry/kv_event_encoder.h"
 #include "daemon/telemetry/zmq_connection_cap.h"

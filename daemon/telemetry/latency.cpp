@@ -1,6 +1,6 @@
 #include "daemon/telemetry/latency.h"
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::daemon {
 

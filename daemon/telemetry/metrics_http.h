@@ -26,7 +26,7 @@
 #include <optional>
 #include <string>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 #include "daemon/config/listen_address.h"
 
 namespace kvpool::daemon {

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::daemon {
 

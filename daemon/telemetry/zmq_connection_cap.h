@@ -30,7 +30,7 @@
 #include <set>
 #include <string>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::daemon {
 

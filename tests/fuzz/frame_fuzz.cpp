@@ -42,7 +42,7 @@
 #include <variant>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 #include "daemon/config/config.h"
 #include "daemon/memory/host_backend.h"
 #include "daemon/service/service.h"

@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace {
 

@@ -1,8 +1,8 @@
-// Tests of the wire codec (common/protocol.h): round trips of every message, the exact bytes of a
-// few frames, every decode error, and a deterministic random-bytes robustness loop. The binary
+// Tests of the wire codec (common/wire/protocol.h): round trips of every message, the exact bytes
+// of a few frames, every decode error, and a deterministic random-bytes robustness loop. The binary
 // also runs under ASan+UBSan; every decode here is handed an exactly sized heap buffer, so a read
 // past the span is a reported heap-buffer-overflow, not a silent read of spare capacity.
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 #include <gtest/gtest.h>
 

@@ -1,14 +1,14 @@
 // Internal to kvpool_common: the payload codecs of the operations, metrics and events block
 // (opcodes 20+: prefixes, reload, subscribe, snapshot, and the event_batch push frame), defined
-// in common/protocol_ops.cpp, for the opcode dispatch and framing in common/protocol.cpp.
+// in common/wire/protocol_ops.cpp, for the opcode dispatch and framing in common/protocol.cpp.
 // body_size is the payload size without a reply's status code; put_body writes exactly that many
 // bytes; get_body reads one body, leaving the check for trailing bytes to the caller.
 #pragma once
 
 #include <cstddef>
 
-#include "common/protocol.h"
-#include "common/wire_codec.h"
+#include "common/wire/protocol.h"
+#include "common/wire/wire_codec.h"
 
 namespace kvpool::wire::codec {
 

@@ -1,7 +1,7 @@
-// Internal to kvpool_common: the shared machinery of the wire codec (common/protocol.cpp,
-// common/protocol_pool.cpp and common/protocol_ops.cpp), not part of any public interface. It holds
-// the wire sizes of the fixed-width fields, the error-text helpers (cat, Piece, Hex, make_error),
-// Writer and Reader.
+// Internal to kvpool_common: the shared machinery of the wire codec (common/wire/protocol.cpp,
+// common/wire/protocol_pool.cpp and common/wire/protocol_ops.cpp), not part of any public
+// interface. It holds the wire sizes of the fixed-width fields, the error-text helpers (cat, Piece,
+// Hex, make_error), Writer and Reader.
 //
 // Invariants the codec relies on:
 //  - Writer writes into a buffer sized exactly by body_size (plus the frame header and, for a
@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 namespace kvpool::wire::codec {
 

@@ -1,14 +1,14 @@
 // Internal to kvpool_common: the payload codecs of the pool operations (opcodes 1..12: hello,
 // alloc, retain, release, lookup, publish, stats, evict, flush, sessions, pages, copy), defined in
-// common/protocol_pool.cpp, for the opcode dispatch and framing in common/protocol.cpp.
+// common/wire/protocol_pool.cpp, for the opcode dispatch and framing in common/protocol.cpp.
 // body_size is the payload size without a reply's status code; put_body writes exactly that many
 // bytes; get_body reads one body, leaving the check for trailing bytes to the caller.
 #pragma once
 
 #include <cstddef>
 
-#include "common/protocol.h"
-#include "common/wire_codec.h"
+#include "common/wire/protocol.h"
+#include "common/wire/wire_codec.h"
 
 namespace kvpool::wire::codec {
 

@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <string>
 
-#include "common/protocol.h"
-#include "common/protocol_ops_codec.h"
-#include "common/wire_codec.h"
+#include "common/wire/protocol.h"
+#include "common/wire/protocol_ops_codec.h"
+#include "common/wire/wire_codec.h"
 
 namespace kvpool::wire::codec {
 namespace {

@@ -6,9 +6,9 @@
 #include <cstring>
 #include <type_traits>
 
-#include "common/protocol.h"
-#include "common/protocol_pool_codec.h"
-#include "common/wire_codec.h"
+#include "common/wire/protocol.h"
+#include "common/wire/protocol_pool_codec.h"
+#include "common/wire/wire_codec.h"
 
 namespace kvpool::wire::codec {
 namespace {

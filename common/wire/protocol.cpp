@@ -15,7 +15,7 @@
 //
 // Encoding computes the exact frame size first, grows the output once and writes into it with
 // memcpy; arrays of plain little-endian integers are copied in one piece.
-#include "common/protocol.h"
+#include "common/wire/protocol.h"
 
 #include <algorithm>
 #include <array>
@@ -29,9 +29,9 @@
 #include <variant>
 #include <vector>
 
-#include "common/protocol_ops_codec.h"
-#include "common/protocol_pool_codec.h"
-#include "common/wire_codec.h"
+#include "common/wire/protocol_ops_codec.h"
+#include "common/wire/protocol_pool_codec.h"
+#include "common/wire/wire_codec.h"
 
 namespace kvpool::wire {
 namespace {
