@@ -119,7 +119,6 @@ struct Pool {
   uint64_t shrinks = 0;
   uint64_t growing_ahead = 0;       // bytes of the segment being made ahead of need (0: none)
   uint64_t resizing_bytes = 0;      // bytes an admin resize is making (0: none)
-  uint64_t grown_ahead = 0;         // segments that came ahead of need
   uint32_t grow_ahead_retry_s = 0;  // no growth ahead before this (seconds_now) after a failure
   // The last resizes, oldest first once full: (Unix ms, pages after), for kvpoolctl status.
   static constexpr size_t kResizeHistory = 8;
@@ -163,7 +162,6 @@ struct CopyJob {
   uint32_t request_id = 0;
   wire::Opcode op = wire::Opcode::copy;
   uint64_t started_ns = 0;  // for the service latency histogram (0 = not timed)
-  bool counted = true;      // in pool->copies_in_flight (page and host-tier copies)
   std::vector<PageId> src;
   std::vector<PageId> dst;
   kernels::CopyPagesArgs args;  // points into src and dst
@@ -176,6 +174,10 @@ struct CopyJob {
   // background jobs (no session), what completes them.
   std::function<wire::Result<wire::Reply>()> finish;
   std::function<void()> done;
+
+  // Page and host-tier copies (no other work) count in pool->copies_in_flight: they use the
+  // pool's copiers, one job at a time.
+  bool counted() const { return !work; }
 
   // The page count was taken on the loop (args.kv.num_pages): an elastic pool may resize while
   // this runs, above the pages it copies, which its session holds.

@@ -126,7 +126,7 @@ wire::Result<wire::Reply> Service::copy_reply(const CopyJob& job) const {
 }
 
 void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
-  if (job.counted) {
+  if (job.counted()) {
     KVPOOL_CHECK(job.pool->copies_in_flight > 0);
     --job.pool->copies_in_flight;
   }

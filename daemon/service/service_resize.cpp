@@ -352,7 +352,6 @@ wire::Result<wire::Reply> Service::resize_up(SessionState& s, Pool& pool, uint32
   pool.resizing_bytes = planned;
   call_job_ = std::make_unique<CopyJob>();
   call_job_->pool = &pool;
-  call_job_->counted = false;
   call_job_->work =
       [memory = pool.memory.get(), plan,
        donors = std::make_shared<std::vector<LooseSegment>>(std::exchange(released_, {}))] {
@@ -432,14 +431,10 @@ void Service::grow_ahead(Pool& pool) {
   pool.growing_ahead = growth->bytes;
   auto job = std::make_unique<CopyJob>();
   job->pool = &pool;
-  job->counted = false;
   job->work = [memory = pool.memory.get(), growth] { memory->make_growth(*growth); };
   job->done = [this, &pool, growth] {
     pool.growing_ahead = 0;
-    const std::string why = commit_growth(pool, *growth);
-    if (why.empty()) {
-      ++pool.grown_ahead;
-    } else {
+    if (const std::string why = commit_growth(pool, *growth); !why.empty()) {
       pool.grow_ahead_retry_s = now_s_ + 1;
       log_event(LogLevel::info, "grow_ahead_dropped",
                 {kv("pool", pool.config.name), kv("why", why)});
@@ -451,7 +446,6 @@ void Service::grow_ahead(Pool& pool) {
 std::unique_ptr<CopyJob> Service::take_background_job() {
   if (!released_.empty()) {
     auto job = std::make_unique<CopyJob>();
-    job->counted = false;
     auto segments = std::make_shared<std::vector<LooseSegment>>(std::move(released_));
     released_.clear();
     job->work = [segments] { segments->clear(); };  // each gives its memory back
