@@ -1,6 +1,7 @@
 #include "client/pool_kernels.h"
 
 #include "kernels/cpu/kernels_cpu.h"
+#include "kernels/pool_view.h"
 
 #ifdef KVPOOL_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -32,15 +33,7 @@ PoolKernels::~PoolKernels() {
 }
 
 kernels::PagedKv PoolKernels::paged_kv() const {
-  const wire::PoolInfo& pool = connection_.pool();
-  kernels::PagedKv kv;
-  kv.base = connection_.base();
-  kv.page_stride = pool.page_stride;
-  kv.geometry = pool.geometry;
-  kv.scales = connection_.page_scales(0);
-  kv.layout = pool.layout;
-  kv.num_pages = pool.num_pages;
-  return kv;
+  return kernels::paged_kv_of(connection_.pool(), connection_.base());
 }
 
 std::string PoolKernels::decode(kernels::DecodeArgs args, uint32_t max_context, void* stream) {

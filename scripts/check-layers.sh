@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Fails when an include in daemon/ runs upward: a wing may include only wings below it
 # (docs/ARCHITECTURE.md, "Folders"). The order, lowest first:
-#   core < config < telemetry < memory < service < server < daemon/ (the wiring)
+#   core < config < telemetry < memory < pool < service < server < daemon/ (the wiring)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rank() {
   case "$1" in
-    core) echo 0 ;; config) echo 1 ;; telemetry) echo 2 ;; memory) echo 3 ;;
-    service) echo 4 ;; server) echo 5 ;; *) echo 6 ;;
+    core) echo 0 ;; config) echo 1 ;; telemetry) echo 2 ;; memory) echo 3 ;; pool) echo 4 ;;
+    service) echo 5 ;; server) echo 6 ;; *) echo 7 ;;
   esac
 }
 bad=0

@@ -147,6 +147,10 @@ struct FrameHeader {
 struct Error {
   Status status;
   std::string message;
+  // An error of `code` that names no item, carrying `value` (a count, a page, a limit).
+  static Error of(Errc code, std::string message, uint64_t value = 0) {
+    return Error{Status(code, kNoItem, value), std::move(message)};
+  }
   friend bool operator==(const Error&, const Error&) = default;
 };
 

@@ -8,8 +8,8 @@
 // runs into its slot; promotion copies them back into a newly allocated page; bytes and scales
 // come back exactly as they went.
 //
-// The Service drives it (service.cpp) in three steps, so that large copies can leave the event
-// loop (DESIGN §7):
+// PoolRuntime and the Service drive it (daemon/pool/, daemon/service/) in three steps, so that
+// large copies can leave the event loop (DESIGN §7):
 //   1. plan, on the loop: plan_demote() takes the device tier's recent evictions (evict() first
 //      takes up to n cached pages itself, held by the tier's own owner so nothing reuses them
 //      before their bytes are down); plan_promote() claims the host tier's run at the start of a

@@ -111,7 +111,7 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   // Queues a pool_changed notice when the session's pool has a segment list it was not told of.
   void notify_pool_change() {
     if (closed_ || subscribed_ || close_after_flush_ || !session_->attached) return;
-    const uint32_t epoch = session_->pool->info.epoch;
+    const uint32_t epoch = session_->pool->info().epoch;
     if (session_->known_epoch == epoch) return;
     session_->known_epoch = epoch;
     wire::encode_pool_changed(epoch, out_);

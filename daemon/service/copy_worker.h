@@ -33,7 +33,7 @@
 
 #include <boost/asio/io_context.hpp>
 
-#include "daemon/service/service.h"
+#include "daemon/service/copy_job.h"
 
 namespace kvpool::daemon {
 

@@ -9,24 +9,16 @@
 
 namespace kvpool::daemon {
 
-namespace {
-
-wire::Error error(Errc code, std::string message, uint64_t value = 0) {
-  return wire::Error{Status(code, kNoItem, value), std::move(message)};
-}
-
-}  // namespace
-
 wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, uint32_t request_id,
                                                              const wire::CopyRequest& r) {
-  const core::PagePool& pool = *s.pool->pages;
-  const uint64_t page_bytes = page_data_bytes(s.pool->info.geometry);
+  const core::PagePool& pool = s.pool->pages();
+  const uint64_t page_bytes = page_data_bytes(s.pool->info().geometry);
   if (r.pairs.size() * page_bytes > wire::kMaxCopyBytes) {
-    return error(Errc::invalid_argument,
-                 "copy of " + std::to_string(r.pairs.size()) + " pages (" +
-                     human_bytes(r.pairs.size() * page_bytes) + ") is above the " +
-                     human_bytes(wire::kMaxCopyBytes) + " a request may move",
-                 r.pairs.size());
+    return wire::Error::of(Errc::invalid_argument,
+                           "copy of " + std::to_string(r.pairs.size()) + " pages (" +
+                               human_bytes(r.pairs.size() * page_bytes) + ") is above the " +
+                               human_bytes(wire::kMaxCopyBytes) + " a request may move",
+                           r.pairs.size());
   }
   // Everything is checked before any byte moves: a refused request copies nothing.
   auto job = std::make_unique<CopyJob>();
@@ -46,7 +38,7 @@ wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, ui
       if (!pool.valid_page(p)) {
         return wire::Error{Status(Errc::invalid_page, item, p),
                            "copy pair " + std::to_string(i) + ": page " + std::to_string(p) +
-                               " is not a page of pool " + s.pool->config.name};
+                               " is not a page of pool " + s.pool->name()};
       }
       if (pool.held(s.owner, p) == 0) {
         return wire::Error{Status(Errc::not_held, item, p), "copy pair " + std::to_string(i) +
@@ -77,26 +69,11 @@ wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, ui
     dst[i] = to;
   }
   kernels::CopyPagesArgs& args = job->args;
-  args.kv = paged_kv(*s.pool);
+  args.kv = s.pool->paged_kv();
   args.num_pairs = static_cast<uint32_t>(r.pairs.size());
   args.src = src.data();
   args.dst = dst.data();
   return job;
-}
-
-kernels::PagedKv paged_kv(const Pool& pool) {
-  kernels::PagedKv kv;
-  kv.base = pool.memory->base();
-  kv.page_stride = pool.info.page_stride;
-  kv.geometry = pool.info.geometry;
-  kv.layout = pool.info.layout;
-  kv.num_pages = pool.pages->num_pages();
-  // Page p's scales are at scales_offset + p · page_scale_bytes: after the last page of a fixed
-  // pool, at the start of its scales region for an elastic one.
-  kv.scales = page_scale_bytes(kv.geometry) == 0
-                  ? nullptr
-                  : reinterpret_cast<float*>(pool.memory->base() + pool.info.scales_offset);
-  return kv;
 }
 
 wire::Result<wire::Reply> Service::copy(SessionState& s, uint32_t request_id,
@@ -105,10 +82,10 @@ wire::Result<wire::Reply> Service::copy(SessionState& s, uint32_t request_id,
   auto job = prepare_copy(s, request_id, r);
   if (!job.ok()) return job.error();
   job.value()->started_ns = started_ns;
-  Pool& pool = *job.value()->pool;
-  const uint64_t bytes = job.value()->src.size() * pool.info.page_stride;
-  if (deferred != nullptr && (bytes > inline_copy_bytes_ || pool.copies_in_flight > 0)) {
-    ++pool.copies_in_flight;
+  PoolRuntime& pool = *job.value()->pool;
+  const uint64_t bytes = job.value()->src.size() * pool.info().page_stride;
+  if (deferred != nullptr && (bytes > inline_copy_bytes_ || pool.copies_in_flight() > 0)) {
+    pool.begin_job();
     *deferred = std::move(job.value());
     return wire::Reply(wire::CopyReply{});  // never sent: finish_copy answers
   }
@@ -119,23 +96,20 @@ wire::Result<wire::Reply> Service::copy(SessionState& s, uint32_t request_id,
 wire::Result<wire::Reply> Service::copy_reply(const CopyJob& job) const {
   if (!job.error.empty()) {
     log_event(LogLevel::error, "copy_failed",
-              {kv("pool", job.pool->config.name), kv("error", job.error)});
-    return error(Errc::internal, "page copy failed: " + job.error);
+              {kv("pool", job.pool->name()), kv("error", job.error)});
+    return wire::Error::of(Errc::internal, "page copy failed: " + job.error);
   }
   return wire::Reply(wire::CopyReply{job.args.num_pairs});
 }
 
 void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
-  if (job.counted()) {
-    KVPOOL_CHECK(job.pool->copies_in_flight > 0);
-    --job.pool->copies_in_flight;
-  }
+  if (job.counted()) job.pool->end_job();
   if (job.finish) {
     // A call whose slow part ran off the loop: its reply is made now.
-    now_s_ = seconds_now();
+    pools_->tick();
     const auto reply = job.finish();
     encode_answer(*job.session, job.request_id, job.op, reply, out);
-    refresh_held(*job.session);
+    access_.refresh_held(*job.session);
   } else {
     const auto reply = copy_reply(job);
     if (reply.ok()) {
@@ -150,7 +124,7 @@ void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
                             LatencyRecorder::now_ns() - job.started_ns);
   }
   if (job.session != nullptr && job.session->attached && job.pool->elastic()) {
-    grow_ahead(*job.pool);
+    pools_->grow_ahead(*job.pool);
   }
 }
 

@@ -116,7 +116,7 @@ std::unique_ptr<Service> make_service() {
 std::vector<uint64_t> fingerprint(const Service& svc) {
   std::vector<uint64_t> f = {svc.events().next_seq(), svc.session_count()};
   for (const auto& pool : svc.pools()) {
-    const core::PoolStats st = pool->pages->stats();
+    const core::PoolStats st = pool->pages().stats();
     const core::PoolCounters& c = st.counters;
     f.insert(f.end(),
              {st.free, st.in_use, st.cached, st.owners, c.lookups, c.lookup_blocks, c.hit_blocks,
@@ -213,13 +213,13 @@ void check_round_trip(const wire::FrameHeader& h, std::span<const std::byte> fra
 void check_closed(const Service& svc) {
   if (svc.session_count() != 0) fail("a session is still open after close");
   for (const auto& pool : svc.pools()) {
-    const core::PoolStats st = pool->pages->stats();
+    const core::PoolStats st = pool->pages().stats();
     if (st.in_use != 0 || st.owners != 0) {
-      fail("pool " + pool->config.name + ": " + std::to_string(st.in_use) +
+      fail("pool " + pool->name() + ": " + std::to_string(st.in_use) +
            " pages in use after the session closed");
     }
-    if (std::string broken = pool->pages->check_invariants(); !broken.empty()) {
-      fail("pool " + pool->config.name + ": " + broken);
+    if (std::string broken = pool->pages().check_invariants(); !broken.empty()) {
+      fail("pool " + pool->name() + ": " + broken);
     }
   }
 }

@@ -1,0 +1,319 @@
+#include "daemon/pool/pool_runtime.h"
+
+#include <algorithm>
+#include <string_view>
+
+#include "common/byte_units.h"
+#include "common/system_memory.h"
+#include "daemon/core/check.h"
+#include "daemon/pool/pool_set.h"
+#include "daemon/telemetry/log.h"
+#include "kernels/pool_view.h"
+
+namespace kvpool::daemon {
+
+namespace {
+
+wire::Error error(Errc code, std::string message, uint64_t value = 0) {
+  return wire::Error{Status(code, kNoItem, value), std::move(message)};
+}
+
+}  // namespace
+
+PoolRuntime::PoolRuntime(const PoolConfig& pc, uint16_t index, PoolSet& set)
+    : config_(pc), index_(index), set_(set) {}
+
+wire::Result<std::unique_ptr<PoolRuntime>> PoolRuntime::create(
+    const PoolConfig& pc, MemoryBackend& backend, uint64_t max_segment_bytes, uint16_t index,
+    PoolSet& set, EventLog& events, const EventsConfig& events_config) {
+  const Geometry& g = pc.geometry;
+  const uint64_t per_page = page_data_bytes(g) + page_scale_bytes(g);
+  uint64_t pages = 0;
+  switch (pc.capacity.unit) {
+    case Capacity::Unit::pages:
+      pages = pc.capacity.value;
+      break;
+    case Capacity::Unit::bytes:
+      pages = pc.capacity.value / per_page;
+      break;
+    case Capacity::Unit::fraction:
+      pages = static_cast<uint64_t>(static_cast<double>(backend.available_bytes()) *
+                                    pc.capacity.fraction) /
+              per_page;
+      break;
+  }
+  if (pages == 0) {
+    return error(Errc::invalid_argument,
+                 "pool " + pc.name + ": its capacity holds no page of " + human_bytes(per_page));
+  }
+  if (pages > core::kMaxPages) {
+    return error(Errc::invalid_argument,
+                 "pool " + pc.name + ": " + std::to_string(pages) + " pages exceed the limit");
+  }
+  if (pages > UINT64_MAX / per_page) {
+    return error(Errc::invalid_argument, "pool " + pc.name + ": " + std::to_string(pages) +
+                                             " pages of " + human_bytes(per_page) +
+                                             " exceed 2^64 bytes");
+  }
+  // Before any pool memory is reserved: the daemon's own per-page bookkeeping must fit too.
+  const uint64_t bookkeeping = pages * kBookkeepingBytesPerPage;
+  if (const auto avail = mem_available_bytes(); avail && bookkeeping > *avail) {
+    return error(Errc::invalid_argument,
+                 "pool " + pc.name + ": its " + std::to_string(pages) + " pages need about " +
+                     human_bytes(bookkeeping) + " of daemon memory for their bookkeeping (" +
+                     std::to_string(kBookkeepingBytesPerPage) + " bytes a page), more than the " +
+                     human_bytes(*avail) +
+                     " available (MemAvailable, /proc/meminfo); use a smaller capacity or "
+                     "larger pages");
+  }
+  std::unique_ptr<PoolRuntime> pool(new PoolRuntime(pc, index, set));
+  wire::PoolInfo& info = pool->info_;
+  if (pc.max_capacity) {
+    auto n = pool->create_elastic(backend, static_cast<uint32_t>(pages));
+    if (!n.ok()) return n.error();
+    pages = n.value();
+  } else {
+    auto memory = backend.create(pages * per_page, max_segment_bytes, pc.name);
+    if (!memory.ok()) return memory.error();
+    pool->memory_ = std::move(memory.value());
+    info.reserved_bytes = pool->memory_->reserved_bytes();
+    info.scales_offset = pages * page_data_bytes(g);
+    info.max_pages = static_cast<uint32_t>(pages);
+  }
+  core::PoolOptions opts;
+  opts.num_pages = static_cast<uint32_t>(pages);
+  opts.policy = core::make_policy(pc.policy);
+  if (!opts.policy) return error(Errc::invalid_argument, "pool " + pc.name + ": unknown policy");
+  pool->pages_ = std::make_unique<core::PagePool>(std::move(opts));
+  info.geometry = g;
+  info.layout = pc.layout;
+  info.num_pages = static_cast<uint32_t>(pages);
+  info.page_stride = page_data_bytes(g);
+  info.segment_bytes = pool->memory_->bytes();
+  info.pool_name = pc.name;
+  info.backend = std::string(backend.name());
+  info.device = backend.device();
+  info.device_uuid = backend.device_uuid();
+  info.segments = pool->memory_->segments();
+  pool->device_ = backend.device();
+  log_event(LogLevel::info, "pool_ready",
+            {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
+             kv("bytes", info.segment_bytes), kv("size", human_bytes(pages * per_page)),
+             kv("backend", info.backend), kv("segments", info.segments.size()),
+             kv("policy", pc.policy), kv("layout", std::string(layout_name(pc.layout)))});
+  pool->init_telemetry(events, events_config, backend.name());
+  return pool;
+}
+
+void PoolRuntime::init_telemetry(EventLog& events, const EventsConfig& ev,
+                                 std::string_view backend_name) {
+  events_ = &events;
+  prefix_stats_ = std::make_unique<PrefixStats>(pages_->num_pages());
+  if (!ev.zmq_endpoint.empty()) {
+    kv_events_ = std::make_unique<KvEventBatcher>();
+    kv_format_.hash_format =
+        ev.zmq_block_hash == "uint64" ? KvHashFormat::uint64 : KvHashFormat::bytes;
+    kv_format_.layout = ev.zmq_payload == "map" ? KvPayloadLayout::map : KvPayloadLayout::array;
+    kv_format_.block_size = config_.geometry.tokens_per_page;
+    // vLLM's medium names where a block lives: the host backend keeps pages in CPU memory,
+    // every other backend (cuda-*, fake-device) stands for device memory.
+    kv_format_.medium = backend_name == std::string_view("host") ? "CPU" : "GPU";
+    kv_format_.data_parallel_rank = ev.data_parallel_rank;
+  }
+  index_events_ = std::make_unique<PoolIndexEvents>(index_, events, *prefix_stats_, set_.now_ref(),
+                                                    kv_events_.get());
+  pages_->set_observer(index_events_.get());
+}
+
+wire::Result<bool> PoolRuntime::attach_host_tier() {
+  const PoolConfig& pc = config_;
+  if (!pc.host_tier) return true;
+  const uint64_t per_page = page_data_bytes(pc.geometry) + page_scale_bytes(pc.geometry);
+  uint64_t slots = pc.host_tier->value;
+  if (pc.host_tier->unit == Capacity::Unit::bytes) slots = pc.host_tier->value / per_page;
+  if (pc.host_tier->unit == Capacity::Unit::fraction) {
+    uint64_t avail = mem_available_bytes().value_or(0);
+    if (const auto cgroup = cgroup_memory_free_bytes()) avail = std::min(avail, *cgroup);
+    slots = static_cast<uint64_t>(static_cast<double>(avail) * pc.host_tier->fraction) / per_page;
+  }
+  if (slots == 0 || slots > core::kMaxPages) {
+    return error(Errc::invalid_argument, "pool " + pc.name + ": host_tier holds " +
+                                             std::to_string(slots) + " pages of " +
+                                             human_bytes(per_page) + "; it must hold 1 to " +
+                                             std::to_string(core::kMaxPages));
+  }
+  auto tier = PoolHostTier::create(*pages_, index_events_.get(), pc.geometry,
+                                   static_cast<uint32_t>(slots), device_, pc.name);
+  if (!tier.ok()) return tier.error();
+  host_tier_ = std::move(tier.value());
+  log_event(LogLevel::info, "host_tier_ready",
+            {kv("pool", pc.name), kv("pages", slots), kv("bytes", host_tier_->bytes()),
+             kv("size", human_bytes(host_tier_->bytes())), kv("pinned", device_ >= 0)});
+  return true;
+}
+
+kernels::PagedKv PoolRuntime::paged_kv() const {
+  return kernels::paged_kv_of(info_, memory_->base());
+}
+
+void PoolRuntime::apply_config(const PoolConfig& next) {
+  if (config_.policy != next.policy) {
+    log_event(LogLevel::info, "policy_changed",
+              {kv("pool", config_.name), kv("from", config_.policy), kv("to", next.policy),
+               kv("cached_pages", pages_->stats().cached)});
+    pages_->set_policy(core::make_policy(next.policy));
+  }
+  config_ = next;
+}
+
+Status PoolRuntime::alloc(core::OwnerId owner, std::span<PageId> out, const core::CallHints& hints,
+                          uint64_t* growable) {
+  const uint64_t n = out.size();
+  // Every refusal comes first: an alloc that fails must not grow its pool, shrink another or
+  // evict anything on its way to failing. What the pool could grow by (a walk over every
+  // elastic pool's segments) is asked only when its own free and evictable pages fall short:
+  // most allocs never pay for it.
+  const uint32_t max_pages = elastic() ? info_.max_pages : pages_->num_pages();
+  *growable = 0;
+  Status admitted = pages_->admit_alloc(n, hints, max_pages, 0);
+  if (admitted.code() == Errc::out_of_pages && elastic()) {
+    *growable = set_.growable_pages(*this);
+    admitted = pages_->admit_alloc(n, hints, max_pages, *growable);
+  }
+  if (!admitted.ok()) return admitted;
+  // An elastic pool grows before it evicts, as far as its max and the budget allow.
+  if (elastic() && pages_->stats().free < n) set_.grow_for(*this, n);
+  return pages_->alloc(owner, out, hints);
+}
+
+bool PoolRuntime::plan_promotion(core::OwnerId owner, Namespace ns,
+                                 std::span<const BlockHash> missing, uint32_t max_new_pages,
+                                 const core::CallHints& hints, TierCopy& tier) {
+  return host_tier_ && !missing.empty() &&
+         host_tier_->plan_promote(paged_kv(), owner, ns, missing, max_new_pages, hints, tier);
+}
+
+uint32_t PoolRuntime::finish_promotion(TierCopy& tier, core::OwnerId owner, Namespace ns,
+                                       std::span<const BlockHash> chain, std::span<PageId> out) {
+  return host_tier_->finish_promote(tier, owner, ns, chain, out);
+}
+
+void PoolRuntime::plan_demotions(TierCopy& tier) {
+  if (host_tier_) host_tier_->plan_demote(paged_kv(), tier);
+}
+
+void PoolRuntime::run_tier(TierCopy& tier) {
+  host_tier_->run(tier);
+}
+
+void PoolRuntime::finish_demotions(TierCopy& tier) {
+  host_tier_->finish_demote(tier);
+}
+
+uint32_t PoolRuntime::evict(uint32_t count, TierCopy& tier) {
+  // With a host tier the pages go down first, held until their bytes are there.
+  return host_tier_ ? host_tier_->plan_evict(paged_kv(), count, tier) : pages_->evict(count);
+}
+
+std::pair<uint32_t, uint32_t> PoolRuntime::flush() {
+  index_events_->begin_flush();
+  const uint32_t n = pages_->flush();
+  index_events_->end_flush(pages_->indexed() == 0);
+  // A flush empties the pool's cache, the blocks kept in its host tier included.
+  const uint32_t host = host_tier_ ? host_tier_->flush() : 0;
+  return {n, host};
+}
+
+std::optional<wire::Error> PoolRuntime::capacity_error(const Status& st, uint64_t growable) const {
+  const std::string what = "alloc of " + std::to_string(st.value()) + " pages: pool " + name();
+  if (st.code() == Errc::exceeds_capacity) {
+    return error(Errc::exceeds_capacity,
+                 what + " holds at most " +
+                     std::to_string(elastic() ? info_.max_pages : pages_->num_pages()) +
+                     (elastic() ? " pages (max_capacity)" : " pages (capacity)"),
+                 st.value());
+  }
+  if (st.code() == Errc::out_of_pages) {
+    const core::PoolStats ps = pages_->stats();
+    return error(
+        Errc::out_of_pages,
+        what + " has " + std::to_string(ps.free) + " free and " +
+            std::to_string(ps.cached - ps.pinned_cached) + " evictable pages" +
+            (elastic() ? " and can grow by at most " + std::to_string(growable) : std::string()) +
+            "; the rest are in use or pinned",
+        st.value());
+  }
+  return std::nullopt;
+}
+
+void PoolRuntime::fill_stats(stats::PoolStats& p) const {
+  stats::set_name(p.name, config_.name, /*terminated=*/false);
+  p.name_len = static_cast<uint32_t>(std::min<size_t>(config_.name.size(), stats::kNameBytes));
+  stats::set_name(p.backend, info_.backend);
+  const Geometry& g = info_.geometry;
+  p.dtype = static_cast<uint32_t>(g.dtype);
+  p.layout = static_cast<uint32_t>(info_.layout);
+  p.layers = g.layers;
+  p.kv_heads = g.kv_heads;
+  p.head_dim = g.head_dim;
+  p.tokens_per_page = g.tokens_per_page;
+  pages_->expire_pins();
+  const core::PoolStats ps = pages_->stats();
+  stats::set_name(p.policy, pages_->policy().name());
+  p.pinned = ps.pinned;
+  p.pinned_cached = ps.pinned_cached;
+  p.pins = ps.counters.pins;
+  p.pins_expired = ps.counters.pins_expired;
+  p.max_pages = info_.max_pages;
+  p.epoch = info_.epoch;
+  if (elastic()) {
+    const ElasticState& e = elastic_;
+    p.min_pages = e.min_pages;
+    p.grows = e.grows;
+    p.shrinks = e.shrinks;
+    const uint64_t n = std::min<uint64_t>(e.resize_count, ElasticState::kHistory);
+    p.history_len = static_cast<uint32_t>(n);
+    for (uint64_t k = 0; k < n; ++k) {
+      const auto& [ms, pages] = e.history[(e.resize_count - n + k) % ElasticState::kHistory];
+      p.history[k] = stats::PoolStats::Resize{ms, pages, 0};
+    }
+  }
+  if (host_tier_) {
+    const core::HostTier& t = host_tier_->tier();
+    const HostTierCopyStats& c = host_tier_->copy_stats();
+    p.host_slots = t.capacity();
+    p.host_held = t.held();
+    p.host_bytes = host_tier_->bytes();
+    p.host_demoted = t.counters().demoted;
+    p.host_promoted = t.counters().promoted;
+    p.host_dropped = t.counters().dropped;
+    p.host_demote_ns = c.demote_ns;
+    p.host_promote_ns = c.promote_ns;
+    p.host_copy_failures = c.copy_failures;
+  }
+  p.total = ps.total;
+  p.free = ps.free;
+  p.in_use = ps.in_use;
+  p.cached = ps.cached;
+  p.indexed = pages_->indexed();
+  p.device = info_.device;
+  p.segments = static_cast<uint32_t>(info_.segments.size());
+  p.page_stride = info_.page_stride;
+  p.segment_bytes = info_.segment_bytes;
+  p.lookups = ps.counters.lookups;
+  p.lookup_blocks = ps.counters.lookup_blocks;
+  p.hit_blocks = ps.counters.hit_blocks;
+  p.allocated = ps.counters.allocated;
+  p.released = ps.counters.released;
+  p.published = ps.counters.published;
+  p.duplicates = ps.counters.duplicates;
+  p.evicted = ps.counters.evicted;
+  p.flushed = ps.counters.flushed;
+}
+
+void PoolRuntime::end_job() {
+  KVPOOL_CHECK(copies_in_flight_ > 0);
+  --copies_in_flight_;
+}
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,127 @@
+// PoolSet: the daemon's pools and the memory budget their elastic pools share.
+//
+// Mechanism (here and PoolRuntime's elastic half): an elastic pool grows by one segment at the
+// end of its pages region and shrinks by its last one. Segments are made off the event loop
+// where a caller can wait for them (growth ahead of need, an admin's resize: plan on the loop,
+// make on the CopyWorker, commit on the loop) and on it where the caller cannot (an alloc short
+// of free pages). Memory a shrink let go of is released off the loop too (take_background()).
+//
+// Policy (RebalanceStrategy, rebalance_strategy.h) only chooses: when a growth would pass the
+// budget, which other pools give segments back, in which order, and whether this growth may take
+// from them at all. The budget itself is never passed: a segment that would pass it is not
+// mapped, and segments in the making hold their room (ahead_bytes()).
+//
+// Invariants: elastic_bytes() ≤ budget() after every call; at most one growth ahead and one admin
+// resize of a pool in flight (its ElasticState says which); a pool running a job gives nothing
+// back.
+//
+// Thread-safety: the event loop owns it; MemoryWork::run and ResizePlan::make run on one other
+// thread. Error policy: create() and plan_resize_up() return errors naming the pool and cause.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "daemon/pool/pool_runtime.h"
+#include "daemon/pool/rebalance_strategy.h"
+
+namespace kvpool::daemon {
+
+// Memory work of the daemon's own, off the loop: run() on any thread, then done() on the loop.
+struct MemoryWork {
+  PoolRuntime* pool = nullptr;  // null: no pool's (memory going back)
+  std::function<void()> run;
+  std::function<void()> done;
+};
+
+// An admin resize upwards: segments planned on the loop, made by make() off it, mapped by
+// PoolSet::commit_resize() on it.
+struct ResizePlan {
+  PoolRuntime* pool = nullptr;
+  std::vector<Growth> growths;
+  std::vector<LooseSegment> donors;  // reclaimed memory, released before the new is made
+  void make();
+};
+
+class PoolSet {
+ public:
+  // Every pool of `config` on `backend`. Errors name the pool and the cause (its bookkeeping
+  // not fitting in memory included).
+  static wire::Result<std::unique_ptr<PoolSet>> create(const Config& config, MemoryBackend& backend,
+                                                       EventLog& events);
+
+  const std::vector<std::unique_ptr<PoolRuntime>>& pools() const { return pools_; }
+  PoolRuntime* find(const std::string& name) const;
+  // A reload: each pool's live keys (PoolRuntime::apply_config); `next` has the running pools.
+  void apply_config(const std::vector<PoolConfig>& next);
+
+  // Seconds since start + 1, as PrefixStats counts time: tick() takes it anew (once per call),
+  // now_s() is the value of the current call.
+  uint32_t tick();
+  uint32_t now_s() const { return now_s_; }
+  const uint32_t& now_ref() const { return now_s_; }
+
+  // True once after a resize (the Server then tells the pools' other sessions), and,
+  // separately, once for the stats publisher.
+  bool take_pool_change() { return std::exchange(pool_changed_, false); }
+  bool take_stats_change() { return std::exchange(stats_changed_, false); }
+
+  // The budget: bytes the elastic pools map now, and what memory_budget allows (UINT64_MAX:
+  // none).
+  uint64_t elastic_bytes() const;
+  uint64_t budget() const { return budget_; }
+  // At most how many pages `pool` could grow by now: whole segments up to its max, as far as the
+  // budget's room and every other pool's whole segments above its min would fund (an upper bound:
+  // a donor whose tail pages are held gives less). 0 for a fixed pool.
+  uint64_t growable_pages(const PoolRuntime& pool) const;
+  // Grows `pool` by segments, on the loop, until it has `free_wanted` free pages, its max, or no
+  // memory the budget and the strategy allow. Whether it grew.
+  bool grow_for(PoolRuntime& pool, uint64_t free_wanted);
+  // Gives back `pool`'s last segment (its memory released off the loop).
+  wire::Result<bool> shrink_one(PoolRuntime& pool);
+  // Plans an admin resize of `pool` up to `target` pages: segments planned and other pools
+  // shrunk for them now (any donor above its min); the plan's bytes hold their room until
+  // commit_resize(), which maps what was made and returns "" or why the first one was not.
+  wire::Result<std::shared_ptr<ResizePlan>> plan_resize_up(PoolRuntime& pool, uint32_t target);
+  std::string commit_resize(ResizePlan& plan);
+  // After a call on an elastic pool: starts its next segment off the loop when its free pages
+  // run low and the budget has room (nobody is shrunk for it).
+  void grow_ahead(PoolRuntime& pool);
+  // The daemon's own memory work, one at a time until empty.
+  std::optional<MemoryWork> take_background();
+  // Memory to go back off the loop (a shrunk or unused segment).
+  void release_later(LooseSegment segment);
+
+ private:
+  explicit PoolSet(EventLog& events);
+  // Bytes of segments being made, in all pools.
+  uint64_t ahead_bytes() const;
+  // Frees at least `bytes` of the budget by shrinking the donors the strategy names for
+  // `taker`; shrinks nothing when they cannot give enough.
+  bool reclaim(const PoolRuntime& taker, uint64_t bytes, const RebalanceStrategy::Taker& how);
+  // One segment more, mapped here on the loop; the error names the cause.
+  wire::Result<bool> grow_one(PoolRuntime& pool);
+  // Maps a segment made off the loop; "" or why not (its memory then goes back off the loop).
+  std::string commit_growth(PoolRuntime& pool, Growth& g);
+
+  std::vector<std::unique_ptr<PoolRuntime>> pools_;
+  EventLog& events_;
+  RebalanceStrategy strategy_;
+  uint64_t budget_ = UINT64_MAX;
+  uint64_t start_mono_ns_ = 0;
+  uint32_t now_s_ = 1;
+  bool pool_changed_ = false;
+  bool stats_changed_ = false;
+  std::vector<MemoryWork> background_;
+  std::vector<LooseSegment> released_;
+
+  friend class PoolRuntime;  // resized() and shrinks report here
+  void note_resized() { pool_changed_ = stats_changed_ = true; }
+  EventLog& events() { return events_; }
+};
+
+}  // namespace kvpool::daemon
