@@ -53,23 +53,25 @@ using codec::put_body;
 constexpr size_t kNumOpcodes = std::variant_size_v<Request>;
 static_assert(std::variant_size_v<Reply> == kNumOpcodes);
 
-// Variant alternative → opcode. Opcodes are wire values and need not be contiguous: 1..12 are
-// the pool operations, 20.. the operations, metrics and events block.
-constexpr std::array<uint16_t, kNumOpcodes> kOpcodeNumbers = {1,  2,  3,  4,  5,  6,  7,  8,  9,
-                                                              10, 11, 12, 20, 21, 22, 23, 25, 26};
-static_assert(kOpcodeNumbers[11] == static_cast<uint16_t>(Opcode::copy));
-static_assert(kOpcodeNumbers[15] == static_cast<uint16_t>(Opcode::snapshot));
-static_assert(kOpcodeNumbers[kNumOpcodes - 1] == static_cast<uint16_t>(Opcode::resize));
-
+// Variant alternative → opcode, names and columns, from the table (protocol.h). Opcodes are
+// wire values and need not be contiguous.
+#define KVPOOL_NUMBER(name, number, ...) number,
+#define KVPOOL_NAME(name, ...) #name,
+#define KVPOOL_REPLY_NAME(name, ...) #name " reply",
+#define KVPOOL_ADMIN(name, number, Request, Reply, admin, attach) admin,
+#define KVPOOL_ATTACH(name, number, Request, Reply, admin, attach) attach,
+constexpr std::array<uint16_t, kNumOpcodes> kOpcodeNumbers = {KVPOOL_WIRE_OPCODES(KVPOOL_NUMBER)};
 constexpr std::array<std::string_view, kNumOpcodes> kRequestNames = {
-    "hello",    "alloc",  "retain",    "release",  "lookup",   "publish",
-    "stats",    "evict",  "flush",     "sessions", "pages",    "copy",
-    "prefixes", "reload", "subscribe", "snapshot", "segments", "resize"};
+    KVPOOL_WIRE_OPCODES(KVPOOL_NAME)};
 constexpr std::array<std::string_view, kNumOpcodes> kReplyNames = {
-    "hello reply",    "alloc reply",    "retain reply",   "release reply", "lookup reply",
-    "publish reply",  "stats reply",    "evict reply",    "flush reply",   "sessions reply",
-    "pages reply",    "copy reply",     "prefixes reply", "reload reply",  "subscribe reply",
-    "snapshot reply", "segments reply", "resize reply"};
+    KVPOOL_WIRE_OPCODES(KVPOOL_REPLY_NAME)};
+constexpr std::array<bool, kNumOpcodes> kAdminOnlyColumn = {KVPOOL_WIRE_OPCODES(KVPOOL_ADMIN)};
+constexpr std::array<bool, kNumOpcodes> kNeedsAttachColumn = {KVPOOL_WIRE_OPCODES(KVPOOL_ATTACH)};
+#undef KVPOOL_NUMBER
+#undef KVPOOL_NAME
+#undef KVPOOL_REPLY_NAME
+#undef KVPOOL_ADMIN
+#undef KVPOOL_ATTACH
 
 // Wire sizes of an error reply's fixed part and the longest message it can carry.
 constexpr size_t kErrorFixedBytes = kU16 + kU32 + kU64 + kU32;  // status, item, value, length
@@ -148,7 +150,19 @@ constexpr auto kReplyDecoders = make_decoders<Reply>(std::make_index_sequence<kN
 
 // Opcode → variant index for opcodes below kOpcodeTableSize; kNumOpcodes where none.
 constexpr size_t kOpcodeTableSize = 64;
-static_assert(kOpcodeNumbers[kNumOpcodes - 1] < kOpcodeTableSize);
+// Every number fits the index and names one row only.
+static_assert([] {
+  std::array<bool, kOpcodeTableSize> seen{};
+  for (const uint16_t n : kOpcodeNumbers) {
+    if (n == 0 || n >= kOpcodeTableSize || seen[n] ||
+        n == static_cast<uint16_t>(Opcode::event_batch) ||
+        n == static_cast<uint16_t>(Opcode::pool_changed)) {
+      return false;
+    }
+    seen[n] = true;
+  }
+  return true;
+}());
 constexpr std::array<uint8_t, kOpcodeTableSize> kOpcodeIndex = [] {
   std::array<uint8_t, kOpcodeTableSize> t{};
   t.fill(static_cast<uint8_t>(kNumOpcodes));
@@ -179,6 +193,16 @@ Opcode opcode_of(const Reply& r) {
 
 uint16_t opcode_number(size_t index) {
   return index < kNumOpcodes ? kOpcodeNumbers[index] : 0;
+}
+
+bool opcode_admin_only(Opcode op) {
+  const size_t i = opcode_index(static_cast<uint16_t>(op));
+  return i != kNumOpcodes && kAdminOnlyColumn[i];
+}
+
+bool opcode_needs_attach(Opcode op) {
+  const size_t i = opcode_index(static_cast<uint16_t>(op));
+  return i != kNumOpcodes && kNeedsAttachColumn[i];
 }
 
 std::string_view opcode_name(uint16_t opcode) {

@@ -109,30 +109,53 @@ inline constexpr uint32_t kMaxPrefixes = 10000;          // entries in one prefi
 inline constexpr uint32_t kMaxMessageBytes = 64u << 10;  // free text in a reply (reload)
 inline constexpr uint32_t kMaxRestartKeys = 64;
 
+// The opcode table: one row per request, and the only list of them. Columns: the name (the
+// Opcode, the Service's handler, the text in errors and logs), the wire number (never reused;
+// 13..19 are free), the request and reply types, who may call it (kAdminOnly: root or
+// admin_group; the Service checks before its handler runs) and whether it needs an attached
+// session (kBeforeHello: only hello). From it follow the Opcode enum, the Request and Reply
+// variants (alternative i = row i), the name tables, the decoders, the codec declarations
+// (body_codec.h), the Service's handler declarations and its dispatch. The recipe for a new
+// opcode is in docs/ARCHITECTURE.md ("Adding an opcode").
+inline constexpr bool kAdminOnly = true;
+inline constexpr bool kAnyPeer = false;
+inline constexpr bool kAttached = true;
+inline constexpr bool kBeforeHello = false;
+#define KVPOOL_WIRE_OPCODES(X)                                                       \
+  X(hello, 1, HelloRequest, HelloReply, kAnyPeer, kBeforeHello)                      \
+  X(alloc, 2, AllocRequest, AllocReply, kAnyPeer, kAttached)                         \
+  X(retain, 3, RetainRequest, RetainReply, kAnyPeer, kAttached)                      \
+  X(release, 4, ReleaseRequest, ReleaseReply, kAnyPeer, kAttached)                   \
+  X(lookup, 5, LookupRequest, LookupReply, kAnyPeer, kAttached)                      \
+  X(publish, 6, PublishRequest, PublishReply, kAnyPeer, kAttached)                   \
+  X(stats, 7, StatsRequest, StatsReply, kAnyPeer, kAttached)                         \
+  X(evict, 8, EvictRequest, EvictReply, kAdminOnly, kAttached)                       \
+  X(flush, 9, FlushRequest, FlushReply, kAdminOnly, kAttached)                       \
+  X(sessions, 10, SessionsRequest, SessionsReply, kAnyPeer, kAttached)               \
+  X(pages, 11, PagesRequest, PagesReply, kAnyPeer, kAttached)                        \
+  X(copy, 12, CopyRequest, CopyReply, kAnyPeer, kAttached)                           \
+  /* operations, metrics and events */                                               \
+  X(prefixes, 20, PrefixesRequest, PrefixesReply, kAnyPeer, kAttached)               \
+  X(reload, 21, ReloadRequest, ReloadReply, kAdminOnly, kAttached)                   \
+  X(subscribe, 22, SubscribeRequest, SubscribeReply, kAnyPeer, kAttached)            \
+  X(snapshot, 23, SnapshotRequest, SnapshotReply, kAnyPeer, kAttached)               \
+  /* elastic pools: the pool's PoolInfo with every segment's descriptor; a resize */ \
+  X(segments, 25, SegmentsRequest, SegmentsReply, kAnyPeer, kAttached)               \
+  X(resize, 26, ResizeRequest, ResizeReply, kAdminOnly, kAttached)
+
 enum class Opcode : uint16_t {
-  hello = 1,
-  alloc = 2,
-  retain = 3,
-  release = 4,
-  lookup = 5,
-  publish = 6,
-  stats = 7,
-  evict = 8,
-  flush = 9,
-  sessions = 10,
-  pages = 11,
-  copy = 12,
-  // Operations, metrics and events (13..19 are free).
-  prefixes = 20,
-  reload = 21,
-  subscribe = 22,
-  snapshot = 23,
-  event_batch = 24,  // pushed by the daemon on a subscribed connection; never a request
-  // Elastic pools.
-  segments = 25,      // the pool's current PoolInfo, with every segment's descriptor
-  resize = 26,        // admin: grow or shrink the pool to about N pages
-  pool_changed = 27,  // pushed by the daemon when the pool's segments change; never a request
+#define KVPOOL_OPCODE_ENUM(name, number, ...) name = number,
+  KVPOOL_WIRE_OPCODES(KVPOOL_OPCODE_ENUM)
+#undef KVPOOL_OPCODE_ENUM
+  // Pushed by the daemon, never requests: events to a subscriber, a pool's new segment list.
+  event_batch = 24,
+  pool_changed = 27,
 };
+
+// Who may call `op` and whether it needs an attached session (the table's last columns); false
+// for an opcode that is not a request.
+bool opcode_admin_only(Opcode op);
+bool opcode_needs_attach(Opcode op);
 
 struct FrameHeader {
   uint32_t magic = kFrameMagic;
@@ -256,13 +279,17 @@ struct ResizeRequest {
   friend bool operator==(const ResizeRequest&, const ResizeRequest&) = default;
 };
 
-// Alternative i is the request of opcode opcode_number(i): 1..12, 20..23, then 25, 26.
-using Request = std::variant<HelloRequest, AllocRequest, RetainRequest, ReleaseRequest,
-                             LookupRequest, PublishRequest, StatsRequest, EvictRequest,
-                             FlushRequest, SessionsRequest, PagesRequest, CopyRequest,
-                             // opcodes 20+
-                             PrefixesRequest, ReloadRequest, SubscribeRequest, SnapshotRequest,
-                             SegmentsRequest, ResizeRequest>;
+namespace detail {
+template <typename Ignored, typename... T>
+struct VariantOfRest {
+  using type = std::variant<T...>;
+};
+}  // namespace detail
+
+// Alternative i is the request of the table's row i.
+#define KVPOOL_REQUEST_TYPE(name, number, Request, ...) , Request
+using Request = detail::VariantOfRest<void KVPOOL_WIRE_OPCODES(KVPOOL_REQUEST_TYPE)>::type;
+#undef KVPOOL_REQUEST_TYPE
 
 Opcode opcode_of(const Request& r);
 
@@ -436,13 +463,10 @@ struct ResizeReply {
   friend bool operator==(const ResizeReply&, const ResizeReply&) = default;
 };
 
-// Alternative i is the reply of opcode opcode_number(i).
-using Reply =
-    std::variant<HelloReply, AllocReply, RetainReply, ReleaseReply, LookupReply, PublishReply,
-                 StatsReply, EvictReply, FlushReply, SessionsReply, PagesReply, CopyReply,
-                 // opcodes 20+
-                 PrefixesReply, ReloadReply, SubscribeReply, SnapshotReply, SegmentsReply,
-                 ResizeReply>;
+// Alternative i is the reply of the table's row i.
+#define KVPOOL_REPLY_TYPE(name, number, Request, Reply, ...) , Reply
+using Reply = detail::VariantOfRest<void KVPOOL_WIRE_OPCODES(KVPOOL_REPLY_TYPE)>::type;
+#undef KVPOOL_REPLY_TYPE
 
 Opcode opcode_of(const Reply& r);
 // The opcode of variant alternative `index`, and the name of an opcode ("" when it names none).

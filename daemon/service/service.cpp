@@ -120,10 +120,19 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   const uint64_t started = service_latency_.enabled() ? LatencyRecorder::now_ns() : 0;
   pools_->tick();
   const wire::Opcode op = wire::opcode_of(request);
-  wire::Result<wire::Reply> reply =
-      !s.attached && op != wire::Opcode::hello
-          ? wire::Error::of(Errc::not_attached, "send hello before any other request")
-          : dispatch(s, request_id, request, fds_to_pass, started, deferred);
+  Call call{request_id, fds_to_pass, started, deferred};
+  wire::Result<wire::Reply> reply = wire::Error::of(Errc::internal, "unhandled request");
+  if (!s.attached && wire::opcode_needs_attach(op)) {
+    reply = wire::Error::of(Errc::not_attached, "send hello before any other request");
+  } else if (auto admin =
+                 wire::opcode_admin_only(op)
+                     ? access_.check_admin(s.peer, wire::opcode_name(static_cast<uint16_t>(op)))
+                     : wire::Result<bool>(true);
+             !admin.ok()) {
+    reply = admin.error();
+  } else {
+    reply = dispatch(s, request, call);
+  }
   // Pages the call evicted go down to the host tier before any reply tells a worker it may
   // write them; a lookup's promoted pages come up before it answers.
   if (s.attached && (deferred == nullptr || !*deferred) &&
@@ -153,37 +162,17 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   if (s.attached && s.pool->elastic()) pools_->grow_ahead(*s.pool);
 }
 
-wire::Result<wire::Reply> Service::dispatch(SessionState& s, uint32_t request_id,
-                                            const wire::Request& request, std::span<const int>* fds,
-                                            uint64_t started_ns,
-                                            std::unique_ptr<CopyJob>* deferred) {
-  return std::visit(
-      [&](const auto& r) -> wire::Result<wire::Reply> {
-        using T = std::decay_t<decltype(r)>;
-        if constexpr (std::is_same_v<T, wire::HelloRequest>) return hello(s, r, fds);
-        if constexpr (std::is_same_v<T, wire::AllocRequest>) return alloc(s, r);
-        if constexpr (std::is_same_v<T, wire::RetainRequest>) return retain(s, r);
-        if constexpr (std::is_same_v<T, wire::ReleaseRequest>) return release(s, r);
-        if constexpr (std::is_same_v<T, wire::LookupRequest>) return lookup(s, r);
-        if constexpr (std::is_same_v<T, wire::PublishRequest>) return publish(s, r);
-        if constexpr (std::is_same_v<T, wire::StatsRequest>) return stats(s);
-        if constexpr (std::is_same_v<T, wire::EvictRequest>) return evict(s, r);
-        if constexpr (std::is_same_v<T, wire::FlushRequest>) return flush(s);
-        if constexpr (std::is_same_v<T, wire::SessionsRequest>) return sessions(s);
-        if constexpr (std::is_same_v<T, wire::PagesRequest>) return pages(s);
-        if constexpr (std::is_same_v<T, wire::CopyRequest>) {
-          return copy(s, request_id, r, started_ns, deferred);
-        }
-        if constexpr (std::is_same_v<T, wire::PrefixesRequest>) return prefixes(s, r);
-        if constexpr (std::is_same_v<T, wire::ReloadRequest>) return reload(s);
-        if constexpr (std::is_same_v<T, wire::SubscribeRequest>) {
-          return subscribe(s, request_id, r);
-        }
-        if constexpr (std::is_same_v<T, wire::SnapshotRequest>) return snapshot(s);
-        if constexpr (std::is_same_v<T, wire::SegmentsRequest>) return segments(s, fds);
-        if constexpr (std::is_same_v<T, wire::ResizeRequest>) return resize(s, r);
-      },
-      request);
+wire::Result<wire::Reply> Service::dispatch(SessionState& s, const wire::Request& request,
+                                            Call& call) {
+  switch (wire::opcode_of(request)) {
+#define KVPOOL_DISPATCH(name, number, Req, Rep, ...) \
+  case wire::Opcode::name:                           \
+    return name(s, *std::get_if<wire::Req>(&request), call);
+    KVPOOL_WIRE_OPCODES(KVPOOL_DISPATCH)
+#undef KVPOOL_DISPATCH
+    default:
+      return wire::Error::of(Errc::internal, "unhandled request");
+  }
 }
 
 bool Service::run_tier_copies(SessionState& s, uint32_t request_id, wire::Opcode op,
@@ -237,8 +226,7 @@ void Service::encode_answer(SessionState& s, uint32_t request_id, wire::Opcode o
   }
 }
 
-wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloRequest& r,
-                                         std::span<const int>* fds) {
+wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloRequest& r, Call& call) {
   if (s.attached) {
     return wire::Error::of(Errc::already_attached, "this connection already said hello");
   }
@@ -262,7 +250,7 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
   s.attached = true;
   s.known_epoch = pool->info().epoch;
   s.worker_name = r.worker_name;
-  *fds = pool->memory().fds();
+  *call.fds = pool->memory().fds();
   wire::HelloReply h;
   h.session_id = s.id;
   h.pool = pool->info();
@@ -273,7 +261,7 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
   return wire::Reply(std::move(h));
 }
 
-wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocRequest& r) {
+wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocRequest& r, Call&) {
   const uint64_t n = r.count;
   if (n > access_.new_pages_allowed(s)) return access_.quota_error(s, n);
   auto hints = access_.call_hints(s, r.hints);
@@ -290,7 +278,7 @@ wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocReque
   return wire::Reply(std::move(a));
 }
 
-wire::Result<wire::Reply> Service::retain(SessionState& s, const wire::RetainRequest& r) {
+wire::Result<wire::Reply> Service::retain(SessionState& s, const wire::RetainRequest& r, Call&) {
   auto hints = access_.call_hints(s, r.hints);
   if (!hints.ok()) return hints.error();
   const Status st = s.pool->pages().retain(s.owner, r.pages, hints.value());
@@ -298,14 +286,14 @@ wire::Result<wire::Reply> Service::retain(SessionState& s, const wire::RetainReq
   return wire::Reply(wire::RetainReply{});
 }
 
-wire::Result<wire::Reply> Service::release(SessionState& s, const wire::ReleaseRequest& r) {
+wire::Result<wire::Reply> Service::release(SessionState& s, const wire::ReleaseRequest& r, Call&) {
   const Status st = s.pool->pages().release(s.owner, r.pages);
   if (!st.ok()) return from_status(st);
   access_.refresh_held(s);
   return wire::Reply(wire::ReleaseReply{});
 }
 
-wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupRequest& r) {
+wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupRequest& r, Call&) {
   auto hints = access_.call_hints(s, r.hints);
   if (!hints.ok()) return hints.error();
   wire::LookupReply l;
@@ -344,7 +332,7 @@ wire::Result<wire::Reply> Service::lookup_reply(SessionState& s, wire::LookupRep
   return wire::Reply(std::move(l));
 }
 
-wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishRequest& r) {
+wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishRequest& r, Call&) {
   auto hints = access_.call_hints(s, r.hints);
   if (!hints.ok()) return hints.error();
   wire::PublishReply p;
@@ -366,7 +354,7 @@ wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishR
   return wire::Reply(std::move(p));
 }
 
-wire::Result<wire::Reply> Service::stats(SessionState& s) {
+wire::Result<wire::Reply> Service::stats(SessionState& s, const wire::StatsRequest&, Call&) {
   const core::PoolStats ps = s.pool->pages().stats();
   wire::StatsReply r;
   r.total = ps.total;
@@ -387,8 +375,7 @@ wire::Result<wire::Reply> Service::stats(SessionState& s) {
   return wire::Reply(r);
 }
 
-wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r) {
-  if (auto ok = access_.check_admin(s.peer, "evict"); !ok.ok()) return ok.error();
+wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r, Call&) {
   // With a host tier the pages go down first, held until their bytes are there (handle()).
   const uint32_t n = s.pool->evict(r.count, call_tier_);
   operator_change_ = true;
@@ -398,8 +385,7 @@ wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictReque
   return wire::Reply(wire::EvictReply{n});
 }
 
-wire::Result<wire::Reply> Service::flush(SessionState& s) {
-  if (auto ok = access_.check_admin(s.peer, "flush"); !ok.ok()) return ok.error();
+wire::Result<wire::Reply> Service::flush(SessionState& s, const wire::FlushRequest&, Call&) {
   const auto [n, host] = s.pool->flush();
   operator_change_ = true;
   log_event(LogLevel::info, "admin_flush",
@@ -408,7 +394,7 @@ wire::Result<wire::Reply> Service::flush(SessionState& s) {
   return wire::Reply(wire::FlushReply{n});
 }
 
-wire::Result<wire::Reply> Service::sessions(SessionState& s) {
+wire::Result<wire::Reply> Service::sessions(SessionState& s, const wire::SessionsRequest&, Call&) {
   wire::SessionsReply r;
   const bool admin = access_.is_admin(s);
   for (const SessionState* other : access_.live()) {
@@ -424,7 +410,7 @@ wire::Result<wire::Reply> Service::sessions(SessionState& s) {
   return wire::Reply(std::move(r));
 }
 
-wire::Result<wire::Reply> Service::pages(SessionState& s) {
+wire::Result<wire::Reply> Service::pages(SessionState& s, const wire::PagesRequest&, Call&) {
   const core::PagePool& pool = s.pool->pages();
   if (pool.num_pages() > wire::kMaxPayloadBytes - 64) {
     return wire::Error::of(Errc::invalid_argument, "pool " + s.pool->name() + " has " +

@@ -145,34 +145,22 @@ class Service {
  private:
   Service(const Config& config, std::unique_ptr<MemoryBackend> backend);
 
-  // The handlers, one per opcode (service.cpp; copies in service_copy.cpp; operations,
-  // metrics, events and elastic pools in service_ops.cpp).
-  wire::Result<wire::Reply> hello(SessionState& s, const wire::HelloRequest& r,
-                                  std::span<const int>* fds);
-  wire::Result<wire::Reply> alloc(SessionState& s, const wire::AllocRequest& r);
-  wire::Result<wire::Reply> retain(SessionState& s, const wire::RetainRequest& r);
-  wire::Result<wire::Reply> release(SessionState& s, const wire::ReleaseRequest& r);
-  wire::Result<wire::Reply> lookup(SessionState& s, const wire::LookupRequest& r);
-  wire::Result<wire::Reply> publish(SessionState& s, const wire::PublishRequest& r);
-  wire::Result<wire::Reply> stats(SessionState& s);
-  wire::Result<wire::Reply> evict(SessionState& s, const wire::EvictRequest& r);
-  wire::Result<wire::Reply> flush(SessionState& s);
-  wire::Result<wire::Reply> sessions(SessionState& s);
-  wire::Result<wire::Reply> pages(SessionState& s);
-  wire::Result<wire::Reply> copy(SessionState& s, uint32_t request_id, const wire::CopyRequest& r,
-                                 uint64_t started_ns, std::unique_ptr<CopyJob>* deferred);
-  wire::Result<wire::Reply> prefixes(SessionState& s, const wire::PrefixesRequest& r);
-  wire::Result<wire::Reply> reload(SessionState& s);
-  wire::Result<wire::Reply> subscribe(SessionState& s, uint32_t request_id,
-                                      const wire::SubscribeRequest& r);
-  wire::Result<wire::Reply> snapshot(SessionState& s);
-  wire::Result<wire::Reply> segments(SessionState& s, std::span<const int>* fds);
-  wire::Result<wire::Reply> resize(SessionState& s, const wire::ResizeRequest& r);
-
+  // What a handler may need of its call besides the session and the request.
+  struct Call {
+    uint32_t request_id = 0;
+    std::span<const int>* fds = nullptr;  // descriptors the reply carries (hello, segments)
+    uint64_t started_ns = 0;
+    std::unique_ptr<CopyJob>* deferred = nullptr;  // see handle()
+  };
+  // The handlers, one per row of the opcode table (common/wire/protocol.h), named as the row:
+  // service.cpp, copies in service_copy.cpp, operations, metrics, events and elastic pools in
+  // service_ops.cpp. handle() has checked the table's columns (attached, admin) before.
+#define KVPOOL_SERVICE_HANDLER(name, number, Req, Rep, ...) \
+  wire::Result<wire::Reply> name(SessionState& s, const wire::Req& r, Call& call);
+  KVPOOL_WIRE_OPCODES(KVPOOL_SERVICE_HANDLER)
+#undef KVPOOL_SERVICE_HANDLER
   // The request's handler.
-  wire::Result<wire::Reply> dispatch(SessionState& s, uint32_t request_id,
-                                     const wire::Request& request, std::span<const int>* fds,
-                                     uint64_t started_ns, std::unique_ptr<CopyJob>* deferred);
+  wire::Result<wire::Reply> dispatch(SessionState& s, const wire::Request& request, Call& call);
   // After a call: the host-tier copies its evictions (and a lookup's promotion) need, run here
   // or handed out through `deferred` (then true: the reply waits for them).
   bool run_tier_copies(SessionState& s, uint32_t request_id, wire::Opcode op, uint64_t started_ns,

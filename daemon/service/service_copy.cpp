@@ -76,17 +76,15 @@ wire::Result<std::unique_ptr<CopyJob>> Service::prepare_copy(SessionState& s, ui
   return job;
 }
 
-wire::Result<wire::Reply> Service::copy(SessionState& s, uint32_t request_id,
-                                        const wire::CopyRequest& r, uint64_t started_ns,
-                                        std::unique_ptr<CopyJob>* deferred) {
-  auto job = prepare_copy(s, request_id, r);
+wire::Result<wire::Reply> Service::copy(SessionState& s, const wire::CopyRequest& r, Call& call) {
+  auto job = prepare_copy(s, call.request_id, r);
   if (!job.ok()) return job.error();
-  job.value()->started_ns = started_ns;
+  job.value()->started_ns = call.started_ns;
   PoolRuntime& pool = *job.value()->pool;
   const uint64_t bytes = job.value()->src.size() * pool.info().page_stride;
-  if (deferred != nullptr && (bytes > inline_copy_bytes_ || pool.copies_in_flight() > 0)) {
+  if (call.deferred != nullptr && (bytes > inline_copy_bytes_ || pool.copies_in_flight() > 0)) {
     pool.begin_job();
-    *deferred = std::move(job.value());
+    *call.deferred = std::move(job.value());
     return wire::Reply(wire::CopyReply{});  // never sent: finish_copy answers
   }
   job.value()->run();

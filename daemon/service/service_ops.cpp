@@ -16,7 +16,8 @@ void Service::note_reload(bool applied) {
   if (!applied) ++reload_failures_;
 }
 
-wire::Result<wire::Reply> Service::prefixes(SessionState& s, const wire::PrefixesRequest& r) {
+wire::Result<wire::Reply> Service::prefixes(SessionState& s, const wire::PrefixesRequest& r,
+                                            Call&) {
   const Namespace own = s.tenant + 1;
   const bool admin = access_.is_admin(s);
   const core::PagePool& pool = s.pool->pages();
@@ -44,15 +45,14 @@ wire::Result<wire::Reply> Service::prefixes(SessionState& s, const wire::Prefixe
   return wire::Reply(std::move(reply));
 }
 
-wire::Result<wire::Reply> Service::reload(SessionState& s) {
-  if (auto ok = access_.check_admin(s.peer, "reload"); !ok.ok()) return ok.error();
+wire::Result<wire::Reply> Service::reload(SessionState& s, const wire::ReloadRequest&, Call&) {
   if (!reload_handler_) return wire::Error::of(Errc::internal, "this daemon has no reload handler");
   log_event(LogLevel::info, "admin_reload", {kv("session", s.id), kv("uid", s.peer.uid)});
   return wire::Reply(reload_handler_());
 }
 
-wire::Result<wire::Reply> Service::subscribe(SessionState& s, uint32_t request_id,
-                                             const wire::SubscribeRequest& r) {
+wire::Result<wire::Reply> Service::subscribe(SessionState& s, const wire::SubscribeRequest& r,
+                                             Call& call) {
   if (s.subscription)
     return wire::Error::of(Errc::invalid_argument, "this connection already follows events");
   const uint64_t next = events_->next_seq();
@@ -68,7 +68,7 @@ wire::Result<wire::Reply> Service::subscribe(SessionState& s, uint32_t request_i
   sub.cursor = r.from_seq == 0 ? next : r.from_seq;
   sub.pool = s.pool->index();
   sub.ns = access_.is_admin(s) ? 0 : s.tenant + 1;
-  sub.request_id = request_id;
+  sub.request_id = call.request_id;
   s.subscription = sub;
   ++subscribers_;
   log_event(LogLevel::info, "subscribe",
@@ -93,7 +93,7 @@ void Service::collect_events(SessionState& s, size_t max, wire::EventBatch& batc
       });
 }
 
-wire::Result<wire::Reply> Service::snapshot(SessionState&) {
+wire::Result<wire::Reply> Service::snapshot(SessionState&, const wire::SnapshotRequest&, Call&) {
   stats::Snapshot snap;
   fill_snapshot(snap);
   wire::SnapshotReply r;
@@ -138,16 +138,16 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
   }
 }
 
-wire::Result<wire::Reply> Service::segments(SessionState& s, std::span<const int>* fds) {
-  *fds = s.pool->memory().fds();
+wire::Result<wire::Reply> Service::segments(SessionState& s, const wire::SegmentsRequest&,
+                                            Call& call) {
+  *call.fds = s.pool->memory().fds();
   wire::PoolInfo info = s.pool->info();
   info.tenant = access_.tenant_name(s.tenant);
   s.known_epoch = info.epoch;
   return wire::Reply(wire::SegmentsReply{std::move(info)});
 }
 
-wire::Result<wire::Reply> Service::resize(SessionState& s, const wire::ResizeRequest& r) {
-  if (auto ok = access_.check_admin(s.peer, "resize"); !ok.ok()) return ok.error();
+wire::Result<wire::Reply> Service::resize(SessionState& s, const wire::ResizeRequest& r, Call&) {
   PoolRuntime& pool = *s.pool;
   if (!pool.elastic()) {
     return wire::Error::of(

@@ -383,6 +383,24 @@ TEST(ProtocolRoundTrip, EventBatch) {
   EXPECT_NE(r.error().message.find("kind 9"), std::string::npos) << r.error().message;
 }
 
+// The opcode table's columns: only the operator's calls are admin-only, only hello may come
+// before hello, and the pushed frames are no requests at all.
+TEST(ProtocolOpcodeTable, ColumnsSayWhoMayCallAndWhen) {
+  std::vector<std::string_view> admin;
+  std::vector<std::string_view> before_hello;
+  for (size_t i = 0; opcode_number(i) != 0; ++i) {
+    const auto op = static_cast<Opcode>(opcode_number(i));
+    if (opcode_admin_only(op)) admin.push_back(opcode_name(opcode_number(i)));
+    if (!opcode_needs_attach(op)) before_hello.push_back(opcode_name(opcode_number(i)));
+  }
+  EXPECT_EQ(admin, (std::vector<std::string_view>{"evict", "flush", "reload", "resize"}));
+  EXPECT_EQ(before_hello, (std::vector<std::string_view>{"hello"}));
+  for (const Opcode pushed : {Opcode::event_batch, Opcode::pool_changed}) {
+    EXPECT_FALSE(opcode_admin_only(pushed));
+    EXPECT_FALSE(opcode_needs_attach(pushed));
+  }
+}
+
 // Elastic pools -------------------------------------------------------------------------------
 
 TEST(ProtocolRoundTrip, OpcodesOfElasticPools) {
