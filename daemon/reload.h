@@ -2,9 +2,11 @@
 //
 // The file is read and validated as at start; an invalid one is refused with its
 // "FILE:LINE: KEY: ..." error and the running configuration stays. A valid one goes through
-// Service::apply_live: limits, tenants, default tenant, admin group and logging change at once,
-// while keys that cannot change under running sessions (socket.*, backend, device, pools,
-// metrics, events) keep their running values and are returned as needing a restart. Each
+// Service::apply_live: each key as the key table (daemon/config/config_keys.h) classifies it:
+// limits, tenants, default tenant, admin group, logging and a pool's policy,
+// share_between_tenants and grow_ahead change at once, while keys that cannot change under
+// running sessions (socket.*, backend, device, max_segment_bytes, memory_budget, the rest of
+// pools, metrics, events) keep their running values and are returned as needing a restart. Each
 // outcome is logged (reloaded, reload_failed, reload_needs_restart, reload_skipped) and counted
 // in the stats snapshot.
 //

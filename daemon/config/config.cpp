@@ -21,6 +21,7 @@
 
 #include "common/byte_units.h"
 #include "common/paths.h"
+#include "daemon/config/config_keys.h"
 #include "daemon/config/config_yaml.h"
 #include "daemon/config/listen_address.h"
 #include "daemon/core/eviction_policy.h"
@@ -40,32 +41,20 @@ using config_yaml::Value;
 constexpr size_t kMaxConfigBytes = size_t{4} << 20;
 constexpr size_t kMaxSocketPathBytes = sizeof(sockaddr_un::sun_path) - 1;
 
-constexpr std::string_view kRootKeys[] = {
-    "socket",  "backend", "device",  "max_segment_bytes", "memory_budget",
-    "limits",  "pools",   "tenants", "default_tenant",    "admin_group",
-    "logging", "metrics", "events"};
-constexpr std::string_view kSocketKeys[] = {"path", "mode", "group"};
-constexpr std::string_view kLimitKeys[] = {
-    "max_sessions",       "max_sessions_per_uid",        "hello_timeout_ms",
-    "max_buffered_bytes", "max_pages_per_session",       "max_pages_per_tenant",
-    "max_pin_ttl_ms",     "max_pinned_pages_per_tenant", "max_pinned_pool_percent"};
-constexpr std::string_view kPoolKeys[] = {
-    "name",      "policy",       "capacity",     "share_between_tenants", "geometry",  "layout",
-    "host_tier", "max_capacity", "min_capacity", "segment_size",          "grow_ahead"};
+// Each mapping's keys, from the key table (config_keys.h).
+const std::vector<std::string_view> kRootKeys = keys_under("");
+const std::vector<std::string_view> kSocketKeys = keys_under("socket.");
+const std::vector<std::string_view> kLimitKeys = keys_under("limits.");
+const std::vector<std::string_view> kPoolKeys = keys_under("pools[].");
+const std::vector<std::string_view> kGeometryKeys = keys_under("pools[].geometry.");
+const std::vector<std::string_view> kTenantKeys = keys_under("tenants[].");
+const std::vector<std::string_view> kLoggingKeys = keys_under("logging.");
+const std::vector<std::string_view> kMetricsKeys = keys_under("metrics.");
+const std::vector<std::string_view> kEventsKeys = keys_under("events.");
 constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
 constexpr uint64_t kMaxPinTtlMs = uint64_t{24} * 3600 * 1000;
-constexpr std::string_view kGeometryKeys[] = {"layers", "kv_heads", "head_dim", "tokens_per_page",
-                                              "dtype"};
-constexpr std::string_view kTenantKeys[] = {"name", "uids", "gids", "pools"};
-constexpr std::string_view kLoggingKeys[] = {"level"};
-constexpr std::string_view kMetricsKeys[] = {"listen", "allow_non_loopback", "latency_histograms",
-                                             "stats_segment"};
-constexpr std::string_view kEventsKeys[] = {
-    "ring_events",  "zmq_endpoint",        "zmq_topic",          "zmq_block_hash",
-    "zmq_send_hwm", "zmq_replay_endpoint", "zmq_replay_batches", "data_parallel_rank",
-    "zmq_payload",  "zmq_queue_bytes",     "zmq_max_connections"};
 constexpr std::string_view kZmqPayloads[] = {"array", "map"};
 constexpr std::string_view kZmqBlockHashes[] = {"bytes", "uint64"};
 constexpr uint64_t kMaxZmqBatches = 1000000;
@@ -531,20 +520,19 @@ class Parser : private NodeReader {
 }  // namespace
 
 std::vector<std::string> config_keys() {
+  // Every key and every mapping above one ("socket", "pools", "pools[].geometry").
   std::vector<std::string> keys;
-  const auto add = [&](std::string_view prefix, std::span<const std::string_view> names) {
-    for (const std::string_view n : names)
-      keys.push_back(std::string(prefix) + std::string(n));
+  const auto add = [&](std::string_view key) {
+    if (key.ends_with("[]")) key.remove_suffix(2);
+    if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.emplace_back(key);
   };
-  add("", kRootKeys);
-  add("socket.", kSocketKeys);
-  add("limits.", kLimitKeys);
-  add("pools[].", kPoolKeys);
-  add("pools[].geometry.", kGeometryKeys);
-  add("tenants[].", kTenantKeys);
-  add("logging.", kLoggingKeys);
-  add("metrics.", kMetricsKeys);
-  add("events.", kEventsKeys);
+  for (const ConfigKey& k : config_key_table()) {
+    for (size_t dot = k.path.find('.'); dot != std::string_view::npos;
+         dot = k.path.find('.', dot + 1)) {
+      add(k.path.substr(0, dot));
+    }
+    add(k.path);
+  }
   return keys;
 }
 

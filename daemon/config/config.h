@@ -41,8 +41,9 @@
 //               zmq_replay_endpoint: STR, zmq_replay_batches: INT,
 //               data_parallel_rank: INT }
 //
-// config_keys() lists every key parse knows; a test holds this comment and config/kvpoold.yaml
-// to it.
+// The key table (config_keys.h) is the one list of these keys: the parser takes each mapping's
+// keys from it, a reload classifies each by it (live, or kept until a restart), and
+// config_keys() lists it for a test that holds this comment and config/kvpoold.yaml to it.
 //
 // Thread-safety: plain values. Error policy: parse/load return an Error, never throw.
 #pragma once

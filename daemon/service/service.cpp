@@ -6,6 +6,7 @@
 #include <chrono>
 #include <random>
 
+#include "daemon/config/config_keys.h"
 #include "daemon/core/check.h"
 #include "daemon/telemetry/log.h"
 
@@ -42,44 +43,9 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
 }
 
 std::vector<std::string> Service::apply_live(const Config& next) {
-  std::vector<std::string> restart;
-  if (next.socket_path != config_.socket_path) restart.emplace_back("socket.path");
-  if (next.socket_mode != config_.socket_mode) restart.emplace_back("socket.mode");
-  if (next.socket_group != config_.socket_group) restart.emplace_back("socket.group");
-  if (next.backend != config_.backend) restart.emplace_back("backend");
-  if (next.device != config_.device) restart.emplace_back("device");
-  if (next.max_segment_bytes != config_.max_segment_bytes) {
-    restart.emplace_back("max_segment_bytes");
-  }
-  if (next.memory_budget != config_.memory_budget) restart.emplace_back("memory_budget");
-  // Whether tenants may share a pool is a permission, checked at attach: it applies live (and
-  // the config that sets it was validated with it), the rest of a pool waits for a restart.
-  // The eviction policy too: PagePool::set_policy hands the cached pages over. And whether an
-  // elastic pool grows ahead of need, which each call reads afresh.
-  std::vector<PoolConfig> running_pools = config_.pools;
-  if (next.pools.size() == running_pools.size()) {
-    for (size_t i = 0; i < running_pools.size(); ++i) {
-      running_pools[i].share_between_tenants = next.pools[i].share_between_tenants;
-      running_pools[i].policy = next.pools[i].policy;
-      running_pools[i].grow_ahead = next.pools[i].grow_ahead;
-    }
-  }
-  if (next.pools != running_pools) restart.emplace_back("pools");
-  // Operations, metrics and events: the endpoint, the segment and the ring are set up at start.
-  if (next.metrics != config_.metrics) restart.emplace_back("metrics");
-  if (next.events != config_.events) restart.emplace_back("events");
-  // What can change live does; what cannot keeps its running value until a restart.
+  // What can change live does; what cannot keeps its running value until a restart, named.
   Config applied = next;
-  applied.socket_path = config_.socket_path;
-  applied.socket_mode = config_.socket_mode;
-  applied.socket_group = config_.socket_group;
-  applied.backend = config_.backend;
-  applied.device = config_.device;
-  applied.max_segment_bytes = config_.max_segment_bytes;
-  applied.memory_budget = config_.memory_budget;
-  applied.pools = std::move(running_pools);
-  applied.metrics = config_.metrics;
-  applied.events = config_.events;
+  std::vector<std::string> restart = keep_restart_keys(applied, config_);
   config_ = std::move(applied);
   pools_->apply_config(config_.pools);
   access_.apply(*pools_);
