@@ -179,7 +179,7 @@ void Daemon::on_signal(const boost::system::error_code& ec, int sig) {
   if (ec) return;
   if (sig == SIGHUP) {
     reload();
-    signals_.async_wait([this](const auto& e, int s) { on_signal(e, s); });
+    signals_->async_wait([this](const auto& e, int s) { on_signal(e, s); });
     return;
   }
   log_event(LogLevel::info, "stopping",
@@ -206,7 +206,8 @@ void Daemon::stop() {
 }
 
 int Daemon::run() {
-  signals_.async_wait([this](const auto& e, int s) { on_signal(e, s); });
+  signals_.emplace(io_, SIGINT, SIGTERM, SIGHUP);
+  signals_->async_wait([this](const auto& e, int s) { on_signal(e, s); });
   watchdog_interval_ = Notifier::watchdog_interval();
   if (notifier_.enabled() && watchdog_interval_.count() > 0) {
     watchdog_.expires_after(watchdog_interval_);

@@ -1,8 +1,8 @@
-// Daemon: kvpoold while it runs. It builds, in this order, the memory backend and the Service
-// (the pools), the KV event publisher, the Server listening on the socket, the stats segment and
-// its publisher, the metrics endpoint, the signal handlers and the systemd watchdog; run() turns
-// the event loop until SIGTERM or SIGINT and then stops them in reverse, releasing every session
-// and removing the socket.
+// Daemon: kvpoold while it runs. start() builds, in this order, the memory backend and the
+// Service (the pools), the KV event publisher, the Server listening on the socket, the stats
+// segment and its publisher and the metrics endpoint; run() installs the signal handlers and the
+// systemd watchdog, turns the event loop until SIGTERM or SIGINT and then stops them in reverse,
+// releasing every session and removing the socket.
 //
 // SIGHUP and `kvpoolctl reload` take one path (reload()): re-read and validate the config file,
 // apply what can change live, name what needs a restart, and tell systemd (RELOADING=1, then
@@ -19,6 +19,7 @@
 #include <boost/asio.hpp>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/wire/protocol.h"
@@ -71,7 +72,9 @@ class Daemon {
   std::unique_ptr<StatsSegment> segment_;
   std::unique_ptr<StatsPublisher> publisher_;
   std::unique_ptr<MetricsHttp> metrics_;
-  boost::asio::signal_set signals_{io_, SIGINT, SIGTERM, SIGHUP};
+  // Made by run(): until then SIGTERM, SIGINT and SIGHUP keep their default action, so a start
+  // that hangs (a device, a large reservation) can still be stopped.
+  std::optional<boost::asio::signal_set> signals_;
   boost::asio::steady_timer watchdog_{io_};
   std::chrono::microseconds watchdog_interval_{0};
   bool stopped_ = false;

@@ -167,7 +167,7 @@ void PoolRuntime::apply_config(const PoolConfig& next) {
 }
 
 Status PoolRuntime::alloc(core::OwnerId owner, std::span<PageId> out, const core::CallHints& hints,
-                          uint64_t* growable) {
+                          uint64_t* growable, bool* admitted) {
   const uint64_t n = out.size();
   // Every refusal comes first: an alloc that fails must not grow its pool, shrink another or
   // evict anything on its way to failing. What the pool could grow by (a walk over every
@@ -175,12 +175,13 @@ Status PoolRuntime::alloc(core::OwnerId owner, std::span<PageId> out, const core
   // most allocs never pay for it.
   const uint32_t max_pages = elastic() ? info_.max_pages : pages_->num_pages();
   *growable = 0;
-  Status admitted = pages_->admit_alloc(n, hints, max_pages, 0);
-  if (admitted.code() == Errc::out_of_pages && elastic()) {
+  Status admission = pages_->admit_alloc(n, hints, max_pages, 0);
+  if (admission.code() == Errc::out_of_pages && elastic()) {
     *growable = set_.growable_pages(*this);
-    admitted = pages_->admit_alloc(n, hints, max_pages, *growable);
+    admission = pages_->admit_alloc(n, hints, max_pages, *growable);
   }
-  if (!admitted.ok()) return admitted;
+  *admitted = admission.ok();
+  if (!admission.ok()) return admission;
   // An elastic pool grows before it evicts, as far as its max and the budget allow.
   if (elastic() && pages_->stats().free < n) set_.grow_for(*this, n);
   return pages_->alloc(owner, out, hints);

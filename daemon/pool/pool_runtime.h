@@ -2,7 +2,8 @@
 // (core::PagePool), its host tier, its elastic layout, and what the daemon observes of it
 // (prefix stats, index events, the KV events for routers).
 //
-// The Service asks it for whole operations and never reaches past it:
+// The Service asks it for the operations that involve more than the page core (the rest, retain,
+// release, publish and the page states, it asks of pages() directly):
 //   - alloc() grows an elastic pool (through its PoolSet, which holds the memory budget) before
 //     it evicts, and refuses before anything changes;
 //   - a lookup that misses on the device plans the promotion of the run that follows from the
@@ -104,10 +105,11 @@ class PoolRuntime {
   // grow_ahead); a new policy takes the cached pages over.
   void apply_config(const PoolConfig& next);
 
-  // Calls. alloc: the pages, growing an elastic pool first when its free pages fall short;
-  // refused before anything changes, *growable then being what the pool could have grown by.
+  // Calls. alloc: the pages, growing an elastic pool first when its free pages fall short.
+  // Refused before anything changes (*admitted false), *growable then being what the pool could
+  // have grown by; or, rarely, refused after a growth fell short of what admission counted on.
   Status alloc(core::OwnerId owner, std::span<PageId> out, const core::CallHints& hints,
-               uint64_t* growable);
+               uint64_t* growable, bool* admitted);
   // After a lookup's device hits: when the host tier holds the run at the start of `missing`
   // (the chain past the hits), that run's promotion is planned into `tier` (its pages allocated,
   // at most `max_new_pages` the caller does not hold yet) and true returned; the caller runs the

@@ -64,20 +64,24 @@ wire::Result<std::unique_ptr<PoolSet>> PoolSet::create(const Config& config, Mem
       if (auto err = pool->attach_host_tier(); !err.ok()) return err.error();
     }
   } catch (const std::bad_alloc&) {
-    std::string who;
-    if (current != nullptr) {
-      who = "pool " + current->name;
-    } else {
-      for (const PoolConfig& pc : config.pools)
-        who += (who.empty() ? "pools " : ", ") + pc.name;
-    }
-    return error(Errc::invalid_argument,
-                 who + ": not enough memory for the daemon's bookkeeping of the pages (about " +
-                     std::to_string(PoolRuntime::kBookkeepingBytesPerPage) +
-                     " bytes a page besides the pool memory; std::bad_alloc); use a smaller "
-                     "capacity or larger pages");
+    return bookkeeping_error(config, current);
   }
   return set;
+}
+
+wire::Error PoolSet::bookkeeping_error(const Config& config, const PoolConfig* current) {
+  std::string who;
+  if (current != nullptr) {
+    who = "pool " + current->name;
+  } else {
+    for (const PoolConfig& pc : config.pools)
+      who += (who.empty() ? "pools " : ", ") + pc.name;
+  }
+  return error(Errc::invalid_argument,
+               who + ": not enough memory for the daemon's bookkeeping of the pages (about " +
+                   std::to_string(PoolRuntime::kBookkeepingBytesPerPage) +
+                   " bytes a page besides the pool memory; std::bad_alloc); use a smaller "
+                   "capacity or larger pages");
 }
 
 PoolRuntime* PoolSet::find(const std::string& name) const {

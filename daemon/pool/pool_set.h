@@ -11,9 +11,9 @@
 // from them at all. The budget itself is never passed: a segment that would pass it is not
 // mapped, and segments in the making hold their room (ahead_bytes()).
 //
-// Invariants: elastic_bytes() ≤ budget() after every call; at most one growth ahead and one admin
-// resize of a pool in flight (its ElasticState says which); a pool running a job gives nothing
-// back.
+// Invariants: elastic_bytes() ≤ budget() after every call; at most one growth ahead of a pool in
+// flight (ElasticState::growing_ahead; an admin resize's bytes are in resizing_bytes); a pool
+// running a job gives nothing back.
 //
 // Thread-safety: the event loop owns it; MemoryWork::run and ResizePlan::make run on one other
 // thread. Error policy: create() and plan_resize_up() return errors naming the pool and cause.
@@ -53,6 +53,9 @@ class PoolSet {
   // not fitting in memory included).
   static wire::Result<std::unique_ptr<PoolSet>> create(const Config& config, MemoryBackend& backend,
                                                        EventLog& events);
+
+  // The error for a std::bad_alloc while the pools are set up: names `current`, or every pool.
+  static wire::Error bookkeeping_error(const Config& config, const PoolConfig* current);
 
   const std::vector<std::unique_ptr<PoolRuntime>>& pools() const { return pools_; }
   PoolRuntime* find(const std::string& name) const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <new>
 #include <random>
 
 #include "daemon/config/config_keys.h"
@@ -26,6 +27,17 @@ Service::Service(const Config& config, std::unique_ptr<MemoryBackend> backend)
 
 wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
                                                        std::unique_ptr<MemoryBackend> backend) {
+  // PoolSet::create names the pool whose bookkeeping did not fit; anything else that runs out
+  // here (the event ring, the tenants) names them all, rather than ending the daemon.
+  try {
+    return create_unguarded(config, std::move(backend));
+  } catch (const std::bad_alloc&) {
+    return PoolSet::bookkeeping_error(config, nullptr);
+  }
+}
+
+wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
+    const Config& config, std::unique_ptr<MemoryBackend> backend) {
   std::unique_ptr<Service> svc(new Service(config, std::move(backend)));
   svc->start_mono_ns_ = LatencyRecorder::now_ns();
   svc->start_unix_ms_ =
@@ -235,9 +247,12 @@ wire::Result<wire::Reply> Service::alloc(SessionState& s, const wire::AllocReque
   wire::AllocReply a;
   a.pages.resize(n);
   uint64_t growable = 0;
-  const Status st = s.pool->alloc(s.owner, a.pages, hints.value(), &growable);
+  bool admitted = false;
+  const Status st = s.pool->alloc(s.owner, a.pages, hints.value(), &growable, &admitted);
   if (!st.ok()) {
-    if (auto e = s.pool->capacity_error(st, growable)) return *e;
+    if (!admitted) {
+      if (auto e = s.pool->capacity_error(st, growable)) return *e;
+    }
     return access_.hint_error(s, st);
   }
   access_.refresh_held(s);

@@ -144,6 +144,8 @@ class Service {
 
  private:
   Service(const Config& config, std::unique_ptr<MemoryBackend> backend);
+  static wire::Result<std::unique_ptr<Service>> create_unguarded(
+      const Config& config, std::unique_ptr<MemoryBackend> backend);
 
   // What a handler may need of its call besides the session and the request.
   struct Call {

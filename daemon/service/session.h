@@ -1,7 +1,7 @@
 // SessionState: what the Service keeps per connection (the Server holds one per connection), and
 // the peer credentials it was opened with.
 //
-// Invariants: attached ⇔ pool != nullptr and owner is open in pool->pages(); held_pages is the
+// Invariants: while attached, pool is set and owner is open in pool->pages(); held_pages is the
 // owner's distinct pages as of the session's last call, and is what its tenant's total counts.
 //
 // Thread-safety: event loop only.
