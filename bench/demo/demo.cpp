@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "bench/demo/kv_pattern.h"
-#include "client/connection.h"
-#include "client/sequence_cache.h"
+#include "client/connection/connection.h"
+#include "client/worker/sequence_cache.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "bench/ipc/ping_pong.h"
-#include "client/connection.h"
+#include "client/connection/connection.h"
 
 namespace {
 

@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/block_hash.h"
 
 namespace {

@@ -10,7 +10,7 @@
 #include <stdexcept>
 
 #include "bench/ipc/ping_pong.h"
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/stats_layout.h"
 
 namespace kvpool::bench {

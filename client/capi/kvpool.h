@@ -1,12 +1,12 @@
 /* kvpool.h: the C API of libkvpool, for FFI (Python ctypes/cffi, Rust, Go).
  *
- * The same calls as client/connection.h. Every function returns KVPOOL_OK (0) or an error
+ * The same calls as client/connection/connection.h. Every function returns KVPOOL_OK (0) or an error
  * code (the values of kvpool::Errc in common/status.h); kvpool_last_error() gives the message
  * that names the cause. Out-arrays are caller-allocated and must hold the counts stated.
  * A kvpool_conn is used by one thread at a time. Memory: page p of the pool is at
  * (char*)kvpool_base(c) + p * info.page_stride: host memory when info.device < 0, else device
  * memory on CUDA device info.device (an ordinal of this process).
- * Elastic pools grow and shrink at run time (client/connection.h): every call follows a change
+ * Elastic pools grow and shrink at run time (client/connection/connection.h): every call follows a change
  * the daemon announced before it returns, and kvpool_poll_notices() does so without a request.
  * kvpool_base() never changes; pages of a removed segment (none this connection holds) must not
  * be touched after the call that followed the shrink.

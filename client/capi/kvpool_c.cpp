@@ -1,10 +1,10 @@
-// The C API (client/kvpool.h) over client::Connection.
+// The C API (client/capi/kvpool.h) over client::Connection.
 
 #include <cstring>
 #include <string>
 
-#include "client/connection.h"
-#include "client/kvpool.h"
+#include "client/connection/connection.h"
+#include "client/capi/kvpool.h"
 
 struct kvpool_conn {
   std::unique_ptr<kvpool::client::Connection> conn;

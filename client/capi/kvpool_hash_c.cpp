@@ -1,10 +1,10 @@
-// The C API's block hashing (client/kvpool.h) over kvpool::BlockHasher: one hasher per thread,
+// The C API's block hashing (client/capi/kvpool.h) over kvpool::BlockHasher: one hasher per thread,
 // made on first use, so the calls are thread-safe without a handle.
 
 #include <cstring>
 #include <string>
 
-#include "client/kvpool.h"
+#include "client/capi/kvpool.h"
 #include "common/block_hash.h"
 #include "common/status.h"
 

@@ -1,4 +1,4 @@
-#include "client/connection.h"
+#include "client/connection/connection.h"
 
 #include <poll.h>
 #include <sys/mman.h>

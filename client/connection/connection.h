@@ -2,7 +2,7 @@
 //
 // Connection::attach() connects to the daemon's Unix socket, says hello, receives the pool's
 // memory (segment descriptors passed with the reply, or CUDA IPC handles) and maps it
-// (client/pool_mapping.h), so the pool's bytes are at the same offsets from base() in this process
+// (client/connection/pool_mapping.h), so the pool's bytes are at the same offsets from base() in this process
 // as in every other worker of the pool. Where a page's KV lies depends on the pool's layout()
 // (common/geometry.h): page_major, page p is page(p) = base() + p · page_stride, contiguous;
 // layer_major, its K and V of layer l are T · H · D elements in layer l's planes, which are
@@ -40,7 +40,7 @@
 #include <string>
 #include <vector>
 
-#include "client/pool_mapping.h"
+#include "client/connection/pool_mapping.h"
 #include "common/wire/protocol.h"
 
 namespace kvpool::client {

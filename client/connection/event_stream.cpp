@@ -1,4 +1,4 @@
-#include "client/event_stream.h"
+#include "client/connection/event_stream.h"
 
 #include <poll.h>
 #include <sys/socket.h>

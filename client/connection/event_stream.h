@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 
 namespace kvpool::client {
 

@@ -1,4 +1,4 @@
-#include "client/pool_mapping.h"
+#include "client/connection/pool_mapping.h"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "client/stats_reader.h"
+#include "client/connection/stats_reader.h"
 
 #include <fcntl.h>
 #include <signal.h>

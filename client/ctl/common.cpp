@@ -1,6 +1,6 @@
 #include "client/ctl/common.h"
 
-#include "client/stats_reader.h"
+#include "client/connection/stats_reader.h"
 #include "common/byte_units.h"
 
 namespace kvpool::ctl {

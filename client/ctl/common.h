@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/stats_layout.h"
 #include "common/text.h"
 

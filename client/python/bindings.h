@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 
 namespace kvpool::python {
 

@@ -1,4 +1,4 @@
-// kvpool.attach() and Connection: the pool calls of client/connection.h for Python.
+// kvpool.attach() and Connection: the pool calls of client/connection/connection.h for Python.
 //
 // Page lists come in as any sequence of ints (a list, a numpy array: converted once, in C) and go
 // out as lists of ints. Hints are keyword arguments: priority ('one_off', 'conversation',

@@ -1,10 +1,10 @@
-// EventStream for Python: the daemon's prefix-index events (client/event_stream.h), as a
+// EventStream for Python: the daemon's prefix-index events (client/connection/event_stream.h), as a
 // KV-aware router follows them over the socket. (Routers written for vLLM can instead subscribe
 // to the daemon's ZeroMQ endpoint, which publishes the same changes in vLLM's format.)
 
 #include <pybind11/stl.h>
 
-#include "client/event_stream.h"
+#include "client/connection/event_stream.h"
 #include "client/python/bindings.h"
 
 namespace kvpool::python {

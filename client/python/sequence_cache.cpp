@@ -1,4 +1,4 @@
-// SequenceCache for Python: one sequence's pages and block hashes (client/sequence_cache.h).
+// SequenceCache for Python: one sequence's pages and block hashes (client/worker/sequence_cache.h).
 // It holds its connection and hasher, so neither can go away under it.
 
 #include <pybind11/numpy.h>
@@ -6,7 +6,7 @@
 
 #include "client/python/bindings.h"
 #include "client/python/py_connection.h"
-#include "client/sequence_cache.h"
+#include "client/worker/sequence_cache.h"
 
 namespace kvpool::python {
 

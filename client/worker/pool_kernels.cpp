@@ -1,4 +1,4 @@
-#include "client/pool_kernels.h"
+#include "client/worker/pool_kernels.h"
 
 #include "kernels/cpu/kernels_cpu.h"
 #include "kernels/pool_view.h"

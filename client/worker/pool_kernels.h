@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <string>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "kernels/paged_kv.h"
 
 namespace kvpool::client {

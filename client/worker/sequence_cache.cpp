@@ -1,4 +1,4 @@
-#include "client/sequence_cache.h"
+#include "client/worker/sequence_cache.h"
 
 #include <algorithm>
 

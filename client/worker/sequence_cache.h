@@ -26,7 +26,7 @@
 #include <span>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/block_hash.h"
 
 namespace kvpool::client {

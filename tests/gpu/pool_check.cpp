@@ -30,8 +30,8 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
-#include "client/pool_kernels.h"
+#include "client/connection/connection.h"
+#include "client/worker/pool_kernels.h"
 #include "tests/gpu/pool_check_util.h"
 #include "tests/integration/daemon_harness.h"
 

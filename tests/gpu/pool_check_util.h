@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "client/connection.h"
-#include "client/pool_kernels.h"
+#include "client/connection/connection.h"
+#include "client/worker/pool_kernels.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::gpu_check {

@@ -1,9 +1,9 @@
-/* A worker written in C against client/kvpool.h: proves the header is C and the calls work.
+/* A worker written in C against client/capi/kvpool.h: proves the header is C and the calls work.
  * Usage: c_api_worker SOCKET. Exits 0 when every step behaved, else the failing step's number. */
 #include <stdio.h>
 #include <string.h>
 
-#include "client/kvpool.h"
+#include "client/capi/kvpool.h"
 
 int main(int argc, char** argv) {
   if (argc != 2) return 100;

@@ -15,7 +15,7 @@
 #include <optional>
 #include <thread>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/test_attach.h"
 #include "tests/integration/raw_frames.h"

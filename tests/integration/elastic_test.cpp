@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/test_attach.h"

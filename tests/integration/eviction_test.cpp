@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
-#include "client/kvpool.h"
-#include "client/sequence_cache.h"
+#include "client/connection/connection.h"
+#include "client/capi/kvpool.h"
+#include "client/worker/sequence_cache.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/raw_frames.h"

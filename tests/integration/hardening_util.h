@@ -10,7 +10,7 @@
 #include <sstream>
 #include <string>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 

@@ -15,8 +15,8 @@
 #include <tuple>
 #include <vector>
 
-#include "client/connection.h"
-#include "client/pool_kernels.h"
+#include "client/connection/connection.h"
+#include "client/worker/pool_kernels.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/test_attach.h"

@@ -25,7 +25,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/hardening_util.h"
 #include "tests/integration/test_attach.h"

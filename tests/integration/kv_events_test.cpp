@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/test_attach.h"

@@ -12,7 +12,7 @@
 #include <set>
 #include <sstream>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/text.h"
 #include "tests/common/prom_parser.h"
 #include "tests/integration/ctl_helpers.h"

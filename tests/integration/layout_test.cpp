@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
-#include "client/kvpool.h"
-#include "client/pool_kernels.h"
+#include "client/connection/connection.h"
+#include "client/capi/kvpool.h"
+#include "client/worker/pool_kernels.h"
 #include "kernels/kv_dtype.h"
 #include "tests/integration/daemon_harness.h"
 

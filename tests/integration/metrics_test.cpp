@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
-#include "client/event_stream.h"
-#include "client/stats_reader.h"
+#include "client/connection/connection.h"
+#include "client/connection/event_stream.h"
+#include "client/connection/stats_reader.h"
 #include "tests/common/prom_parser.h"
 #include "tests/integration/ctl_helpers.h"
 #include "tests/integration/test_attach.h"

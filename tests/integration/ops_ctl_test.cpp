@@ -10,7 +10,7 @@
 #include <sstream>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "tests/integration/ctl_helpers.h"
 
 namespace kvpool::testing {

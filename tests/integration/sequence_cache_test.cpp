@@ -1,6 +1,6 @@
 // SequenceCache against a real kvpoold.
 
-#include "client/sequence_cache.h"
+#include "client/worker/sequence_cache.h"
 
 #include <gtest/gtest.h>
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::testing {

@@ -19,7 +19,7 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection.h"
+#include "client/connection/connection.h"
 #include "common/device/memfd_vmm.h"
 #include "common/device/vmm.h"
 

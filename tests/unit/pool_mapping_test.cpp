@@ -3,7 +3,7 @@
 // unchanged segments keep their bytes, a segment grown back at an offset is new memory), and the
 // segment lists it refuses.
 
-#include "client/pool_mapping.h"
+#include "client/connection/pool_mapping.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
