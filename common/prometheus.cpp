@@ -2,6 +2,9 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <string_view>
+
+#include "common/stats_counters.h"
 
 namespace kvpool::stats {
 
@@ -9,7 +12,7 @@ namespace {
 
 class Out {
  public:
-  void family(const char* name, const char* type, const char* help) {
+  void family(std::string_view name, std::string_view type, std::string_view help) {
     text_ += "# HELP ";
     text_ += name;
     text_ += ' ';
@@ -123,39 +126,16 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
            [](const PoolStats& p) { return p.page_stride; });
   per_pool("kvpool_sessions", "gauge", "Worker sessions attached to the pool.",
            [](const PoolStats& p) { return p.sessions; });
-  per_pool("kvpool_indexed_blocks", "gauge", "Blocks in the prefix index.",
-           [](const PoolStats& p) { return p.indexed; });
-  per_pool("kvpool_prefix_query_tokens_total", "counter", "Tokens asked for by prefix lookups.",
-           [](const PoolStats& p) { return p.lookup_blocks * p.tokens_per_page; });
-  per_pool("kvpool_prefix_hit_tokens_total", "counter", "Tokens found cached by prefix lookups.",
-           [](const PoolStats& p) { return p.hit_blocks * p.tokens_per_page; });
-  per_pool("kvpool_lookups_total", "counter", "Prefix lookup calls.",
-           [](const PoolStats& p) { return p.lookups; });
-  per_pool("kvpool_pages_allocated_total", "counter", "Pages handed out by alloc.",
-           [](const PoolStats& p) { return p.allocated; });
-  per_pool("kvpool_page_references_released_total", "counter",
-           "References dropped by release and by closing sessions.",
-           [](const PoolStats& p) { return p.released; });
-  per_pool("kvpool_pages_published_total", "counter", "Pages published (stored).",
-           [](const PoolStats& p) { return p.published; });
-  per_pool("kvpool_publish_duplicates_total", "counter",
-           "Publishes answered with a page another worker published first.",
-           [](const PoolStats& p) { return p.duplicates; });
-  per_pool("kvpool_evictions_total", "counter", "Cached pages evicted (by alloc or evict).",
-           [](const PoolStats& p) { return p.evicted; });
-  per_pool("kvpool_pages_flushed_total", "counter", "Cached pages dropped by flush.",
-           [](const PoolStats& p) { return p.flushed; });
-  per_pool("kvpool_pinned_pages", "gauge", "Pages a client pin keeps (any state).",
-           [](const PoolStats& p) { return p.pinned; });
-  per_pool("kvpool_pinned_cached_pages", "gauge", "Cached pages a client pin keeps from eviction.",
-           [](const PoolStats& p) { return p.pinned_cached; });
-  per_pool("kvpool_pins_total", "counter", "Pins set or extended by clients.",
-           [](const PoolStats& p) { return p.pins; });
-  per_pool("kvpool_pins_expired_total", "counter", "Pins that ran out.",
-           [](const PoolStats& p) { return p.pins_expired; });
-  per_pool("kvpool_pool_max_pages", "gauge",
-           "Pages the pool may grow to (its size, for a fixed pool).",
-           [](const PoolStats& p) { return p.max_pages; });
+  // The pool counter table's rows, but those shown by hand below under a label.
+  for (const PoolCounter& c : kPoolCounters) {
+    if (c.form == PromForm::labelled) continue;
+    out.family(c.family, c.kind == CounterKind::counter ? "counter" : "gauge", c.help);
+    for (size_t k = 0; k < shown.size(); ++k) {
+      const PoolStats& p = s.pools[shown[k]];
+      out.sample(c.family, lbl[k],
+                 c.get(p) * (c.form == PromForm::as_tokens ? uint64_t{p.tokens_per_page} : 1));
+    }
+  }
   out.family("kvpool_pool_resizes_total", "counter",
              "Segments an elastic pool added (grow) or gave back (shrink).");
   for (size_t k = 0; k < shown.size(); ++k) {
@@ -163,20 +143,6 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
     out.sample("kvpool_pool_resizes_total", lbl[k] + ",direction=\"grow\"", p.grows);
     out.sample("kvpool_pool_resizes_total", lbl[k] + ",direction=\"shrink\"", p.shrinks);
   }
-  per_pool("kvpool_host_tier_capacity_pages", "gauge",
-           "Pages the pool's host tier can hold (0: no host tier).",
-           [](const PoolStats& p) { return p.host_slots; });
-  per_pool("kvpool_host_tier_blocks", "gauge", "Blocks the pool's host tier holds.",
-           [](const PoolStats& p) { return p.host_held; });
-  per_pool("kvpool_host_tier_demoted_total", "counter",
-           "Blocks the pool evicted that were copied down to its host tier.",
-           [](const PoolStats& p) { return p.host_demoted; });
-  per_pool("kvpool_host_tier_promoted_total", "counter",
-           "Host-tier hits copied back into pool pages by lookups.",
-           [](const PoolStats& p) { return p.host_promoted; });
-  per_pool("kvpool_host_tier_dropped_total", "counter",
-           "Blocks the host tier evicted to make room.",
-           [](const PoolStats& p) { return p.host_dropped; });
   out.family("kvpool_host_tier_copy_seconds_total", "counter",
              "Time spent copying between the pool and its host tier, by direction.");
   for (size_t k = 0; k < shown.size(); ++k) {

@@ -1,10 +1,12 @@
 // The C API (client/capi/kvpool.h) over client::Connection.
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
-#include "client/connection/connection.h"
 #include "client/capi/kvpool.h"
+#include "client/connection/connection.h"
+#include "common/stats_counters.h"
 
 struct kvpool_conn {
   std::unique_ptr<kvpool::client::Connection> conn;
@@ -169,6 +171,26 @@ int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out) {
       kvpool_stats{s.total,     s.free,          s.in_use,     s.cached,    s.sessions,
                    s.lookups,   s.lookup_blocks, s.hit_blocks, s.allocated, s.released,
                    s.published, s.duplicates,    s.evicted,    s.flushed,   s.session_held_pages};
+  return KVPOOL_OK;
+}
+
+size_t kvpool_counter_count(void) {
+  return kvpool::stats::kNumPoolCounters;
+}
+
+const char* kvpool_counter_name(size_t i) {
+  // The table's names are string literals: NUL-terminated.
+  return i < kvpool::stats::kNumPoolCounters ? kvpool::stats::kPoolCounters[i].name.data()
+                                             : nullptr;
+}
+
+int kvpool_get_counters(kvpool_conn* c, uint64_t* values, size_t n, size_t* written) {
+  auto r = c->conn->stats();
+  if (!r.ok()) return fail(c, r);
+  const std::vector<uint64_t>& counters = r.value().counters;
+  const size_t k = std::min(n, counters.size());
+  std::copy_n(counters.begin(), k, values);
+  if (written != nullptr) *written = k;
   return KVPOOL_OK;
 }
 

@@ -5,6 +5,7 @@
 #include "client/ctl/common.h"
 #include "common/geometry.h"
 #include "common/prometheus.h"
+#include "common/stats_counters.h"
 
 namespace kvpool::ctl {
 
@@ -143,6 +144,23 @@ int status_verb(const Globals& g) {
   return 0;
 }
 
+namespace {
+
+// Every counter of the pool, by the counter table's names: {"lookups":N,...}.
+std::string counters_json(const stats::PoolStats& p) {
+  std::string out = "{";
+  for (const stats::PoolCounter& c : stats::kPoolCounters) {
+    if (out.size() > 1) out += ',';
+    out += '"';
+    out += c.name;
+    out += "\":";
+    out += std::to_string(c.get(p));
+  }
+  return out + "}";
+}
+
+}  // namespace
+
 int stats_verb(const Globals& g, const std::string& format) {
   Fetched f;
   if (!fetch_snapshot(g, f)) return 1;
@@ -164,7 +182,8 @@ int stats_verb(const Globals& g, const std::string& format) {
         "\"in_use\":%u,\"cached\":%u},\"indexed_blocks\":%u,\"sessions\":%u,\"lookups\":%llu,"
         "\"query_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"allocated\":%llu,"
         "\"released\":%llu,\"published\":%llu,\"duplicates\":%llu,\"evicted\":%llu,"
-        "\"flushed\":%llu,\"events\":{\"next_seq\":%llu,\"oldest_seq\":%llu,\"subscribers\":%u,"
+        "\"flushed\":%llu,\"counters\":%s,\"events\":{\"next_seq\":%llu,\"oldest_seq\":%llu,"
+        "\"subscribers\":%u,"
         "\"lost\":%llu,\"zmq_published\":%llu,\"zmq_dropped\":%llu},\"reloads\":{\"applied\":%llu,"
         "\"refused\":%llu},"
         "\"connections\":{\"buffered_bytes\":%llu,\"refused\":%llu,\"closed_by_limits\":%llu},"
@@ -175,7 +194,7 @@ int stats_verb(const Globals& g, const std::string& format) {
         hit, static_cast<unsigned long long>(p.allocated),
         static_cast<unsigned long long>(p.released), static_cast<unsigned long long>(p.published),
         static_cast<unsigned long long>(p.duplicates), static_cast<unsigned long long>(p.evicted),
-        static_cast<unsigned long long>(p.flushed),
+        static_cast<unsigned long long>(p.flushed), counters_json(p).c_str(),
         static_cast<unsigned long long>(d.event_next_seq),
         static_cast<unsigned long long>(d.event_oldest_seq), d.subscribers,
         static_cast<unsigned long long>(d.events_lost),

@@ -9,6 +9,7 @@
 
 #include "client/python/bindings.h"
 #include "client/python/py_connection.h"
+#include "common/stats_counters.h"
 
 namespace kvpool::python {
 
@@ -51,12 +52,20 @@ py::dict stats_dict(const wire::StatsReply& s) {
   d["evicted"] = s.evicted;
   d["flushed"] = s.flushed;
   d["session_held_pages"] = s.session_held_pages;
+  // Every counter of the pool, named as the counter table names it (the ones above included);
+  // those past this side's table (a newer daemon's) are left out.
+  for (size_t i = 0; i < s.counters.size() && i < stats::kNumPoolCounters; ++i)
+    d[py::str(std::string(stats::kPoolCounters[i].name))] = s.counters[i];
   return d;
 }
 
 }  // namespace
 
 void bind_connection(py::module_& m) {
+  py::tuple names(stats::kNumPoolCounters);
+  for (size_t i = 0; i < stats::kNumPoolCounters; ++i)
+    names[i] = py::str(std::string(stats::kPoolCounters[i].name));
+  m.attr("POOL_COUNTERS") = names;
   py::class_<wire::PoolInfo>(m, "PoolInfo", "The pool a connection is attached to.")
       .def_readonly("name", &wire::PoolInfo::pool_name, "The pool's name in the daemon's config.")
       .def_readonly("backend", &wire::PoolInfo::backend,

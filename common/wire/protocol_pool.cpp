@@ -124,8 +124,8 @@ size_t body_size(const LookupReply& m) {
 size_t body_size(const PublishReply& m) {
   return kU32 + m.results.size() * kPublishResultBytes;
 }
-size_t body_size(const StatsReply&) {
-  return kStatsBytes;
+size_t body_size(const StatsReply& m) {
+  return kStatsBytes + kU32 + m.counters.size() * kU64;
 }
 size_t body_size(const EvictRequest&) {
   return kU32;
@@ -258,6 +258,7 @@ void put_body(Writer& w, const StatsReply& m) {
   w.put(m.evicted);
   w.put(m.flushed);
   w.put(m.session_held_pages);
+  w.array(m.counters);
 }
 void put_body(Writer& w, const EvictRequest& m) {
   w.put(m.count);
@@ -449,7 +450,8 @@ bool get_body(Reader& r, StatsReply& m) {
          r.get(m.hit_blocks, "hit_blocks") && r.get(m.allocated, "allocated") &&
          r.get(m.released, "released") && r.get(m.published, "published") &&
          r.get(m.duplicates, "duplicates") && r.get(m.evicted, "evicted") &&
-         r.get(m.flushed, "flushed") && r.get(m.session_held_pages, "session_held_pages");
+         r.get(m.flushed, "flushed") && r.get(m.session_held_pages, "session_held_pages") &&
+         r.array(m.counters, "counters");
 }
 bool get_body(Reader& r, EvictRequest& m) {
   return r.get(m.count, "count");

@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "common/byte_units.h"
+#include "common/stats_counters.h"
 #include "common/system_memory.h"
 #include "daemon/core/check.h"
 #include "daemon/pool/pool_set.h"
@@ -263,8 +264,6 @@ void PoolRuntime::fill_stats(stats::PoolStats& p) const {
   stats::set_name(p.policy, pages_->policy().name());
   p.pinned = ps.pinned;
   p.pinned_cached = ps.pinned_cached;
-  p.pins = ps.counters.pins;
-  p.pins_expired = ps.counters.pins_expired;
   p.max_pages = info_.max_pages;
   p.epoch = info_.epoch;
   if (elastic()) {
@@ -301,15 +300,10 @@ void PoolRuntime::fill_stats(stats::PoolStats& p) const {
   p.segments = static_cast<uint32_t>(info_.segments.size());
   p.page_stride = info_.page_stride;
   p.segment_bytes = info_.segment_bytes;
-  p.lookups = ps.counters.lookups;
-  p.lookup_blocks = ps.counters.lookup_blocks;
-  p.hit_blocks = ps.counters.hit_blocks;
-  p.allocated = ps.counters.allocated;
-  p.released = ps.counters.released;
-  p.published = ps.counters.published;
-  p.duplicates = ps.counters.duplicates;
-  p.evicted = ps.counters.evicted;
-  p.flushed = ps.counters.flushed;
+  // The core's counters, as the counter table lists them.
+#define KVPOOL_COPY_CORE_COUNTER(field, ...) p.field = ps.counters.field;
+  KVPOOL_CORE_COUNTERS(KVPOOL_COPY_CORE_COUNTER)
+#undef KVPOOL_COPY_CORE_COUNTER
 }
 
 void PoolRuntime::end_job() {

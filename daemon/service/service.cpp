@@ -7,6 +7,7 @@
 #include <new>
 #include <random>
 
+#include "common/stats_counters.h"
 #include "daemon/config/config_keys.h"
 #include "daemon/core/check.h"
 #include "daemon/telemetry/log.h"
@@ -353,7 +354,13 @@ wire::Result<wire::Reply> Service::stats(SessionState& s, const wire::StatsReque
   r.evicted = ps.counters.evicted;
   r.flushed = ps.counters.flushed;
   r.session_held_pages = static_cast<uint32_t>(s.held_pages);
-  return wire::Reply(r);
+  // Every counter of the pool, as the snapshot has it.
+  stats::PoolStats p;
+  s.pool->fill_stats(p);
+  r.counters.reserve(stats::kNumPoolCounters);
+  for (const stats::PoolCounter& c : stats::kPoolCounters)
+    r.counters.push_back(c.get(p));
+  return wire::Reply(std::move(r));
 }
 
 wire::Result<wire::Reply> Service::evict(SessionState& s, const wire::EvictRequest& r, Call&) {

@@ -84,6 +84,17 @@ def test_pages_are_released_when_the_connection_closes(daemon):
     probe.close()
 
 
+def test_stats_names_every_counter_of_the_pool(conn):
+    # The daemon's counter table, by name: pins and host-tier counters included.
+    assert "pins" in kvpool.POOL_COUNTERS and "host_demoted" in kvpool.POOL_COUNTERS
+    before = conn.stats()
+    assert set(kvpool.POOL_COUNTERS) <= set(before)
+    pages = conn.alloc(3)
+    after = conn.stats()
+    assert after["allocated"] == before["allocated"] + 3
+    conn.release(pages)
+
+
 def test_daemon_errors_raise_kvpool_error_with_code_and_name(conn):
     with pytest.raises(kvpool.Error) as e:
         conn.release([10_000])

@@ -1,4 +1,5 @@
-"""The type stubs describe the compiled module: the same classes, functions and members."""
+"""The type stubs describe the compiled module: the same classes, functions, attributes and
+members."""
 
 import ast
 import inspect
@@ -15,6 +16,8 @@ def stub_names():
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
             top.add(node.name)
+        if isinstance(node, ast.AnnAssign):  # a module attribute (POOL_COUNTERS)
+            top.add(node.target.id)
         if isinstance(node, ast.ClassDef):
             members[node.name] = {
                 n.name if isinstance(n, ast.FunctionDef) else n.target.id

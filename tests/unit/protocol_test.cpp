@@ -595,7 +595,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                4,    0,                               // version
+                                5,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -652,7 +652,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
   EXPECT_EQ(exact(payload_of(copy)), Builder().u32(1).u32(3).u32(4).bytes());
 
   const Bytes stats = encode(1, Reply{StatsReply{}});
-  EXPECT_EQ(stats.size(), kHeaderBytes + 2 + size_t{5} * 4 + size_t{9} * 8 + 4);
+  EXPECT_EQ(stats.size(), kHeaderBytes + 2 + size_t{5} * 4 + size_t{9} * 8 + 4 + 4);  // n = 0
 }
 
 // Error replies --------------------------------------------------------------------------------
@@ -771,7 +771,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 4, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 5, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -791,8 +791,8 @@ TEST(ProtocolHeader, BadMagic) {
 
 TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
-  // tiers of the lookup reply.
-  const uint16_t versions[] = {0, 1, 2, 3, 5, 0x100, 0xffff};
+  // tiers of the lookup reply; 4: before the stats reply's counter list.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 6, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));

@@ -13,6 +13,9 @@ class Error(RuntimeError):
     name: str
     message: str
 
+# Every counter of a pool, as Connection.stats() names them (the daemon's counter table).
+POOL_COUNTERS: tuple[str, ...]
+
 def error_name(code: int) -> str: ...
 def default_socket_path() -> str: ...
 
