@@ -21,6 +21,7 @@
 #include <csignal>
 #include <iostream>
 
+#include "common/main_guard.h"
 #include "daemon/config/config.h"
 #include "daemon/config/config_check.h"
 #include "daemon/daemon.h"
@@ -118,10 +119,5 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   std::signal(SIGPIPE, SIG_IGN);
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "kvpoold: fatal: " << e.what() << "\n";
-    return 1;
-  }
+  return kvpool::guarded_main("kvpoold: fatal", [&] { return run(argc, argv); });
 }

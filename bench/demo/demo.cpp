@@ -20,6 +20,7 @@
 #include "bench/demo/kv_pattern.h"
 #include "client/connection/connection.h"
 #include "client/worker/sequence_cache.h"
+#include "common/main_guard.h"
 
 namespace {
 
@@ -229,10 +230,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvpool-demo: %s\n", e.what());
-    return 1;
-  }
+  return kvpool::guarded_main("kvpool-demo", [&] { return run(argc, argv); });
 }

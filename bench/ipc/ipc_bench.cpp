@@ -20,6 +20,7 @@
 
 #include "bench/ipc/ping_pong.h"
 #include "client/connection/connection.h"
+#include "common/main_guard.h"
 
 namespace {
 
@@ -134,7 +135,8 @@ int run(int argc, char** argv) {
                       {}};
     Row l{"lookup 16 (hits)",
           frame_size(kvpool::wire::LookupRequest{chain}),
-          frame_size(kvpool::wire::LookupReply{std::vector<kvpool::PageId>(kLen), std::vector<uint8_t>(kLen)}),
+          frame_size(kvpool::wire::LookupReply{std::vector<kvpool::PageId>(kLen),
+                                               std::vector<uint8_t>(kLen)}),
           {},
           {}};
     for (size_t done = 0; done < n; done += kBlock) {
@@ -178,10 +180,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvpool-ipc-bench: %s\n", e.what());
-    return 1;
-  }
+  return kvpool::guarded_main("kvpool-ipc-bench", [&] { return run(argc, argv); });
 }

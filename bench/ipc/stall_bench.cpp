@@ -29,6 +29,7 @@
 
 #include "client/connection/connection.h"
 #include "common/block_hash.h"
+#include "common/main_guard.h"
 
 namespace {
 
@@ -214,10 +215,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvpool-stall-bench: %s\n", e.what());
-    return 1;
-  }
+  return kvpool::guarded_main("kvpool-stall-bench", [&] { return run(argc, argv); });
 }

@@ -13,6 +13,7 @@
 #include "bench/replay/daemon_replay.h"
 #include "bench/replay/replay.h"
 #include "bench/replay/synthetic_trace.h"
+#include "common/main_guard.h"
 
 namespace {
 
@@ -274,10 +275,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cerr << "kvpool-replay: " << e.what() << "\n";
-    return 1;
-  }
+  return kvpool::guarded_main("kvpool-replay", [&] { return run(argc, argv); });
 }

@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "client/ctl/common.h"
+#include "common/main_guard.h"
 
 namespace {
 
@@ -199,10 +200,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "kvpoolctl: %s\n", e.what());
-    return 1;
-  }
+  return kvpool::guarded_main("kvpoolctl", [&] { return run(argc, argv); });
 }

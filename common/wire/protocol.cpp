@@ -29,8 +29,7 @@
 #include <variant>
 #include <vector>
 
-#include "common/wire/protocol_ops_codec.h"
-#include "common/wire/protocol_pool_codec.h"
+#include "common/wire/body_codec.h"
 #include "common/wire/wire_codec.h"
 
 namespace kvpool::wire {
@@ -45,7 +44,7 @@ using codec::make_error;
 using codec::Reader;
 using codec::Writer;
 
-// The payload codecs (protocol_pool_codec.h, protocol_ops_codec.h), found through these names.
+// The payload codecs (body_codec.h), found through these names.
 using codec::body_size;
 using codec::get_body;
 using codec::put_body;

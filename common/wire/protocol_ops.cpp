@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "common/wire/body_codec.h"
 #include "common/wire/protocol.h"
-#include "common/wire/protocol_ops_codec.h"
 #include "common/wire/wire_codec.h"
 
 namespace kvpool::wire::codec {

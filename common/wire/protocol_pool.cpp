@@ -6,8 +6,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/wire/body_codec.h"
 #include "common/wire/protocol.h"
-#include "common/wire/protocol_pool_codec.h"
 #include "common/wire/wire_codec.h"
 
 namespace kvpool::wire::codec {
