@@ -136,20 +136,21 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
                  c.get(p) * (c.form == PromForm::as_tokens ? uint64_t{p.tokens_per_page} : 1));
     }
   }
-  out.family("kvpool_pool_resizes_total", "counter",
-             "Segments an elastic pool added (grow) or gave back (shrink).");
+  // The labelled rows: a family each pair shares, named and described by the table.
+  const PoolCounter& resizes = pool_counter("grows");
+  out.family(resizes.family, "counter", resizes.help);
   for (size_t k = 0; k < shown.size(); ++k) {
     const PoolStats& p = s.pools[shown[k]];
-    out.sample("kvpool_pool_resizes_total", lbl[k] + ",direction=\"grow\"", p.grows);
-    out.sample("kvpool_pool_resizes_total", lbl[k] + ",direction=\"shrink\"", p.shrinks);
+    out.sample(resizes.family, lbl[k] + ",direction=\"grow\"", p.grows);
+    out.sample(resizes.family, lbl[k] + ",direction=\"shrink\"", p.shrinks);
   }
-  out.family("kvpool_host_tier_copy_seconds_total", "counter",
-             "Time spent copying between the pool and its host tier, by direction.");
+  const PoolCounter& copies = pool_counter("host_demote_ns");
+  out.family(copies.family, "counter", copies.help);
   for (size_t k = 0; k < shown.size(); ++k) {
     const PoolStats& p = s.pools[shown[k]];
-    out.sample("kvpool_host_tier_copy_seconds_total", lbl[k] + ",direction=\"demote\"",
+    out.sample(copies.family, lbl[k] + ",direction=\"demote\"",
                static_cast<double>(p.host_demote_ns) / 1e9);
-    out.sample("kvpool_host_tier_copy_seconds_total", lbl[k] + ",direction=\"promote\"",
+    out.sample(copies.family, lbl[k] + ",direction=\"promote\"",
                static_cast<double>(p.host_promote_ns) / 1e9);
   }
 

@@ -1,13 +1,14 @@
 /* kvpool.h: the C API of libkvpool, for FFI (Python ctypes/cffi, Rust, Go).
  *
- * The same calls as client/connection/connection.h. Every function returns KVPOOL_OK (0) or an error
- * code (the values of kvpool::Errc in common/status.h); kvpool_last_error() gives the message
+ * The same calls as client/connection/connection.h. Every function returns KVPOOL_OK (0) or an
+ * error code (the values of kvpool::Errc in common/status.h); kvpool_last_error() gives the message
  * that names the cause. Out-arrays are caller-allocated and must hold the counts stated.
  * A kvpool_conn is used by one thread at a time. Memory: page p of the pool is at
  * (char*)kvpool_base(c) + p * info.page_stride: host memory when info.device < 0, else device
  * memory on CUDA device info.device (an ordinal of this process).
- * Elastic pools grow and shrink at run time (client/connection/connection.h): every call follows a change
- * the daemon announced before it returns, and kvpool_poll_notices() does so without a request.
+ * Elastic pools grow and shrink at run time (client/connection/connection.h): every call follows
+ * a change the daemon announced before it returns, and kvpool_poll_notices() does so without a
+ * request.
  * kvpool_base() never changes; pages of a removed segment (none this connection holds) must not
  * be touched after the call that followed the shrink.
  */
@@ -118,8 +119,8 @@ int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
 /* Every counter of the pool (the daemon's counter table, common/stats_counters.h: lookups,
  * hit_blocks, pins, host_demoted, ...), by position: kvpool_counter_count() of them, the name of
  * the i-th (NULL past the end). kvpool_get_counters asks the daemon and writes up to n values in
- * that order; *written (when not NULL) is how many it wrote (fewer when the daemon's table
- * is shorter than n). */
+ * that order into values (NULL only when n is 0); *written (when not NULL) is how many it wrote:
+ * fewer when the daemon's table is shorter than n, 0 on an error. */
 size_t kvpool_counter_count(void);
 const char* kvpool_counter_name(size_t i);
 int kvpool_get_counters(kvpool_conn* c, uint64_t* values, size_t n, size_t* written);

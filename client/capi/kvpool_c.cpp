@@ -185,6 +185,11 @@ const char* kvpool_counter_name(size_t i) {
 }
 
 int kvpool_get_counters(kvpool_conn* c, uint64_t* values, size_t n, size_t* written) {
+  if (written != nullptr) *written = 0;
+  if (values == nullptr && n != 0) {
+    c->last_error = "kvpool_get_counters: values is NULL but n is " + std::to_string(n);
+    return static_cast<int>(kvpool::Errc::invalid_argument);
+  }
   auto r = c->conn->stats();
   if (!r.ok()) return fail(c, r);
   const std::vector<uint64_t>& counters = r.value().counters;

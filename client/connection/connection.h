@@ -2,15 +2,14 @@
 //
 // Connection::attach() connects to the daemon's Unix socket, says hello, receives the pool's
 // memory (segment descriptors passed with the reply, or CUDA IPC handles) and maps it
-// (client/connection/pool_mapping.h), so the pool's bytes are at the same offsets from base() in this process
-// as in every other worker of the pool. Where a page's KV lies depends on the pool's layout()
-// (common/geometry.h): page_major, page p is page(p) = base() + p · page_stride, contiguous;
-// layer_major, its K and V of layer l are T · H · D elements in layer l's planes, which are
-// layer_stride() bytes apart (PoolKernels::paged_kv describes either for the kernels).
-// Every call is one request and one reply, batched: alloc(n), retain(ids), release(ids),
-// lookup(chain), publish(pairs), stats(). Expected failures (out of pages, not held, quota, the
-// daemon gone) come back as an Error value carrying the daemon's code and message; nothing
-// throws.
+// (client/connection/pool_mapping.h), so the pool's bytes are at the same offsets from base() in
+// this process as in every other worker of the pool. Where a page's KV lies depends on the pool's
+// layout() (common/geometry.h): page_major, page p is page(p) = base() + p · page_stride,
+// contiguous; layer_major, its K and V of layer l are T · H · D elements in layer l's planes, which
+// are layer_stride() bytes apart (PoolKernels::paged_kv describes either for the kernels). Every
+// call is one request and one reply, batched: alloc(n), retain(ids), release(ids), lookup(chain),
+// publish(pairs), stats(). Expected failures (out of pages, not held, quota, the daemon gone) come
+// back as an Error value carrying the daemon's code and message; nothing throws.
 //
 // The pages a session holds are released by the daemon when the connection closes, however it
 // closes (destructor, exit, kill -9). A worker publishes a page only after writing all its

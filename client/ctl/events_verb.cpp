@@ -1,9 +1,9 @@
-// kvpoolctl events: follows the daemon's prefix-index events (client/connection/event_stream.h), one line
-// per event, flushed as it comes, until --count events were printed or the stream ends.
+// kvpoolctl events: follows the daemon's prefix-index events (client/connection/event_stream.h),
+// one line per event, flushed as it comes, until --count events were printed or the stream ends.
 #include <string>
 
-#include "client/ctl/common.h"
 #include "client/connection/event_stream.h"
+#include "client/ctl/common.h"
 
 namespace kvpool::ctl {
 

@@ -300,10 +300,14 @@ void PoolRuntime::fill_stats(stats::PoolStats& p) const {
   p.segments = static_cast<uint32_t>(info_.segments.size());
   p.page_stride = info_.page_stride;
   p.segment_bytes = info_.segment_bytes;
-  // The core's counters, as the counter table lists them.
-#define KVPOOL_COPY_CORE_COUNTER(field, ...) p.field = ps.counters.field;
-  KVPOOL_CORE_COUNTERS(KVPOOL_COPY_CORE_COUNTER)
-#undef KVPOOL_COPY_CORE_COUNTER
+  // The core's counters, the rows of the counter table whose source is the core.
+#define KVPOOL_COPY_FROM_core(field) p.field = ps.counters.field;
+#define KVPOOL_COPY_FROM_pool(field)
+#define KVPOOL_COPY_COUNTER(field, kind, source, ...) KVPOOL_COPY_FROM_##source(field)
+  KVPOOL_POOL_COUNTERS(KVPOOL_COPY_COUNTER)
+#undef KVPOOL_COPY_COUNTER
+#undef KVPOOL_COPY_FROM_pool
+#undef KVPOOL_COPY_FROM_core
 }
 
 void PoolRuntime::end_job() {

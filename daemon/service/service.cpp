@@ -337,26 +337,25 @@ wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishR
 }
 
 wire::Result<wire::Reply> Service::stats(SessionState& s, const wire::StatsRequest&, Call&) {
-  const core::PoolStats ps = s.pool->pages().stats();
-  wire::StatsReply r;
-  r.total = ps.total;
-  r.free = ps.free;
-  r.in_use = ps.in_use;
-  r.cached = ps.cached;
-  r.sessions = access_.session_count();
-  r.lookups = ps.counters.lookups;
-  r.lookup_blocks = ps.counters.lookup_blocks;
-  r.hit_blocks = ps.counters.hit_blocks;
-  r.allocated = ps.counters.allocated;
-  r.released = ps.counters.released;
-  r.published = ps.counters.published;
-  r.duplicates = ps.counters.duplicates;
-  r.evicted = ps.counters.evicted;
-  r.flushed = ps.counters.flushed;
-  r.session_held_pages = static_cast<uint32_t>(s.held_pages);
-  // Every counter of the pool, as the snapshot has it.
+  // One reading of the pool, as the snapshot takes it (pins that ran out are expired first).
   stats::PoolStats p;
   s.pool->fill_stats(p);
+  wire::StatsReply r;
+  r.total = p.total;
+  r.free = p.free;
+  r.in_use = p.in_use;
+  r.cached = p.cached;
+  r.sessions = access_.session_count();
+  r.lookups = p.lookups;
+  r.lookup_blocks = p.lookup_blocks;
+  r.hit_blocks = p.hit_blocks;
+  r.allocated = p.allocated;
+  r.released = p.released;
+  r.published = p.published;
+  r.duplicates = p.duplicates;
+  r.evicted = p.evicted;
+  r.flushed = p.flushed;
+  r.session_held_pages = static_cast<uint32_t>(s.held_pages);
   r.counters.reserve(stats::kNumPoolCounters);
   for (const stats::PoolCounter& c : stats::kPoolCounters)
     r.counters.push_back(c.get(p));

@@ -125,7 +125,10 @@ TEST(Counters, EveryRowOfTheTableShowsOnEverySurface) {
     // Seconds are printed with 10 significant digits.
     EXPECT_NEAR(prometheus_value(parsed, row), expected, 1e-6 * expected + 1e-3)
         << name << " in Prometheus (" << row.family << ")";
-    EXPECT_EQ(parsed.types.count(std::string(row.family)), 1u) << row.family;
+    ASSERT_EQ(parsed.types.count(std::string(row.family)), 1u) << row.family;
+    EXPECT_EQ(parsed.types.at(std::string(row.family)),
+              row.kind == stats::CounterKind::counter ? "counter" : "gauge")
+        << row.family;
     EXPECT_STREQ(kvpool_counter_name(i), name.c_str());
     EXPECT_EQ(from_c[i], values[i]) << name << " from the C API";
   }
