@@ -96,7 +96,6 @@ wire::Result<std::unique_ptr<PoolRuntime>> PoolRuntime::create(
   info.device = backend.device();
   info.device_uuid = backend.device_uuid();
   info.segments = pool->memory_->segments();
-  pool->device_ = backend.device();
   log_event(LogLevel::info, "pool_ready",
             {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
              kv("bytes", info.segment_bytes), kv("size", human_bytes(pages * per_page)),
@@ -144,12 +143,12 @@ wire::Result<bool> PoolRuntime::attach_host_tier() {
                                              std::to_string(core::kMaxPages));
   }
   auto tier = PoolHostTier::create(*pages_, index_events_.get(), pc.geometry,
-                                   static_cast<uint32_t>(slots), device_, pc.name);
+                                   static_cast<uint32_t>(slots), info_.device, pc.name);
   if (!tier.ok()) return tier.error();
   host_tier_ = std::move(tier.value());
   log_event(LogLevel::info, "host_tier_ready",
             {kv("pool", pc.name), kv("pages", slots), kv("bytes", host_tier_->bytes()),
-             kv("size", human_bytes(host_tier_->bytes())), kv("pinned", device_ >= 0)});
+             kv("size", human_bytes(host_tier_->bytes())), kv("pinned", info_.device >= 0)});
   return true;
 }
 

@@ -179,7 +179,6 @@ class PoolRuntime {
   std::unique_ptr<PoolIndexEvents> index_events_;
   std::unique_ptr<PoolHostTier> host_tier_;
   uint32_t copies_in_flight_ = 0;
-  int device_ = -1;
   ElasticState elastic_;
 };
 

@@ -66,6 +66,8 @@ class PoolSet {
   // now_s() is the value of the current call.
   uint32_t tick();
   uint32_t now_s() const { return now_s_; }
+  // When the pools were set up (LatencyRecorder::now_ns): the daemon's start.
+  uint64_t start_mono_ns() const { return start_mono_ns_; }
   const uint32_t& now_ref() const { return now_s_; }
 
   // True once after a resize (the Server then tells the pools' other sessions), and,

@@ -40,7 +40,6 @@ wire::Result<std::unique_ptr<Service>> Service::create(const Config& config,
 wire::Result<std::unique_ptr<Service>> Service::create_unguarded(
     const Config& config, std::unique_ptr<MemoryBackend> backend) {
   std::unique_ptr<Service> svc(new Service(config, std::move(backend)));
-  svc->start_mono_ns_ = LatencyRecorder::now_ns();
   svc->start_unix_ms_ =
       static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                 std::chrono::system_clock::now().time_since_epoch())

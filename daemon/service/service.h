@@ -191,7 +191,6 @@ class Service {
   LatencyRecorder service_latency_{true};
   LatencyRecorder request_latency_{true};
   std::function<wire::ReloadReply()> reload_handler_;
-  uint64_t start_mono_ns_ = 0;
   uint64_t start_unix_ms_ = 0;
   // The current call's host-tier copies and, for a lookup that promotes, the rest of its reply.
   TierCopy call_tier_;

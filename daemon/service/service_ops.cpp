@@ -109,7 +109,7 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
   d.pid = static_cast<uint64_t>(::getpid());
   d.start_unix_ms = start_unix_ms_;
   d.published_mono_ns = now;
-  d.uptime_ms = (now - std::min(now, start_mono_ns_)) / 1000000u;
+  d.uptime_ms = (now - std::min(now, pools_->start_mono_ns())) / 1000000u;
   d.sessions = access_.session_count();
   d.num_pools = static_cast<uint32_t>(pools().size());
   d.subscribers = subscribers_;
