@@ -128,7 +128,7 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
            [](const PoolStats& p) { return p.sessions; });
   // The pool counter table's rows, but those shown by hand below under a label.
   for (const PoolCounter& c : kPoolCounters) {
-    if (c.form == PromForm::labelled) continue;
+    if (c.form == PromForm::by_hand) continue;
     out.family(c.family, c.kind == CounterKind::counter ? "counter" : "gauge", c.help);
     for (size_t k = 0; k < shown.size(); ++k) {
       const PoolStats& p = s.pools[shown[k]];
@@ -136,7 +136,8 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
                  c.get(p) * (c.form == PromForm::as_tokens ? uint64_t{p.tokens_per_page} : 1));
     }
   }
-  // The labelled rows: a family each pair shares, named and described by the table.
+  // The rows shown by hand: a family each pair shares under a label, named and described by the
+  // table.
   const PoolCounter& resizes = pool_counter("grows");
   out.family(resizes.family, "counter", resizes.help);
   for (size_t k = 0; k < shown.size(); ++k) {
@@ -154,38 +155,24 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
                static_cast<double>(p.host_promote_ns) / 1e9);
   }
 
+  // The daemon table's rows, but those shown by hand below and those shown nowhere.
   const DaemonStats& d = s.daemon;
-  out.family("kvpool_connections", "gauge", "Open connections to the daemon, attached or not.");
-  out.sample("kvpool_connections", "", uint64_t{d.sessions});
-  out.family("kvpool_start_time_seconds", "gauge", "When the daemon started, in Unix seconds.");
-  out.sample("kvpool_start_time_seconds", "", static_cast<double>(d.start_unix_ms) / 1000.0);
-  out.family("kvpool_uptime_seconds", "gauge", "Seconds since the daemon started.");
-  out.sample("kvpool_uptime_seconds", "", static_cast<double>(d.uptime_ms) / 1000.0);
-  out.family("kvpool_events_total", "counter", "Index events (stored, removed, cleared) logged.");
-  out.sample("kvpool_events_total", "", d.event_next_seq > 0 ? d.event_next_seq - 1 : 0);
-  out.family("kvpool_event_subscribers", "gauge", "Connections following the event stream.");
-  out.sample("kvpool_event_subscribers", "", uint64_t{d.subscribers});
-  out.family("kvpool_events_lost_total", "counter",
-             "Events subscribers fell behind on (reported to them as gaps).");
-  out.sample("kvpool_events_lost_total", "", d.events_lost);
-  out.family("kvpool_kv_event_batches_published_total", "counter",
-             "KV event batches published to routers over ZeroMQ (events.zmq_endpoint).");
-  out.sample("kvpool_kv_event_batches_published_total", "", d.kv_batches_published);
-  out.family("kvpool_kv_event_batches_dropped_total", "counter",
-             "KV event batches libzmq refused to send (subscribers see a sequence gap).");
-  out.sample("kvpool_kv_event_batches_dropped_total", "", d.kv_batches_dropped);
-  out.family("kvpool_buffered_bytes", "gauge",
-             "Bytes in all connections' input and output buffers (limits.max_buffered_bytes).");
-  out.sample("kvpool_buffered_bytes", "", d.buffered_bytes);
-  out.family("kvpool_sessions_refused_total", "counter",
-             "Connections refused at accept (session limits, unknown peers).");
-  out.sample("kvpool_sessions_refused_total", "", d.sessions_refused);
-  out.family("kvpool_connections_closed_by_limits_total", "counter",
-             "Connections closed by the hello deadline, the frame timeout or the buffer budget.");
-  out.sample("kvpool_connections_closed_by_limits_total", "", d.closed_by_limits);
-  out.family("kvpool_reloads_total", "counter", "Configuration reloads, by result.");
-  out.sample("kvpool_reloads_total", "result=\"applied\"", d.reloads - d.reload_failures);
-  out.sample("kvpool_reloads_total", "result=\"refused\"", d.reload_failures);
+  for (const DaemonCounter& c : kDaemonCounters) {
+    if (c.form == PromForm::by_hand || c.form == PromForm::none) continue;
+    out.family(c.family, c.kind == CounterKind::counter ? "counter" : "gauge", c.help);
+    if (c.form == PromForm::ms_as_seconds) {
+      out.sample(c.family, "", static_cast<double>(c.get(d)) / 1000.0);
+    } else {
+      out.sample(c.family, "", c.get(d));
+    }
+  }
+  const DaemonCounter& events = daemon_counter("event_next_seq");
+  out.family(events.family, "counter", events.help);
+  out.sample(events.family, "", d.event_next_seq > 0 ? d.event_next_seq - 1 : 0);
+  const DaemonCounter& reloads = daemon_counter("reloads");
+  out.family(reloads.family, "counter", reloads.help);
+  out.sample(reloads.family, "result=\"applied\"", d.reloads - d.reload_failures);
+  out.sample(reloads.family, "result=\"refused\"", d.reload_failures);
 
   histograms(out, "kvpool_op_duration_seconds",
              "Time the daemon spent handling one request, by operation.", s.service);

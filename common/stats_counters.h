@@ -1,23 +1,28 @@
-// The pool counter table: every counter and gauge of a pool that kvpoold reports, once. Columns:
+// The counter tables: every counter and gauge kvpoold reports, once. KVPOOL_POOL_COUNTERS holds a
+// pool's (stats::PoolStats), KVPOOL_DAEMON_COUNTERS the daemon's (stats::DaemonStats). Columns:
 //   field   its name, the same in stats::PoolStats (and, for the core's own, in
 //           core::PoolCounters), and the key in every surface that names counters
 //   kind    counter (only grows while the daemon runs) or gauge
 //   source  core: the page core counts it (daemon/core/page_pool.h; copied into the snapshot by
 //           this table); pool: the rest of the pool (pins, index, elastic size, host tier),
-//           filled in by PoolRuntime::fill_stats
-//   form    how Prometheus shows it: as_is; as tokens (× the pool's tokens_per_page); or by hand
-//           in a family shared with its kin under a label (common/prometheus.cpp)
-//   family  its Prometheus family
+//           filled in by PoolRuntime::fill_stats; daemon: the daemon's parts (sessions,
+//           events, reloads), filled in by Service::fill_daemon
+//   form    how Prometheus shows it: as_is; as_tokens (× the pool's tokens_per_page);
+//           ms_as_seconds; by_hand (common/prometheus.cpp: in a family shared with its kin under a
+//           label, or reckoned from the value); none (not shown)
+//   family  its Prometheus family ("" for form none)
 //   help    what it counts
-// From the table follow: the copy of the core's counters into the snapshot, the stats reply's
+// From the pool table follow: the copy of the core's counters into the snapshot, the stats reply's
 // counter list, the Prometheus families, the C API's kvpool_counter_* calls, the keys of
-// Python's Connection.stats() and kvpoolctl stats' "counters". A test walks the table through
-// every one of them.
+// Python's Connection.stats() and kvpoolctl stats' "counters". From the daemon table: the stats
+// reply's daemon list, the Prometheus families, kvpool_daemon_counter_*, Python's
+// Connection.daemon_stats() and kvpoolctl stats' "daemon_counters".
+// tests/integration/counters_test.cpp walks both tables through every one of them.
 //
 // Rows are only ever appended, at the end, whatever their source: the stats reply carries the
 // values in table order, so a client reads the counters it knows from a daemon whose table is
-// longer. A row needs a PoolStats field, which changes the stats segment's layout: the
-// static_assert below holds kLayoutVersion, and the last row, to the table.
+// longer. A row needs a PoolStats (DaemonStats) field, which changes the stats segment's layout:
+// the static_asserts below hold kLayoutVersion, and the last row, to the tables.
 #pragma once
 
 #include <cstdint>
@@ -51,9 +56,9 @@ namespace kvpool::stats {
   X(indexed, gauge, pool, as_is, "kvpool_indexed_blocks", "Blocks in the prefix index.")           \
   X(max_pages, gauge, pool, as_is, "kvpool_pool_max_pages",                                        \
     "Pages the pool may grow to (its size, for a fixed pool).")                                    \
-  X(grows, counter, pool, labelled, "kvpool_pool_resizes_total",                                   \
+  X(grows, counter, pool, by_hand, "kvpool_pool_resizes_total",                                    \
     "Segments an elastic pool added (grow) or gave back (shrink).")                                \
-  X(shrinks, counter, pool, labelled, "kvpool_pool_resizes_total",                                 \
+  X(shrinks, counter, pool, by_hand, "kvpool_pool_resizes_total",                                  \
     "Segments an elastic pool added (grow) or gave back (shrink).")                                \
   X(host_slots, gauge, pool, as_is, "kvpool_host_tier_capacity_pages",                             \
     "Pages the pool's host tier can hold (0: no host tier).")                                      \
@@ -65,40 +70,91 @@ namespace kvpool::stats {
     "Host-tier hits copied back into pool pages by lookups.")                                      \
   X(host_dropped, counter, pool, as_is, "kvpool_host_tier_dropped_total",                          \
     "Blocks the host tier evicted to make room.")                                                  \
-  X(host_demote_ns, counter, pool, labelled, "kvpool_host_tier_copy_seconds_total",                \
+  X(host_demote_ns, counter, pool, by_hand, "kvpool_host_tier_copy_seconds_total",                 \
     "Time spent copying between the pool and its host tier, by direction.")                        \
-  X(host_promote_ns, counter, pool, labelled, "kvpool_host_tier_copy_seconds_total",               \
+  X(host_promote_ns, counter, pool, by_hand, "kvpool_host_tier_copy_seconds_total",                \
     "Time spent copying between the pool and its host tier, by direction.")                        \
   X(host_copy_failures, counter, pool, as_is, "kvpool_host_tier_copy_failures_total",              \
     "Copies between the pool and its host tier that failed (their blocks were dropped).")
 
-enum class CounterKind : uint8_t { counter, gauge };
-enum class PromForm : uint8_t { as_is, as_tokens, labelled };
+// The daemon's rows, in DaemonStats order.
+#define KVPOOL_DAEMON_COUNTERS(X)                                                            \
+  X(pid, gauge, daemon, none, "", "The daemon's process id.")                                \
+  X(start_unix_ms, gauge, daemon, ms_as_seconds, "kvpool_start_time_seconds",                \
+    "When the daemon started, in Unix seconds.")                                             \
+  X(published_mono_ns, gauge, daemon, none, "",                                              \
+    "CLOCK_MONOTONIC when these figures were taken, in ns.")                                 \
+  X(uptime_ms, gauge, daemon, ms_as_seconds, "kvpool_uptime_seconds",                        \
+    "Seconds since the daemon started.")                                                     \
+  X(sessions, gauge, daemon, as_is, "kvpool_connections",                                    \
+    "Open connections to the daemon, attached or not.")                                      \
+  X(num_pools, gauge, daemon, as_is, "kvpool_pools", "Pools the daemon serves.")             \
+  X(subscribers, gauge, daemon, as_is, "kvpool_event_subscribers",                           \
+    "Connections following the event stream.")                                               \
+  X(latency_enabled, gauge, daemon, none, "", "1 when the daemon times operations.")         \
+  X(stream_id, gauge, daemon, none, "", "The event stream's id (new with every start).")     \
+  X(event_next_seq, counter, daemon, by_hand, "kvpool_events_total",                         \
+    "Index events (stored, removed, cleared) logged.")                                       \
+  X(event_oldest_seq, gauge, daemon, none, "", "The oldest event the stream still holds.")   \
+  X(event_capacity, gauge, daemon, none, "", "Events the stream holds for subscribers.")     \
+  X(events_lost, counter, daemon, as_is, "kvpool_events_lost_total",                         \
+    "Events subscribers fell behind on (reported to them as gaps).")                         \
+  X(reloads, counter, daemon, by_hand, "kvpool_reloads_total",                               \
+    "Configuration reloads, by result.")                                                     \
+  X(reload_failures, counter, daemon, by_hand, "kvpool_reloads_total",                       \
+    "Configuration reloads, by result.")                                                     \
+  X(buffered_bytes, gauge, daemon, as_is, "kvpool_buffered_bytes",                           \
+    "Bytes in all connections' input and output buffers (limits.max_buffered_bytes).")       \
+  X(sessions_refused, counter, daemon, as_is, "kvpool_sessions_refused_total",               \
+    "Connections refused at accept (session limits, unknown peers).")                        \
+  X(closed_by_limits, counter, daemon, as_is, "kvpool_connections_closed_by_limits_total",   \
+    "Connections closed by the hello deadline, the frame timeout or the buffer budget.")     \
+  X(kv_batches_published, counter, daemon, as_is, "kvpool_kv_event_batches_published_total", \
+    "KV event batches published to routers over ZeroMQ (events.zmq_endpoint).")              \
+  X(kv_batches_dropped, counter, daemon, as_is, "kvpool_kv_event_batches_dropped_total",     \
+    "KV event batches libzmq refused to send (subscribers see a sequence gap).")
 
-struct PoolCounter {
+enum class CounterKind : uint8_t { counter, gauge };
+enum class PromForm : uint8_t { as_is, as_tokens, ms_as_seconds, by_hand, none };
+
+// One row of a table over Stats (PoolStats or DaemonStats).
+template <class Stats>
+struct Counter {
   std::string_view name;
   CounterKind kind;
   PromForm form;
   std::string_view family;
   std::string_view help;
-  uint64_t (*get)(const PoolStats&);
+  uint64_t (*get)(const Stats&);
 };
+using PoolCounter = Counter<PoolStats>;
+using DaemonCounter = Counter<DaemonStats>;
 
-#define KVPOOL_COUNTER_ROW(field, kind_, source_, form_, family_, help_) \
-  PoolCounter{#field,                                                    \
-              CounterKind::kind_,                                        \
-              PromForm::form_,                                           \
-              family_,                                                   \
-              help_,                                                     \
-              [](const PoolStats& p) -> uint64_t { return static_cast<uint64_t>(p.field); }},
-inline constexpr PoolCounter kPoolCounters[] = {KVPOOL_POOL_COUNTERS(KVPOOL_COUNTER_ROW)};
+#define KVPOOL_COUNTER_ROW(Stats, field, kind_, form_, family_, help_) \
+  Counter<Stats>{                                                      \
+      #field,          CounterKind::kind_,                             \
+      PromForm::form_, family_,                                        \
+      help_,           [](const Stats& s) -> uint64_t { return static_cast<uint64_t>(s.field); }},
+#define KVPOOL_POOL_ROW(field, kind, source, form, family, help) \
+  KVPOOL_COUNTER_ROW(PoolStats, field, kind, form, family, help)
+#define KVPOOL_DAEMON_ROW(field, kind, source, form, family, help) \
+  KVPOOL_COUNTER_ROW(DaemonStats, field, kind, form, family, help)
+inline constexpr PoolCounter kPoolCounters[] = {KVPOOL_POOL_COUNTERS(KVPOOL_POOL_ROW)};
+inline constexpr DaemonCounter kDaemonCounters[] = {KVPOOL_DAEMON_COUNTERS(KVPOOL_DAEMON_ROW)};
+#undef KVPOOL_DAEMON_ROW
+#undef KVPOOL_POOL_ROW
 #undef KVPOOL_COUNTER_ROW
 inline constexpr size_t kNumPoolCounters = std::size(kPoolCounters);
+inline constexpr size_t kNumDaemonCounters = std::size(kDaemonCounters);
 
 // A row more is a PoolStats field more: raise kLayoutVersion, then these figures.
 static_assert(kNumPoolCounters == 25 && sizeof(PoolStats) == 688 && kLayoutVersion == 4,
               "the counter table and PoolStats changed: raise kLayoutVersion");
 static_assert(kPoolCounters[kNumPoolCounters - 1].name == "host_copy_failures",
+              "rows are appended at the end of the table");
+static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 4,
+              "the daemon table and DaemonStats changed: raise kLayoutVersion");
+static_assert(kDaemonCounters[kNumDaemonCounters - 1].name == "kv_batches_dropped",
               "rows are appended at the end of the table");
 
 // The row named `name` (a constant expression for the names of the table).
@@ -107,6 +163,12 @@ constexpr const PoolCounter& pool_counter(std::string_view name) {
     if (c.name == name) return c;
   }
   return kPoolCounters[0];  // never reached for a name of the table
+}
+constexpr const DaemonCounter& daemon_counter(std::string_view name) {
+  for (const DaemonCounter& c : kDaemonCounters) {
+    if (c.name == name) return c;
+  }
+  return kDaemonCounters[0];  // never reached for a name of the table
 }
 
 }  // namespace kvpool::stats

@@ -215,8 +215,9 @@ int run(int argc, char** argv) {
       static_cast<unsigned long long>(total.cached_tokens),
       static_cast<unsigned long long>(total.prompt_tokens));
   std::printf("pages: %u free, %u in use, %u cached (of %u); %llu evicted, %llu published\n",
-              s.free, s.in_use, s.cached, s.total, static_cast<unsigned long long>(s.evicted),
-              static_cast<unsigned long long>(s.published));
+              s.free, s.in_use, s.cached, s.total,
+              static_cast<unsigned long long>(s.counter("evicted")),
+              static_cast<unsigned long long>(s.counter("published")));
   std::printf("elapsed: %.3f s for %llu requests\n", elapsed,
               static_cast<unsigned long long>(total.requests));
   ok = ok && total.mismatches == 0 && total.requests == uint64_t{o.workers} * o.requests &&

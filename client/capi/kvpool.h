@@ -116,7 +116,7 @@ int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
  * destinations not published, no page both read and written. Returns when the copy is done. */
 int kvpool_copy(kvpool_conn* c, const kvpool_page_id* src, const kvpool_page_id* dst, size_t n);
 int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
-/* Every counter of the pool (the daemon's counter table, common/stats_counters.h: lookups,
+/* Every counter of the pool (the pool counter table, common/stats_counters.h: lookups,
  * hit_blocks, pins, host_demoted, ...), by position: kvpool_counter_count() of them, the name of
  * the i-th (NULL past the end). kvpool_get_counters asks the daemon and writes up to n values in
  * that order into values (NULL only when n is 0); *written (when not NULL) is how many it wrote:
@@ -124,6 +124,11 @@ int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out);
 size_t kvpool_counter_count(void);
 const char* kvpool_counter_name(size_t i);
 int kvpool_get_counters(kvpool_conn* c, uint64_t* values, size_t n, size_t* written);
+/* The daemon's own figures (the daemon counter table: sessions, events_lost, reloads,
+ * sessions_refused, ...), by position, as the pool's counters above. */
+size_t kvpool_daemon_counter_count(void);
+const char* kvpool_daemon_counter_name(size_t i);
+int kvpool_get_daemon_counters(kvpool_conn* c, uint64_t* values, size_t n, size_t* written);
 
 /* Elastic pools. Without blocking, reads the pool-changed notices already waiting and maps (or
  * unmaps) the pool's new segments; *changed (may be NULL) = 1 when the mapping changed, else 0.

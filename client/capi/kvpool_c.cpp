@@ -33,6 +33,30 @@ int too_many(kvpool_conn* c, size_t n) {
   return static_cast<int>(kvpool::Errc::invalid_argument);
 }
 
+// The i-th name of a counter table, NULL past its end (the names are string literals).
+template <class Row, size_t N>
+const char* row_name(const Row (&table)[N], size_t i) {
+  return i < N ? table[i].name.data() : nullptr;
+}
+
+// Asks the daemon for its stats and writes up to n of the values `pick` chooses.
+template <class Pick>
+int get_values(kvpool_conn* c, const char* what, uint64_t* values, size_t n, size_t* written,
+               Pick pick) {
+  if (written != nullptr) *written = 0;
+  if (values == nullptr && n != 0) {
+    c->last_error = std::string(what) + ": values is NULL but n is " + std::to_string(n);
+    return static_cast<int>(kvpool::Errc::invalid_argument);
+  }
+  auto r = c->conn->stats();
+  if (!r.ok()) return fail(c, r);
+  const std::vector<uint64_t>& got = pick(r.value());
+  const size_t k = std::min(n, got.size());
+  std::copy_n(got.begin(), k, values);
+  if (written != nullptr) *written = k;
+  return KVPOOL_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -167,10 +191,21 @@ int kvpool_get_stats(kvpool_conn* c, kvpool_stats* out) {
   auto r = c->conn->stats();
   if (!r.ok()) return fail(c, r);
   const auto& s = r.value();
-  *out =
-      kvpool_stats{s.total,     s.free,          s.in_use,     s.cached,    s.sessions,
-                   s.lookups,   s.lookup_blocks, s.hit_blocks, s.allocated, s.released,
-                   s.published, s.duplicates,    s.evicted,    s.flushed,   s.session_held_pages};
+  *out = kvpool_stats{s.total,
+                      s.free,
+                      s.in_use,
+                      s.cached,
+                      s.sessions,
+                      s.counter("lookups"),
+                      s.counter("lookup_blocks"),
+                      s.counter("hit_blocks"),
+                      s.counter("allocated"),
+                      s.counter("released"),
+                      s.counter("published"),
+                      s.counter("duplicates"),
+                      s.counter("evicted"),
+                      s.counter("flushed"),
+                      s.session_held_pages};
   return KVPOOL_OK;
 }
 
@@ -179,24 +214,27 @@ size_t kvpool_counter_count(void) {
 }
 
 const char* kvpool_counter_name(size_t i) {
-  // The table's names are string literals: NUL-terminated.
-  return i < kvpool::stats::kNumPoolCounters ? kvpool::stats::kPoolCounters[i].name.data()
-                                             : nullptr;
+  return row_name(kvpool::stats::kPoolCounters, i);
 }
 
 int kvpool_get_counters(kvpool_conn* c, uint64_t* values, size_t n, size_t* written) {
-  if (written != nullptr) *written = 0;
-  if (values == nullptr && n != 0) {
-    c->last_error = "kvpool_get_counters: values is NULL but n is " + std::to_string(n);
-    return static_cast<int>(kvpool::Errc::invalid_argument);
-  }
-  auto r = c->conn->stats();
-  if (!r.ok()) return fail(c, r);
-  const std::vector<uint64_t>& counters = r.value().counters;
-  const size_t k = std::min(n, counters.size());
-  std::copy_n(counters.begin(), k, values);
-  if (written != nullptr) *written = k;
-  return KVPOOL_OK;
+  return get_values(
+      c, "kvpool_get_counters", values, n, written,
+      [](const kvpool::wire::StatsReply& s) -> const auto& { return s.counters; });
+}
+
+size_t kvpool_daemon_counter_count(void) {
+  return kvpool::stats::kNumDaemonCounters;
+}
+
+const char* kvpool_daemon_counter_name(size_t i) {
+  return row_name(kvpool::stats::kDaemonCounters, i);
+}
+
+int kvpool_get_daemon_counters(kvpool_conn* c, uint64_t* values, size_t n, size_t* written) {
+  return get_values(
+      c, "kvpool_get_daemon_counters", values, n, written,
+      [](const kvpool::wire::StatsReply& s) -> const auto& { return s.daemon_counters; });
 }
 
 int kvpool_poll_notices(kvpool_conn* c, int* changed) {

@@ -146,15 +146,16 @@ int status_verb(const Globals& g) {
 
 namespace {
 
-// Every counter of the pool, by the counter table's names: {"lookups":N,...}.
-std::string counters_json(const stats::PoolStats& p) {
+// Every row of a counter table, by its names: {"lookups":N,...}.
+template <class Row, size_t N, class Stats>
+std::string counters_json(const Row (&table)[N], const Stats& s) {
   std::string out = "{";
-  for (const stats::PoolCounter& c : stats::kPoolCounters) {
+  for (const Row& c : table) {
     if (out.size() > 1) out += ',';
     out += '"';
     out += c.name;
     out += "\":";
-    out += std::to_string(c.get(p));
+    out += std::to_string(c.get(s));
   }
   return out + "}";
 }
@@ -182,7 +183,8 @@ int stats_verb(const Globals& g, const std::string& format) {
         "\"in_use\":%u,\"cached\":%u},\"indexed_blocks\":%u,\"sessions\":%u,\"lookups\":%llu,"
         "\"query_tokens\":%llu,\"hit_tokens\":%llu,\"hit_rate\":%.6f,\"allocated\":%llu,"
         "\"released\":%llu,\"published\":%llu,\"duplicates\":%llu,\"evicted\":%llu,"
-        "\"flushed\":%llu,\"counters\":%s,\"events\":{\"next_seq\":%llu,\"oldest_seq\":%llu,"
+        "\"flushed\":%llu,\"counters\":%s,\"daemon_counters\":%s,\"events\":{\"next_seq\":%llu,"
+        "\"oldest_seq\":%llu,"
         "\"subscribers\":%u,"
         "\"lost\":%llu,\"zmq_published\":%llu,\"zmq_dropped\":%llu},\"reloads\":{\"applied\":%llu,"
         "\"refused\":%llu},"
@@ -194,7 +196,8 @@ int stats_verb(const Globals& g, const std::string& format) {
         hit, static_cast<unsigned long long>(p.allocated),
         static_cast<unsigned long long>(p.released), static_cast<unsigned long long>(p.published),
         static_cast<unsigned long long>(p.duplicates), static_cast<unsigned long long>(p.evicted),
-        static_cast<unsigned long long>(p.flushed), counters_json(p).c_str(),
+        static_cast<unsigned long long>(p.flushed), counters_json(stats::kPoolCounters, p).c_str(),
+        counters_json(stats::kDaemonCounters, d).c_str(),
         static_cast<unsigned long long>(d.event_next_seq),
         static_cast<unsigned long long>(d.event_oldest_seq), d.subscribers,
         static_cast<unsigned long long>(d.events_lost),

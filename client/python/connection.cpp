@@ -42,30 +42,36 @@ py::dict stats_dict(const wire::StatsReply& s) {
   d["in_use"] = s.in_use;
   d["cached"] = s.cached;
   d["sessions"] = s.sessions;
-  d["lookups"] = s.lookups;
-  d["lookup_blocks"] = s.lookup_blocks;
-  d["hit_blocks"] = s.hit_blocks;
-  d["allocated"] = s.allocated;
-  d["released"] = s.released;
-  d["published"] = s.published;
-  d["duplicates"] = s.duplicates;
-  d["evicted"] = s.evicted;
-  d["flushed"] = s.flushed;
   d["session_held_pages"] = s.session_held_pages;
-  // Every counter of the pool, named as the counter table names it (the ones above included);
-  // those past this side's table (a newer daemon's) are left out.
+  // Every counter of the pool, named as the counter table names it; those past this side's
+  // table (a newer daemon's) are left out.
   for (size_t i = 0; i < s.counters.size() && i < stats::kNumPoolCounters; ++i)
     d[py::str(std::string(stats::kPoolCounters[i].name))] = s.counters[i];
   return d;
 }
 
+// The daemon's own figures, named as the daemon counter table names them.
+py::dict daemon_dict(const wire::StatsReply& s) {
+  py::dict d;
+  for (size_t i = 0; i < s.daemon_counters.size() && i < stats::kNumDaemonCounters; ++i)
+    d[py::str(std::string(stats::kDaemonCounters[i].name))] = s.daemon_counters[i];
+  return d;
+}
+
+// A table's names, in its order.
+template <class Row, size_t N>
+py::tuple names_of(const Row (&table)[N]) {
+  py::tuple names(N);
+  for (size_t i = 0; i < N; ++i)
+    names[i] = py::str(std::string(table[i].name));
+  return names;
+}
+
 }  // namespace
 
 void bind_connection(py::module_& m) {
-  py::tuple names(stats::kNumPoolCounters);
-  for (size_t i = 0; i < stats::kNumPoolCounters; ++i)
-    names[i] = py::str(std::string(stats::kPoolCounters[i].name));
-  m.attr("POOL_COUNTERS") = names;
+  m.attr("POOL_COUNTERS") = names_of(stats::kPoolCounters);
+  m.attr("DAEMON_COUNTERS") = names_of(stats::kDaemonCounters);
   py::class_<wire::PoolInfo>(m, "PoolInfo", "The pool a connection is attached to.")
       .def_readonly("name", &wire::PoolInfo::pool_name, "The pool's name in the daemon's config.")
       .def_readonly("backend", &wire::PoolInfo::backend,
@@ -224,6 +230,13 @@ void bind_connection(py::module_& m) {
            [](PyConnection& c) {
              return stats_dict(c.call([](client::Connection& k) { return k.stats(); }));
            })
+      .def(
+          "daemon_stats",
+          [](PyConnection& c) {
+            return daemon_dict(c.call([](client::Connection& k) { return k.stats(); }));
+          },
+          "The daemon's own figures (kvpool.DAEMON_COUNTERS: sessions, events_lost, reloads, "
+          "sessions_refused, ...), asked of the daemon now.")
       .def(
           "evict",
           [](PyConnection& c, int64_t count) {

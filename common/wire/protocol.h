@@ -50,10 +50,9 @@
 //            served the block; a host-tier hit was promoted into the page before this reply)
 //   publish  u32 n, n × (u8 kind, u32 page)
 //   stats    u32 total, u32 free, u32 in_use, u32 cached, u32 sessions,
-//            9 × u64 counters (lookups, lookup_blocks, hit_blocks, allocated, released,
-//            published, duplicates, evicted, flushed), u32 session_held_pages,
-//            u32 n, n × u64 the pool counter table's values (common/stats_counters.h; rows
-//            are only appended, so a client reads the ones it knows)
+//            u32 session_held_pages, u32 n, n × u64 the pool counter table's values, u32 m, m × u64
+//            the daemon counter table's values (common/stats_counters.h; rows are only appended, so
+//            a client reads the ones it knows)
 //   evict    u32 evicted
 //   flush    u32 flushed
 //   sessions u32 n, n × (u64 id, u32 pid, u32 uid, u32 held_pages, string worker,
@@ -95,8 +94,9 @@ namespace kvpool::wire {
 
 inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // 3: the layout byte in the hello reply; 4: the tier of each lookup hit; 5: the pool counter
-// table's values in the stats reply.
-inline constexpr uint16_t kProtocolVersion = 5;
+// table's values in the stats reply; 6: the daemon counter table's values after them, the
+// reply's nine fixed counters gone (the pool table carries them).
+inline constexpr uint16_t kProtocolVersion = 6;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -365,19 +365,14 @@ struct StatsReply {
   uint32_t in_use = 0;
   uint32_t cached = 0;
   uint32_t sessions = 0;
-  uint64_t lookups = 0;
-  uint64_t lookup_blocks = 0;
-  uint64_t hit_blocks = 0;
-  uint64_t allocated = 0;
-  uint64_t released = 0;
-  uint64_t published = 0;
-  uint64_t duplicates = 0;
-  uint64_t evicted = 0;
-  uint64_t flushed = 0;
   uint32_t session_held_pages = 0;  // distinct pages the asking session holds
   // The pool counter table's values, in its order (common/stats_counters.h): every counter of
-  // the pool, those above included (more than this side's table when the daemon's is longer).
+  // the pool (more than this side's table when the daemon's is longer).
   std::vector<uint64_t> counters;
+  // The daemon counter table's values, in its order: the daemon's sessions, events, reloads.
+  std::vector<uint64_t> daemon_counters;
+  // The value of the pool counter table's row `name`; 0 when the reply has no such row.
+  uint64_t counter(std::string_view name) const;
   friend bool operator==(const StatsReply&, const StatsReply&) = default;
 };
 

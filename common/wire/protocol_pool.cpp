@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/stats_counters.h"
 #include "common/wire/body_codec.h"
 #include "common/wire/protocol.h"
 #include "common/wire/wire_codec.h"
@@ -21,7 +22,7 @@ constexpr size_t kPoolInfoFixedBytes =
     4 * kU32 + 2 * kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + 2 * kU64 + 2 * kU32 + kU32;
 constexpr size_t kSegmentFixedBytes = 2 * kU64 + kU32;
 constexpr size_t kPageCopyBytes = 2 * kU32;
-constexpr size_t kStatsBytes = 5 * kU32 + 9 * kU64 + kU32;
+constexpr size_t kStatsBytes = 6 * kU32;
 constexpr size_t kSessionFixedBytes = kU64 + 3 * kU32 + 3 * kU32;  // numbers + 3 string lengths
 
 // Page ids and hashes are copied as whole arrays: their in-memory layout is the wire layout.
@@ -125,7 +126,7 @@ size_t body_size(const PublishReply& m) {
   return kU32 + m.results.size() * kPublishResultBytes;
 }
 size_t body_size(const StatsReply& m) {
-  return kStatsBytes + kU32 + m.counters.size() * kU64;
+  return kStatsBytes + kU32 + m.counters.size() * kU64 + kU32 + m.daemon_counters.size() * kU64;
 }
 size_t body_size(const EvictRequest&) {
   return kU32;
@@ -248,17 +249,9 @@ void put_body(Writer& w, const StatsReply& m) {
   w.put(m.in_use);
   w.put(m.cached);
   w.put(m.sessions);
-  w.put(m.lookups);
-  w.put(m.lookup_blocks);
-  w.put(m.hit_blocks);
-  w.put(m.allocated);
-  w.put(m.released);
-  w.put(m.published);
-  w.put(m.duplicates);
-  w.put(m.evicted);
-  w.put(m.flushed);
   w.put(m.session_held_pages);
   w.array(m.counters);
+  w.array(m.daemon_counters);
 }
 void put_body(Writer& w, const EvictRequest& m) {
   w.put(m.count);
@@ -446,12 +439,8 @@ bool get_body(Reader& r, PublishReply& m) {
 bool get_body(Reader& r, StatsReply& m) {
   return r.get(m.total, "total") && r.get(m.free, "free") && r.get(m.in_use, "in_use") &&
          r.get(m.cached, "cached") && r.get(m.sessions, "sessions") &&
-         r.get(m.lookups, "lookups") && r.get(m.lookup_blocks, "lookup_blocks") &&
-         r.get(m.hit_blocks, "hit_blocks") && r.get(m.allocated, "allocated") &&
-         r.get(m.released, "released") && r.get(m.published, "published") &&
-         r.get(m.duplicates, "duplicates") && r.get(m.evicted, "evicted") &&
-         r.get(m.flushed, "flushed") && r.get(m.session_held_pages, "session_held_pages") &&
-         r.array(m.counters, "counters");
+         r.get(m.session_held_pages, "session_held_pages") && r.array(m.counters, "counters") &&
+         r.array(m.daemon_counters, "daemon_counters");
 }
 bool get_body(Reader& r, EvictRequest& m) {
   return r.get(m.count, "count");
@@ -545,3 +534,14 @@ bool get_body(Reader& r, ResizeReply& m) {
 }
 
 }  // namespace kvpool::wire::codec
+
+namespace kvpool::wire {
+
+uint64_t StatsReply::counter(std::string_view name) const {
+  for (size_t i = 0; i < counters.size() && i < stats::kNumPoolCounters; ++i) {
+    if (stats::kPoolCounters[i].name == name) return counters[i];
+  }
+  return 0;
+}
+
+}  // namespace kvpool::wire

@@ -345,19 +345,15 @@ wire::Result<wire::Reply> Service::stats(SessionState& s, const wire::StatsReque
   r.in_use = p.in_use;
   r.cached = p.cached;
   r.sessions = access_.session_count();
-  r.lookups = p.lookups;
-  r.lookup_blocks = p.lookup_blocks;
-  r.hit_blocks = p.hit_blocks;
-  r.allocated = p.allocated;
-  r.released = p.released;
-  r.published = p.published;
-  r.duplicates = p.duplicates;
-  r.evicted = p.evicted;
-  r.flushed = p.flushed;
   r.session_held_pages = static_cast<uint32_t>(s.held_pages);
   r.counters.reserve(stats::kNumPoolCounters);
   for (const stats::PoolCounter& c : stats::kPoolCounters)
     r.counters.push_back(c.get(p));
+  stats::DaemonStats d;
+  fill_daemon(d);
+  r.daemon_counters.reserve(stats::kNumDaemonCounters);
+  for (const stats::DaemonCounter& c : stats::kDaemonCounters)
+    r.daemon_counters.push_back(c.get(d));
   return wire::Reply(std::move(r));
 }
 

@@ -138,6 +138,9 @@ class Service {
   // The daemon-wide stats snapshot: counters and pages by state per pool, sessions, events,
   // latency histograms.
   void fill_snapshot(stats::Snapshot& out) const;
+  // The daemon's own figures (the daemon counter table's rows), as the snapshot and the stats
+  // reply show them.
+  void fill_daemon(stats::DaemonStats& d) const;
   // For a subscribed session: appends to `batch` up to `max` events it has not seen yet (a gap
   // marker first when it fell behind the ring). Empty when there is nothing new.
   void collect_events(SessionState& s, size_t max, wire::EventBatch& batch);

@@ -102,9 +102,8 @@ wire::Result<wire::Reply> Service::snapshot(SessionState&, const wire::SnapshotR
   return wire::Reply(std::move(r));
 }
 
-void Service::fill_snapshot(stats::Snapshot& out) const {
+void Service::fill_daemon(stats::DaemonStats& d) const {
   const uint64_t now = LatencyRecorder::now_ns();
-  stats::DaemonStats& d = out.daemon;
   d = stats::DaemonStats{};
   d.pid = static_cast<uint64_t>(::getpid());
   d.start_unix_ms = start_unix_ms_;
@@ -128,6 +127,10 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
     d.kv_batches_published = kv_counters_->batches_published;
     d.kv_batches_dropped = kv_counters_->batches_dropped;
   }
+}
+
+void Service::fill_snapshot(stats::Snapshot& out) const {
+  fill_daemon(out.daemon);
   std::copy(std::begin(service_latency_.ops()), std::end(service_latency_.ops()), out.service);
   std::copy(std::begin(request_latency_.ops()), std::end(request_latency_.ops()), out.request);
   out.pools.assign(pools().size(), stats::PoolStats{});

@@ -17,8 +17,8 @@
 
 #include "client/connection/connection.h"
 #include "tests/integration/daemon_harness.h"
-#include "tests/integration/test_attach.h"
 #include "tests/integration/raw_frames.h"
+#include "tests/integration/test_attach.h"
 
 namespace kvpool::testing {
 namespace {
@@ -120,8 +120,8 @@ TEST(Daemon, TwoWorkersShareAPrefixAndSeeEachOthersBytes) {
   }));
   auto s = c->stats();
   ASSERT_TRUE(s.ok());
-  EXPECT_EQ(s.value().hit_blocks, 4u);
-  EXPECT_EQ(s.value().published, 4u);
+  EXPECT_EQ(s.value().counter("hit_blocks"), 4u);
+  EXPECT_EQ(s.value().counter("published"), 4u);
   EXPECT_EQ(d.stop(), 0) << d.log();
 }
 

@@ -15,8 +15,8 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection/connection.h"
 #include "client/capi/kvpool.h"
+#include "client/connection/connection.h"
 #include "client/worker/sequence_cache.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"

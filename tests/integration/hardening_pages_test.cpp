@@ -13,9 +13,9 @@
 
 #include "client/connection/connection.h"
 #include "tests/integration/daemon_harness.h"
-#include "tests/integration/test_attach.h"
 #include "tests/integration/hardening_util.h"
 #include "tests/integration/raw_frames.h"
+#include "tests/integration/test_attach.h"
 
 namespace kvpool::testing {
 namespace {
@@ -78,7 +78,7 @@ limits: {max_pages_per_session: 8, max_pages_per_tenant: 12}
   EXPECT_NE(refused.error().message.find("limits.max_pages_per_session"), std::string::npos)
       << refused.error().message;
   EXPECT_EQ(a->stats().value().session_held_pages, 8u);
-  EXPECT_EQ(a->stats().value().duplicates, 0u);
+  EXPECT_EQ(a->stats().value().counter("duplicates"), 0u);
 
   // The tenant's quota (12) bounds two sessions together: b gets 4 more, by lookup or alloc.
   auto b = attach(d, "b");

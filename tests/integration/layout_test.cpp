@@ -13,8 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "client/connection/connection.h"
 #include "client/capi/kvpool.h"
+#include "client/connection/connection.h"
 #include "client/worker/pool_kernels.h"
 #include "kernels/kv_dtype.h"
 #include "tests/integration/daemon_harness.h"

@@ -196,19 +196,19 @@ TEST(Metrics, StatsSegmentAgreesWithTheStatsOp) {
   stats::Snapshot s;
   ASSERT_TRUE(wait_until([&] {
     return client::read_stats_segment(d.socket(), s).empty() && s.pools.size() == 1 &&
-           s.pools[0].allocated == op.value().allocated;
+           s.pools[0].allocated == op.value().counter("allocated");
   }));
   const stats::PoolStats& p = s.pools[0];
   EXPECT_EQ(p.total, op.value().total);
   EXPECT_EQ(p.free, op.value().free);
   EXPECT_EQ(p.in_use, op.value().in_use);
   EXPECT_EQ(p.cached, op.value().cached);
-  EXPECT_EQ(p.lookups, op.value().lookups);
-  EXPECT_EQ(p.lookup_blocks, op.value().lookup_blocks);
-  EXPECT_EQ(p.hit_blocks, op.value().hit_blocks);
-  EXPECT_EQ(p.released, op.value().released);
-  EXPECT_EQ(p.published, op.value().published);
-  EXPECT_EQ(p.evicted, op.value().evicted);
+  EXPECT_EQ(p.lookups, op.value().counter("lookups"));
+  EXPECT_EQ(p.lookup_blocks, op.value().counter("lookup_blocks"));
+  EXPECT_EQ(p.hit_blocks, op.value().counter("hit_blocks"));
+  EXPECT_EQ(p.released, op.value().counter("released"));
+  EXPECT_EQ(p.published, op.value().counter("published"));
+  EXPECT_EQ(p.evicted, op.value().counter("evicted"));
   EXPECT_EQ(s.daemon.sessions, op.value().sessions);
   EXPECT_EQ(p.sessions, 1u);
   EXPECT_EQ(s.daemon.pid, static_cast<uint64_t>(d.pid()));

@@ -95,6 +95,16 @@ def test_stats_names_every_counter_of_the_pool(conn):
     conn.release(pages)
 
 
+def test_daemon_stats_names_every_row_of_the_daemon_table(daemon, conn):
+    assert "sessions_refused" in kvpool.DAEMON_COUNTERS and "reloads" in kvpool.DAEMON_COUNTERS
+    d = conn.daemon_stats()
+    assert set(d) == set(kvpool.DAEMON_COUNTERS)
+    assert d["num_pools"] >= 1 and d["sessions"] >= 1
+    other = kvpool.attach(daemon.socket, worker="second")
+    assert conn.daemon_stats()["sessions"] == d["sessions"] + 1
+    other.close()
+
+
 def test_daemon_errors_raise_kvpool_error_with_code_and_name(conn):
     with pytest.raises(kvpool.Error) as e:
         conn.release([10_000])

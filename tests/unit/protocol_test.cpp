@@ -259,21 +259,13 @@ std::vector<Reply> sample_replies() {
   s.in_use = 3;
   s.cached = 4;
   s.sessions = 5;
-  s.lookups = 6;
-  s.lookup_blocks = 7;
-  s.hit_blocks = 8;
-  s.allocated = 9;
-  s.released = 10;
-  s.published = 11;
-  s.duplicates = 12;
-  s.evicted = 13;
-  s.flushed = 14;
   s.session_held_pages = 15;
+  s.counters = {16, 17, 18};
+  s.daemon_counters = {19, UINT64_MAX};
   v.emplace_back(s);
   StatsReply m;
   m.total = m.free = m.in_use = m.cached = m.sessions = m.session_held_pages = UINT32_MAX;
-  m.lookups = m.lookup_blocks = m.hit_blocks = m.allocated = m.released = UINT64_MAX;
-  m.published = m.duplicates = m.evicted = m.flushed = UINT64_MAX;
+  m.counters.assign(25, UINT64_MAX);
   v.emplace_back(m);
   v.emplace_back(EvictReply{0});
   v.emplace_back(EvictReply{123456});
@@ -595,7 +587,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                5,    0,                               // version
+                                6,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -652,7 +644,16 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
   EXPECT_EQ(exact(payload_of(copy)), Builder().u32(1).u32(3).u32(4).bytes());
 
   const Bytes stats = encode(1, Reply{StatsReply{}});
-  EXPECT_EQ(stats.size(), kHeaderBytes + 2 + size_t{5} * 4 + size_t{9} * 8 + 4 + 4);  // n = 0
+  EXPECT_EQ(stats.size(), kHeaderBytes + 2 + size_t{6} * 4 + 4 + 4);  // n = m = 0
+}
+
+TEST(ProtocolRoundTrip, StatsReplyNamesItsCountersByThePoolTable) {
+  StatsReply s;
+  s.counters = {7, 8, 9, 10};  // lookups, lookup_blocks, hit_blocks, allocated
+  EXPECT_EQ(s.counter("lookups"), 7u);
+  EXPECT_EQ(s.counter("allocated"), 10u);
+  EXPECT_EQ(s.counter("released"), 0u);  // a shorter reply lacks the row
+  EXPECT_EQ(s.counter("no_such_counter"), 0u);
 }
 
 // Error replies --------------------------------------------------------------------------------
@@ -771,7 +772,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 5, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 6, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -791,8 +792,9 @@ TEST(ProtocolHeader, BadMagic) {
 
 TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
-  // tiers of the lookup reply; 4: before the stats reply's counter list.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 6, 0x100, 0xffff};
+  // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
+  // counter list.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 7, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
