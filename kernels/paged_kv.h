@@ -79,7 +79,42 @@ KVPOOL_HD PageChunks page_chunks(const PagedKv& kv) {
   return PageChunks{1, page_data_bytes(g), kv.page_stride, 0};
 }
 
-// Decode: one query token per sequence attends to all its context_lens[s] cached tokens.
+// Which keys a query at position pos sees, besides causality, and the sinks of its softmax
+// (FlashInfer's names; every model of shared/data/models.yaml is one of these):
+//   window_left  ≥ 0: a sliding window, keys [pos − window_left, pos]: window_left + 1 keys with
+//                the query's own (Mistral's / Gemma's sliding_window W is window_left = W − 1);
+//                −1: no window.
+//   chunk        > 0: chunked attention, keys [pos − pos mod chunk, pos] (Llama-4's
+//                attention_chunk_size); 0: none.
+//   sinks        per query head, a learned logit that joins the softmax's denominator and nothing
+//                else (gpt-oss): out_h = Σ e^{s_j} v_j / (Σ e^{s_j} + e^{sinks[h]}), in the units
+//                of scale · q·k; null: none. [num_q_heads], in the memory the kernel runs on.
+// A key passes both the window and the chunk when both are set. What a query sees is always one
+// run of keys [first_visible_key(mask, pos), pos], so the kernels only move where they start.
+struct AttentionMask {
+  int32_t window_left = -1;
+  uint32_t chunk = 0;
+  const float* sinks = nullptr;
+};
+
+KVPOOL_HD uint32_t first_visible_key(const AttentionMask& m, uint32_t pos) {
+  uint32_t first = 0;
+  if (m.window_left >= 0 && pos > static_cast<uint32_t>(m.window_left))
+    first = pos - static_cast<uint32_t>(m.window_left);
+  if (m.chunk > 0) {
+    const uint32_t chunk_start = pos - pos % m.chunk;
+    if (chunk_start > first) first = chunk_start;
+  }
+  return first;
+}
+
+// Whether the mask lets every query see its whole causal context with a plain softmax.
+KVPOOL_HD bool mask_is_none(const AttentionMask& m) {
+  return m.window_left == -1 && m.chunk == 0 && m.sinks == nullptr;
+}
+
+// Decode: one query token per sequence attends to its context_lens[s] cached tokens (those of
+// them the mask lets it see: it sits at position context_lens[s] − 1).
 // Query head h uses KV head h / (num_q_heads / kv_heads) (GQA/MQA); num_q_heads must be a
 // multiple of kv_heads.
 struct DecodeArgs {
@@ -96,12 +131,14 @@ struct DecodeArgs {
   // Tokens per split-KV chunk; 0 lets the kernel plan it (plan_splits). Splits are merged with
   // the online-softmax merge, so the result does not depend on the split size beyond rounding.
   uint32_t split_tokens = 0;
+  AttentionMask mask;  // sliding window, chunked attention, sinks (default: none)
 };
 
 // Extend (prefill over a cached prefix): sequence s has context_lens[s] tokens in the pool, of
 // which the last n_s = q_offsets[s+1] − q_offsets[s] are the new ones whose queries are given;
 // new token i (0-based among the new ones) is at position context_lens[s] − n_s + i and attends
-// causally to positions ≤ its own. Its K/V must already be in the pool (append first).
+// causally to positions ≤ its own (those of them the mask lets it see). Its K/V must already be
+// in the pool (append first).
 struct ExtendArgs {
   PagedKv kv;
   uint32_t layer = 0;
@@ -114,6 +151,7 @@ struct ExtendArgs {
   uint32_t block_table_stride = 0;
   const uint32_t* context_lens = nullptr;
   float scale = 1.0f;
+  AttentionMask mask;  // sliding window, chunked attention, sinks (default: none)
 };
 
 // Append: writes the K and V of num_tokens tokens into their slots. slot = page ·

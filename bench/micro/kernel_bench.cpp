@@ -5,10 +5,12 @@
 // KV head), measures the kernel's cost independently of other load on the machine; the memcpy is
 // measured again at the end to show whether the machine stayed quiet.
 //
-// Geometry of the GPU table: 32 query heads over 8 KV heads, head dim 128, 16 tokens per
-// page, one layer; the pages of each sequence are scattered over the pool (a random
-// permutation), as in a real pool. --layouts also runs the pool layer_major (common/geometry.h),
-// where a head's rows of a page are kv_heads · head_dim elements apart instead of contiguous.
+// Geometry of the GPU table: 8 KV heads, head dim 128, 16 tokens per page, one layer, and
+// 4 query heads per KV head (32 query heads); --groups sets other query groups (1: MHA, 16:
+// Qwen3-235B, 71: Falcon-7B's MQA group) over the same KV bytes; the pages of each sequence are
+// scattered over the pool (a random permutation), as in a real pool. --layouts also runs the pool
+// layer_major (common/geometry.h), where a head's rows of a page are kv_heads · head_dim elements
+// apart instead of contiguous.
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -59,6 +61,7 @@ int main(int argc, char** argv) {
   std::string dtypes = "bf16,fp16,fp8_e4m3,int8";
   std::string isas = "baseline,automatic";
   std::string layouts = "page_major";
+  std::string groups = "4";
   app.add_option("--threads", threads, "Decode threads")->capture_default_str();
   app.add_option("--reps", reps, "Repetitions per point (best is reported)")->capture_default_str();
   app.add_option("--contexts", contexts, "Context lengths")->capture_default_str();
@@ -67,6 +70,8 @@ int main(int argc, char** argv) {
   app.add_option("--isas", isas, "Instruction sets: baseline, avx2, automatic (the best one)")
       ->capture_default_str();
   app.add_option("--layouts", layouts, "Pool layouts: page_major, layer_major")
+      ->capture_default_str();
+  app.add_option("--groups", groups, "Query heads per KV head (the pool has 8 KV heads)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   auto split = [](const std::string& s) {
@@ -141,8 +146,8 @@ int main(int argc, char** argv) {
               threads, memcpy_gbs);
   // cpu ns: CPU time of all decode threads per (token, KV head), the least of the reps: what the
   // kernel costs, whatever else the machine runs.
-  std::printf("%-9s %-11s %-8s %5s %7s %9s %10s %9s %8s %9s\n", "dtype", "layout", "isa", "batch",
-              "context", "KV MB", "time ms", "GB/s", "of memcpy", "cpu ns");
+  std::printf("%-9s %-11s %-8s %5s %5s %7s %9s %10s %9s %8s %9s\n", "dtype", "layout", "isa",
+              "group", "batch", "context", "KV MB", "time ms", "GB/s", "of memcpy", "cpu ns");
   std::mt19937 rng(1);
   for (const KvDtype dt : dtype_list) {
     const Geometry g{1, 8, 128, 16, dt};
@@ -157,39 +162,41 @@ int main(int argc, char** argv) {
         std::iota(table.begin(), table.end(), 0u);
         std::shuffle(table.begin(), table.end(), rng);
         std::vector<uint32_t> lens(batch, ctx);
-        std::vector<float> q(size_t(batch) * 32 * 128, 0.01f), out(q.size());
-        kernels::DecodeArgs a;
-        a.kv = kernels::PagedKv{pool.data(), stride, scales.empty() ? nullptr : scales.data(), g};
-        a.num_seqs = batch;
-        a.num_q_heads = 32;
-        a.q = q.data();
-        a.out = out.data();
-        a.block_tables = table.data();
-        a.block_table_stride = blocks;
-        a.context_lens = lens.data();
-        a.scale = 0.088f;
-        for (const KvLayout layout : layout_list) {
-          a.kv.layout = layout;
-          a.kv.num_pages = pages;
-          for (const kernels::cpu::Isa isa : isa_list) {
-            std::string err;
-            double cpu = 1e30;
-            const double t = best_seconds(reps, [&] {
-              const double c0 = process_cpu_seconds();
-              err = kernels::cpu::decode(a, pages, threads, isa);
-              cpu = std::min(cpu, process_cpu_seconds() - c0);
-            });
-            if (!err.empty()) {
-              std::fprintf(stderr, "decode: %s\n", err.c_str());
-              return 1;
+        for (const uint32_t group : parse(groups)) {
+          std::vector<float> q(size_t(batch) * 8 * group * 128, 0.01f), out(q.size());
+          kernels::DecodeArgs a;
+          a.kv = kernels::PagedKv{pool.data(), stride, scales.empty() ? nullptr : scales.data(), g};
+          a.num_seqs = batch;
+          a.num_q_heads = 8 * group;
+          a.q = q.data();
+          a.out = out.data();
+          a.block_tables = table.data();
+          a.block_table_stride = blocks;
+          a.context_lens = lens.data();
+          a.scale = 0.088f;
+          for (const KvLayout layout : layout_list) {
+            a.kv.layout = layout;
+            a.kv.num_pages = pages;
+            for (const kernels::cpu::Isa isa : isa_list) {
+              std::string err;
+              double cpu = 1e30;
+              const double t = best_seconds(reps, [&] {
+                const double c0 = process_cpu_seconds();
+                err = kernels::cpu::decode(a, pages, threads, isa);
+                cpu = std::min(cpu, process_cpu_seconds() - c0);
+              });
+              if (!err.empty()) {
+                std::fprintf(stderr, "decode: %s\n", err.c_str());
+                return 1;
+              }
+              const double bytes = double(batch) * ctx * 2 * 8 * 128 * dtype_bytes(dt);
+              const double gbs = bytes / t / 1e9;
+              std::printf(
+                  "%-9s %-11s %-8s %5u %5u %7u %9.1f %10.3f %9.2f %7.0f%% %9.1f\n",
+                  std::string(dtype_name(dt)).c_str(), std::string(layout_name(layout)).c_str(),
+                  std::string(kernels::cpu::isa_name(isa)).c_str(), group, batch, ctx, bytes / 1e6,
+                  t * 1e3, gbs, 100.0 * gbs / memcpy_gbs, cpu * 1e9 / (double(batch) * ctx * 8));
             }
-            const double bytes = double(batch) * ctx * 2 * 8 * 128 * dtype_bytes(dt);
-            const double gbs = bytes / t / 1e9;
-            std::printf(
-                "%-9s %-11s %-8s %5u %7u %9.1f %10.3f %9.2f %7.0f%% %9.1f\n",
-                std::string(dtype_name(dt)).c_str(), std::string(layout_name(layout)).c_str(),
-                std::string(kernels::cpu::isa_name(isa)).c_str(), batch, ctx, bytes / 1e6, t * 1e3,
-                gbs, 100.0 * gbs / memcpy_gbs, cpu * 1e9 / (double(batch) * ctx * 8));
           }
         }
       }

@@ -10,8 +10,9 @@
 //  - head_tile: the K and V tiles of one (page, layer, KV head), their token stride (head_dim
 //    elements in page_major, kv_heads · head_dim in layer_major) and their scales;
 //  - load_rows: row conversion of n tokens of a tile, one call when they are contiguous;
-//  - argument checks: check_pool, check_layout and check_sequence, the preconditions of
-//    kernels_cpu.h, which return a message (empty = ok) and never write anything;
+//  - argument checks: check_pool, check_mask, check_layout and check_sequence, the preconditions
+//    of kernels_cpu.h, which return a message (empty = ok) and never write anything;
+//  - softmax_denominator: l, or l plus the query head's sink (AttentionMask::sinks);
 //  - the thread pool: resolve_threads and for_each_item, which hand work items [0, n) to up to
 //    `threads` std::threads (the caller's own included) through one atomic counter.
 //
@@ -29,6 +30,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "kernels/kv_dtype.h"
+#include "kernels/online_softmax.h"
 #include "kernels/paged_kv.h"
 
 namespace kvpool::kernels::cpu::detail {
@@ -261,6 +264,21 @@ inline std::string check_pool(const PagedKv& kv, uint32_t layer, uint32_t num_q_
            " is not a positive multiple of kv_heads " + std::to_string(g.kv_heads);
   }
   return {};
+}
+
+// The mask's fields (kernels/paged_kv.h, AttentionMask); sinks cannot be checked beyond that.
+inline std::string check_mask(const AttentionMask& m) {
+  if (m.window_left < -1) {
+    return "mask.window_left " + std::to_string(m.window_left) +
+           " is below -1 (-1: no window; W - 1 for a window of W keys)";
+  }
+  return {};
+}
+
+// The softmax denominator of query head `q_head` from its final state: l, plus e^{sink − m} when
+// the mask has sinks (st.m is finite: every query sees at least its own key).
+inline float softmax_denominator(const AttentionMask& m, uint32_t q_head, const SoftmaxStats& st) {
+  return m.sinks == nullptr ? st.l : st.l + std::exp(m.sinks[q_head] - st.m);
 }
 
 // The layout fields: a known layout, and in layer_major planes of at least num_pages pages (the

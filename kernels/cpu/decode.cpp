@@ -1,20 +1,23 @@
 // Paged-attention decode on the CPU (DESIGN §8; arguments and page layouts in kernels/paged_kv.h).
 //
-// Algorithm. The context of every sequence is cut into split chunks of `chunk` tokens, a multiple
-// of tokens_per_page (DecodeArgs::split_tokens rounded up to pages, or plan_split_tokens when it
-// is 0). One work item is (sequence, KV head, chunk) and serves the whole GQA group of that KV
-// head. It walks the chunk in blocks of up to kBlock tokens of one page: the block's K rows are
-// converted to fp32 once (8-bit pools: times the page's K scale) and dotted with all the group's
-// query rows (dot_partials: each K element loaded once per kDotHeads query rows, partial sums in
-// registers, folded per block); every query row's online-softmax state then takes the block's
-// scores at once (softmax_block_scores: block max, one rescale factor per block and row); last
-// the block's V rows are converted once and accumulated for the whole group (accumulate_pv:
-// acc · corr + Σ p_j · v_j, a tile of acc held in registers while the V rows stream through).
-// A sequence served by one chunk writes its unnormalised accumulator straight into `out` and
-// divides by l at the end. A sequence with several chunks keeps each chunk's (m, l, acc) in a
-// scratch buffer; whichever thread finishes the last chunk of a (sequence, KV head) merges them
-// with softmax_merge in chunk order and writes acc / l. Work items are handed to `threads`
-// std::threads through one atomic counter (attention_common.h).
+// Algorithm. The keys a sequence's query sees (all its context, or from the first key its
+// sliding window or attention chunk lets it see: AttentionMask) are cut into split chunks of
+// `chunk` tokens, a multiple of tokens_per_page (DecodeArgs::split_tokens rounded up to pages, or
+// plan_split_tokens when it is 0), counted from the page that holds the first visible key; keys
+// before it in that page are skipped. Pages wholly before it are never read. One work item is
+// (sequence, KV head, chunk) and serves the whole GQA group of that KV head. It walks the chunk in
+// blocks of up to kBlock tokens of one page: the block's K rows are converted to fp32 once (8-bit
+// pools: times the page's K scale) and dotted with all the group's query rows (dot_partials: each K
+// element loaded once per kDotHeads query rows, partial sums in registers, folded per block); every
+// query row's online-softmax state then takes the block's scores at once (softmax_block_scores:
+// block max, one rescale factor per block and row); last the block's V rows are converted once and
+// accumulated for the whole group (accumulate_pv: acc · corr + Σ p_j · v_j, a tile of acc held in
+// registers while the V rows stream through). A sequence served by one chunk writes its
+// unnormalised accumulator straight into `out` and divides by l at the end (l plus e^{sink − m}
+// with attention sinks). A sequence with several chunks keeps each chunk's (m, l, acc) in a scratch
+// buffer; whichever thread finishes the last chunk of a (sequence, KV head) merges them with
+// softmax_merge in chunk order and writes acc / l. Work items are handed to `threads` std::threads
+// through one atomic counter (attention_common.h).
 //
 // Instruction sets (kernels_cpu.h, Isa). A block's four inner loops (K/V row conversion, the
 // group's scores, the softmax block update, the P·V accumulation) come from a BlockOps table
@@ -37,8 +40,8 @@
 //  - the merge order is fixed (chunk 0, 1, …), so for a given chunk size the output is the same
 //    bit for bit whatever the thread count or the scheduling;
 //  - every argument is checked before anything is written; an error leaves `out` untouched;
-//  - blocks never straddle a page and the block split depends only on the chunk size, so the
-//    rounding (block maxima included) is fixed for a given chunk size;
+//  - blocks never straddle a page and the block split depends only on the chunk size and the
+//    first visible key, so the rounding (block maxima included) is fixed for a given chunk size;
 //  - nothing allocates per token: each thread owns a block of fp32 K and V rows, the block's
 //    partial sums and scores, and the group's rescale factors.
 #include <algorithm>
@@ -246,11 +249,15 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
   std::fill(acc, acc + size_t{group} * d, 0.0f);
 
   const uint32_t ctx = a.context_lens[it.seq];
-  const uint32_t begin = it.chunk * chunk;  // a page boundary: chunk is a multiple of t_page
-  const uint64_t end = std::min<uint64_t>(ctx, uint64_t{begin} + chunk);
+  // The keys the query sees start at `first`; chunks count from the page that holds it, so each
+  // chunk starts on a page boundary (chunk is a multiple of t_page) and sees at least one key.
+  const uint32_t first = first_visible_key(a.mask, ctx - 1);
+  const uint64_t begin = uint64_t{first} / t_page * t_page + uint64_t{it.chunk} * chunk;
+  const uint64_t end = std::min<uint64_t>(ctx, begin + chunk);
   for (uint64_t t0 = begin; t0 < end; t0 += t_page) {
     const HeadTile tile = detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head);
     const auto in_page = static_cast<uint32_t>(std::min<uint64_t>(t_page, end - t0));
+    const auto skip = static_cast<uint32_t>(t0 < first ? first - t0 : 0);  // keys before the mask
     // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next ones
     // coming: ask for the K and V tiles (and scales) of the page kPrefetchPages ahead while this
     // one is being computed, spread over the page's phases rather than in one burst, which would
@@ -268,7 +275,7 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
         upcoming_page(a, strides, table, it.head, t0 + kPrefetchPages * t_page, end, row_bytes);
     const uint64_t phases = uint64_t{kPrefetchPhases} * ((in_page + kBlock - 1) / kBlock);
     next.per_call = (2 * next.bytes / kCacheLine + phases - 1) / phases;
-    for (uint32_t j0 = 0; j0 < in_page; j0 += kBlock) {
+    for (uint32_t j0 = skip; j0 < in_page; j0 += kBlock) {
       const uint32_t n = std::min(kBlock, in_page - j0);
       next.prefetch();
       detail::load_rows(ops.load_row, g.dtype, tile.k + j0 * tile.row_stride, tile.row_stride, n, d,
@@ -342,6 +349,7 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
     return e;
   }
   if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) return e;
+  if (std::string e = detail::check_mask(args.mask); !e.empty()) return e;
   const BlockOps* ops = nullptr;
   if (std::string e = pick_ops(isa, args.kv.geometry.head_dim, ops); !e.empty()) return e;
   if (args.num_seqs == 0) return {};
@@ -350,7 +358,13 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
   if (args.block_tables == nullptr) return "block_tables is null";
   if (args.context_lens == nullptr) return "context_lens is null";
   const Geometry& g = args.kv.geometry;
-  uint32_t max_ctx = 0;
+  const uint32_t t_page = g.tokens_per_page;
+  // The tokens a sequence's chunks cover: from the page holding its first visible key to its end.
+  const auto span = [&](uint32_t s) {
+    const uint32_t ctx = args.context_lens[s];
+    return ctx - first_visible_key(args.mask, ctx - 1) / t_page * t_page;
+  };
+  uint32_t max_span = 0;
   for (uint32_t s = 0; s < args.num_seqs; ++s) {
     const uint32_t ctx = args.context_lens[s];
     if (std::string e = detail::check_sequence(args.block_tables, args.block_table_stride, s, ctx,
@@ -358,19 +372,18 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
         !e.empty()) {
       return e;
     }
-    max_ctx = std::max(max_ctx, ctx);
+    max_span = std::max(max_span, span(s));
   }
 
   const unsigned n_threads = detail::resolve_threads(threads);
-  const uint32_t t_page = g.tokens_per_page;
   uint64_t chunk64 =
       args.split_tokens != 0
           ? (uint64_t{args.split_tokens} + t_page - 1) / t_page * t_page
-          : plan_split_tokens(max_ctx, t_page, args.num_seqs, g.kv_heads,
+          : plan_split_tokens(max_span, t_page, args.num_seqs, g.kv_heads,
                               static_cast<uint32_t>(std::min(2ull * n_threads, 1ull << 30)),
                               kMinChunkTokens);
-  // A chunk longer than every context is one chunk; clamping keeps the arithmetic in 32 bits.
-  const uint64_t whole = (uint64_t{max_ctx} + t_page - 1) / t_page * t_page;
+  // A chunk longer than every span is one chunk; clamping keeps the arithmetic in 32 bits.
+  const uint64_t whole = (uint64_t{max_span} + t_page - 1) / t_page * t_page;
   if (chunk64 == 0 || chunk64 > whole) chunk64 = whole;
   const auto chunk = static_cast<uint32_t>(chunk64);
 
@@ -384,15 +397,14 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
     uint64_t num_items = 0;
     uint64_t scratch_rows = 0;
     for (uint32_t s = 0; s < args.num_seqs; ++s) {
-      const uint64_t chunks = (uint64_t{args.context_lens[s]} + chunk - 1) / chunk;
+      const uint64_t chunks = (uint64_t{span(s)} + chunk - 1) / chunk;
       num_items += chunks * g.kv_heads;
       if (chunks > 1) scratch_rows += chunks * g.kv_heads * group;
     }
     items.reserve(num_items);
     uint64_t row = 0;
     for (uint32_t s = 0; s < args.num_seqs; ++s) {
-      const auto chunks =
-          static_cast<uint32_t>((uint64_t{args.context_lens[s]} + chunk - 1) / chunk);
+      const auto chunks = static_cast<uint32_t>((uint64_t{span(s)} + chunk - 1) / chunk);
       for (uint32_t h = 0; h < g.kv_heads; ++h) {
         for (uint32_t c = 0; c < chunks; ++c) {
           items.push_back(Item{s, h, c, chunks, chunks > 1 ? row : kDirect});
@@ -404,8 +416,7 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
     stats.resize(items.size() * group);
     pending = std::vector<std::atomic<uint32_t>>(size_t{args.num_seqs} * g.kv_heads);
     for (uint32_t s = 0; s < args.num_seqs; ++s) {
-      const auto chunks =
-          static_cast<uint32_t>((uint64_t{args.context_lens[s]} + chunk - 1) / chunk);
+      const auto chunks = static_cast<uint32_t>((uint64_t{span(s)} + chunk - 1) / chunk);
       for (uint32_t h = 0; h < g.kv_heads; ++h) {
         pending[size_t{s} * g.kv_heads + h].store(chunks, std::memory_order_relaxed);
       }
@@ -421,8 +432,10 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
     SoftmaxStats* st = stats.data() + i * group;
     if (it.scratch == kDirect) {
       run_chunk(args, *ops, it, chunk, ws, out, st);
-      for (uint32_t h = 0; h < group; ++h)
-        normalise(out + size_t{h} * d, d, st[h].l);
+      for (uint32_t h = 0; h < group; ++h) {
+        normalise(out + size_t{h} * d, d,
+                  detail::softmax_denominator(args.mask, it.head * group + h, st[h]));
+      }
       return;
     }
     run_chunk(args, *ops, it, chunk, ws, scratch_acc.data() + it.scratch * d, st);
@@ -439,7 +452,7 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
         softmax_merge(acc_st, o, stats[(first + c) * group + h],
                       scratch_acc.data() + (ci.scratch + h) * d, static_cast<int>(d));
       }
-      normalise(o, d, acc_st.l);
+      normalise(o, d, detail::softmax_denominator(args.mask, it.head * group + h, acc_st));
     }
   };
   detail::for_each_item(

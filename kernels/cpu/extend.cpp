@@ -4,14 +4,17 @@
 //
 // Algorithm. Sequence s has ctx = context_lens[s] tokens in the pool, the last n = q_offsets[s+1]
 // − q_offsets[s] of them new; new token i sits at position ctx − n + i and attends to positions
-// 0..ctx − n + i (causal over the cached prefix plus the new tokens). One work item is (sequence,
+// 0..ctx − n + i (causal over the cached prefix plus the new tokens), or from the first key its
+// sliding window or attention chunk lets it see (AttentionMask): keys before the block's first
+// token's first visible key are never read, and a later key feeds only the block tokens that see
+// it. One work item is (sequence,
 // KV head, block of up to kQueryBlock new tokens) and serves the whole GQA group of that KV head
 // for those tokens: each K row up to the block's last position is read once, converted to a small
 // fp32 buffer (8-bit pools: times the page's K scale) and dotted with the query rows of every
 // block token that may see it (dot_heads, attention_common.h); the V row likewise feeds softmax_add
 // (fp32 online softmax) for those rows. The unnormalised accumulators live in the rows of `out` the
-// item owns and are divided by l at the end. Work items are handed to `threads` std::threads
-// through one atomic counter.
+// item owns and are divided by l at the end (l plus e^{sink − m} with attention sinks). Work items
+// are handed to `threads` std::threads through one atomic counter.
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read, and a query never sees a position
@@ -48,8 +51,14 @@ struct Item {
 struct Workspace {
   std::vector<float> k, v, scores, part;
   std::vector<SoftmaxStats> stats;
+  std::vector<uint32_t> first;  // per block token: its first visible key
   Workspace(uint32_t d, uint32_t rows, uint32_t group)
-      : k(d), v(d), scores(rows), part(size_t{group} * detail::kDotLanes), stats(rows) {}
+      : k(d),
+        v(d),
+        scores(rows),
+        part(size_t{group} * detail::kDotLanes),
+        stats(rows),
+        first(kQueryBlock) {}
 };
 
 void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
@@ -75,23 +84,33 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
   }
   std::fill(ws.stats.begin(), ws.stats.end(), SoftmaxStats{});
 
-  const uint64_t keys = uint64_t{first_pos} + i1;  // the block's last token sees keys [0, keys)
-  for (uint64_t t0 = 0; t0 < keys; t0 += t_page) {
+  // The first key each block token sees (non-decreasing in the token): the block's keys run from
+  // its first token's first key to its last token.
+  for (uint32_t i = i0; i < i1; ++i)
+    ws.first[i - i0] = first_visible_key(a.mask, first_pos + i);
+  const uint64_t lo = ws.first[0];
+  const uint64_t keys = uint64_t{first_pos} + i1;  // the block's last token sees keys [.., keys)
+  uint32_t i_end = i0;  // block tokens [.., i_end) see the current key through the mask
+  for (uint64_t t0 = lo / t_page * t_page; t0 < keys; t0 += t_page) {
     const detail::HeadTile tile =
         detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head);
     const auto n = static_cast<uint32_t>(std::min<uint64_t>(t_page, keys - t0));
-    for (uint32_t j = 0; j < n; ++j) {
+    for (auto j = static_cast<uint32_t>(t0 < lo ? lo - t0 : 0); j < n; ++j) {
       const uint64_t key = t0 + j;
-      // New token i sees this key when first_pos + i ≥ key.
+      // New token i sees this key when first_pos + i ≥ key (causality) and its first visible key
+      // is at or before it (the mask); both hold for one run of block tokens [i_start, i_end).
       const auto i_start =
           key > uint64_t{first_pos} + i0 ? static_cast<uint32_t>(key - first_pos) : i0;
+      while (i_end < i1 && ws.first[i_end - i0] <= key)
+        ++i_end;
+      if (i_start >= i_end) continue;
       detail::load_row(g.dtype, tile.k + j * tile.row_stride, d, tile.k_scale, ws.k.data());
-      for (uint32_t i = i_start; i < i1; ++i) {
+      for (uint32_t i = i_start; i < i_end; ++i) {
         detail::dot_heads(a.q + row(i), group, d, ws.k.data(), a.scale, ws.part.data(),
                           ws.scores.data() + size_t{i - i0} * group);
       }
       detail::load_row(g.dtype, tile.v + j * tile.row_stride, d, tile.v_scale, ws.v.data());
-      for (uint32_t i = i_start; i < i1; ++i) {
+      for (uint32_t i = i_start; i < i_end; ++i) {
         float* o = a.out + row(i);
         const size_t r = size_t{i - i0} * group;
         for (uint32_t h = 0; h < group; ++h) {
@@ -105,7 +124,7 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
     float* o = a.out + row(i);
     const size_t r = size_t{i - i0} * group;
     for (uint32_t h = 0; h < group; ++h) {
-      const float l = ws.stats[r + h].l;
+      const float l = detail::softmax_denominator(a.mask, it.head * group + h, ws.stats[r + h]);
       for (uint32_t x = 0; x < d; ++x)
         o[size_t{h} * d + x] /= l;
     }
@@ -119,6 +138,7 @@ std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads)
     return e;
   }
   if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) return e;
+  if (std::string e = detail::check_mask(args.mask); !e.empty()) return e;
   if (args.num_seqs == 0) return {};
   if (args.q_offsets == nullptr) return "q_offsets is null";
   if (args.block_tables == nullptr) return "block_tables is null";

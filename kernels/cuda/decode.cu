@@ -200,6 +200,11 @@ std::string check_args(const DecodeArgs& a) {
     return "decode: num_q_heads must be a positive multiple of kv_heads";
   }
   if (a.num_q_heads / g.kv_heads > kMaxGroup) return "decode: more than 8 query heads per KV head";
+  if (!mask_is_none(a.mask)) {
+    return "decode: sliding windows, chunked attention and sinks (mask) run on the CPU kernels "
+           "only "
+           "so far";
+  }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     return "decode: head_dim must be 64, 128 or 256";
   }

@@ -280,7 +280,7 @@ void Matrix::run_case(const Case& c) {
       x = nd(rng_);
     std::vector<float> ewant(eq.size()), egot(eq.size(), std::nanf(""));
     ExtendArgs e{p.view(),       layer,         nseq,   q_heads,           eq.data(), ewant.data(),
-                 offsets.data(), tables.data(), blocks, c.contexts.data(), a.scale};
+                 offsets.data(), tables.data(), blocks, c.contexts.data(), a.scale,   {}};
     if (const std::string err = cpu::extend(e, p.num_pages); !err.empty())
       return error("reference extend " + describe(c), err);
     TargetBuffers run(t_);

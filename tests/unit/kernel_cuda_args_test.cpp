@@ -48,8 +48,32 @@ TEST(CudaKernelArgs, DecodeAndExtendNeed16ByteAlignment) {
   d.context_lens = &len;
   EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("multiples of 16 bytes"),
             std::string::npos);
-  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f};
+  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}};
   EXPECT_NE(cuda::extend(e, 1, nullptr).find("multiples of 16 bytes"), std::string::npos);
+}
+
+TEST(CudaKernelArgs, MasksAreRefusedUntilTheCudaKernelsRunThem) {
+  const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
+  const float q = 0;
+  float out = 0;
+  const PageId table = 0;
+  const uint32_t len = 1;
+  const uint32_t offsets[2] = {0, 1};
+  DecodeArgs d;
+  d.kv = pool(KvDtype::bf16, reinterpret_cast<void*>(uintptr_t{0x10000}), stride);
+  d.num_seqs = 1;
+  d.num_q_heads = 2;
+  d.q = &q;
+  d.out = &out;
+  d.block_tables = &table;
+  d.block_table_stride = 1;
+  d.context_lens = &len;
+  d.mask.window_left = 127;
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("run on the CPU kernels only"),
+            std::string::npos);
+  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}};
+  e.mask.chunk = 8192;
+  EXPECT_NE(cuda::extend(e, 1, nullptr).find("run on the CPU kernels only"), std::string::npos);
 }
 
 }  // namespace

@@ -235,15 +235,17 @@ inline std::vector<float> random_normal(std::mt19937_64& rng, size_t n, float st
   return out;
 }
 
-// Reference attention of one query row q[D] over keys [0, n_keys) of KV head `head` in gathered
-// k, v ([tokens][kv_heads][D]): out64 in fp64, out32 by the naive fp32 method (scores, max,
+// Reference attention of one query row q[D] over keys [first_key, n_keys) of KV head `head` in
+// gathered k, v ([tokens][kv_heads][D]), with an attention sink when `sink` is not null (a logit
+// in the softmax's denominator only): out64 in fp64, out32 by the naive fp32 method (scores, max,
 // exp, sum, weighted sum, divide), which sizes what "fp32 precision" means for this input.
 inline void reference_attention(const float* q, const float* k, const float* v, uint32_t kv_heads,
                                 uint32_t d, uint32_t head, uint32_t n_keys, float scale,
-                                double* out64, float* out32) {
-  std::vector<double> s64(n_keys);
-  std::vector<float> s32(n_keys);
-  for (uint32_t j = 0; j < n_keys; ++j) {
+                                double* out64, float* out32, uint32_t first_key = 0,
+                                const float* sink = nullptr) {
+  std::vector<double> s64;
+  std::vector<float> s32;
+  for (uint32_t j = first_key; j < n_keys; ++j) {
     const float* kr = k + (size_t{j} * kv_heads + head) * d;
     double a = 0.0;
     float b = 0.0f;
@@ -251,18 +253,22 @@ inline void reference_attention(const float* q, const float* k, const float* v, 
       a += double{q[x]} * double{kr[x]};
       b += q[x] * kr[x];
     }
-    s64[j] = a * double{scale};
-    s32[j] = b * scale;
+    s64.push_back(a * double{scale});
+    s32.push_back(b * scale);
   }
-  const double m64 = *std::max_element(s64.begin(), s64.end());
-  const float m32 = *std::max_element(s32.begin(), s32.end());
-  double l64 = 0.0;
-  float l32 = 0.0f;
+  double m64 = *std::max_element(s64.begin(), s64.end());
+  float m32 = *std::max_element(s32.begin(), s32.end());
+  if (sink != nullptr) {
+    m64 = std::max(m64, double{*sink});
+    m32 = std::max(m32, *sink);
+  }
+  double l64 = sink != nullptr ? std::exp(double{*sink} - m64) : 0.0;
+  float l32 = sink != nullptr ? std::exp(*sink - m32) : 0.0f;
   std::fill(out64, out64 + d, 0.0);
   std::fill(out32, out32 + d, 0.0f);
-  for (uint32_t j = 0; j < n_keys; ++j) {
-    const double p64 = std::exp(s64[j] - m64);
-    const float p32 = std::exp(s32[j] - m32);
+  for (uint32_t j = first_key; j < n_keys; ++j) {
+    const double p64 = std::exp(s64[j - first_key] - m64);
+    const float p32 = std::exp(s32[j - first_key] - m32);
     l64 += p64;
     l32 += p32;
     const float* vr = v + (size_t{j} * kv_heads + head) * d;
