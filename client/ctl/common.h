@@ -80,6 +80,8 @@ struct PlanArgs {
   uint32_t layers = 0, kv_heads = 0, head_dim = 0, tokens = 0, batch = 1, tokens_per_page = 16;
   std::string dtype = "fp16";
   std::string capacity;
+  std::string models;  // a models.yaml-style file: plan every model in it (or --model's)
+  std::string model;
 };
 int plan_verb(const Globals& g, const PlanArgs& a);
 

@@ -9,6 +9,7 @@
 //   kvpoolctl evict N | flush | reload       drop cached pages, reload the config (admin)
 //   kvpoolctl resize PAGES                   grow or shrink an elastic pool (admin)
 //   kvpoolctl plan --layers L --kv-heads H --head-dim D --tokens N [--dtype fp16] ...
+//   kvpoolctl plan --models FILE [--model NAME] --tokens N   hybrid, windowed and latent models
 // Global: --socket PATH (default $KVPOOL_SOCKET, else the daemon's default), --pool NAME, --json
 // (one object per report, with "schema": 1), --raw (plain numbers instead of human units),
 // --no-shm (status and stats ask the daemon instead of reading its stats segment).
@@ -144,9 +145,21 @@ int run(int argc, char** argv) {
   PlanArgs pa;
   auto* planc = app.add_subcommand(
       "plan", "KV bytes for a model and context (GQA aware) and how many sequences fit");
-  planc->add_option("--layers", pa.layers, "Transformer layers")->required();
-  planc->add_option("--kv-heads", pa.kv_heads, "KV heads (not query heads: GQA/MQA)")->required();
-  planc->add_option("--head-dim", pa.head_dim, "Head dimension")->required();
+  auto* layers_opt = planc->add_option("--layers", pa.layers, "Transformer layers");
+  auto* heads_opt =
+      planc->add_option("--kv-heads", pa.kv_heads, "KV heads (not query heads: GQA/MQA)");
+  auto* dim_opt = planc->add_option("--head-dim", pa.head_dim, "Head dimension");
+  auto* models_opt = planc->add_option(
+      "--models", pa.models,
+      "A file of model geometries (shared/data/models.yaml's form: layer groups of full, sliding, "
+      "chunked or latent attention): the KV bytes of each at --tokens, against every layer "
+      "keeping full K/V; instead of --layers/--kv-heads/--head-dim");
+  planc->add_option("--model", pa.model, "With --models: only the model of this name")
+      ->needs(models_opt);
+  for (CLI::Option* o : {layers_opt, heads_opt, dim_opt}) {
+    o->excludes(models_opt);
+    models_opt->excludes(o);
+  }
   planc->add_option("--tokens", pa.tokens, "Context length in tokens")
       ->required()
       ->check(CLI::Range(1u, 1u << 31));

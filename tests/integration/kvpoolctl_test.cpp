@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -64,6 +66,60 @@ TEST(Kvpoolctl, PlanReproducesTheTextbookFigures) {
   EXPECT_EQ(run_command(kCtl + " plan --layers 80 --kv-heads 64 --head-dim 128 --tokens 4096", out),
             0);
   EXPECT_NE(out.find("10737418240"), std::string::npos) << out;  // raw off a terminal
+}
+
+TEST(Kvpoolctl, PlanReadsAModelFileOfEveryAttentionKind) {
+  const std::string models = std::string(KVPOOL_TEST_DATA) + "/models.yaml";
+  auto j = json_of("plan --models " + models + " --tokens 32768 --dtype bf16 --json");
+  ASSERT_EQ(j["models"].size(), 12u) << j.dump();
+  std::map<std::string, nlohmann::json> by_name;
+  for (const auto& m : j["models"])
+    by_name[m["name"].get<std::string>()] = m;
+  // A full model agrees with the flag form.
+  const auto flags =
+      json_of("plan --layers 32 --kv-heads 8 --head-dim 128 --tokens 32768 --dtype bf16 --json");
+  EXPECT_EQ(by_name["Llama-3.1-8B"]["bytes_per_sequence"], flags["pool_bytes_per_sequence"]);
+  EXPECT_EQ(by_name["Llama-3.1-8B"]["full_kv_bytes_per_sequence"], flags["bytes_per_sequence"]);
+  // Mistral-7B's 4096-token window: 257 pages of 16 tokens per layer, not 2048.
+  EXPECT_EQ(by_name["Mistral-7B-v0.1"]["bytes_per_sequence"], 32ull * 257 * 16 * 4096);
+  EXPECT_EQ(by_name["Mistral-7B-v0.1"]["kinds"], "sliding");
+  EXPECT_EQ(by_name["Gemma-3-27B"]["kinds"], "sliding+full");
+  // DeepSeek-V3's latent: 576 values a token and layer.
+  EXPECT_EQ(by_name["DeepSeek-V3"]["bytes_per_token"], 61u * 576 * 2);
+  EXPECT_EQ(by_name["DeepSeek-V3"]["bytes_per_sequence"], 61ull * 32768 * 576 * 2);
+  j = json_of("plan --models " + models +
+              " --model Falcon-7B --tokens 4096 --capacity 1GiB --json");
+  ASSERT_EQ(j["models"].size(), 1u);
+  EXPECT_EQ(j["models"][0]["bytes_per_sequence"], 32ull * 4096 * 2 * 64 * 2);
+  EXPECT_EQ(j["models"][0]["sequences_that_fit"], 32);
+
+  // Bad files and flags: the file, the line and the field are named; exit 2.
+  TempDir dir;
+  std::string out;
+  const auto write = [&](const std::string& text) {
+    std::ofstream(dir.file("m.yaml")) << text;
+    return dir.file("m.yaml");
+  };
+  std::string f = write(
+      "models:\n  - name: x\n    layers: 2\n    groups:\n"
+      "      - {kind: sliding, layers: 2, kv_heads: 1, head_dim: 8, windw: 4}\n");
+  EXPECT_EQ(run_command(kCtl + " plan --models " + f + " --tokens 9", out), 2);
+  EXPECT_NE(out.find(f + ":5: models[0].groups[0]: unknown key 'windw'"), std::string::npos) << out;
+  f = write(
+      "models:\n  - name: x\n    layers: 3\n    groups:\n"
+      "      - {kind: sliding, layers: 2, kv_heads: 1, head_dim: 8, window: 4}\n");
+  EXPECT_EQ(run_command(kCtl + " plan --models " + f + " --tokens 9", out), 2);
+  EXPECT_NE(out.find("its groups have 2 layers, not the model's 3"), std::string::npos) << out;
+  f = write(
+      "models:\n  - name: x\n    layers: 2\n    groups:\n"
+      "      - {kind: sliding, layers: 2, kv_heads: 1, head_dim: 8}\n");
+  EXPECT_EQ(run_command(kCtl + " plan --models " + f + " --tokens 9", out), 2);
+  EXPECT_NE(out.find("window: a sliding group needs a window"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " plan --models " + models + " --model Nope --tokens 9", out), 2);
+  EXPECT_NE(out.find("no model named Nope"), std::string::npos) << out;
+  EXPECT_EQ(run_command(kCtl + " plan --models " + models + " --layers 2 --tokens 9", out), 2);
+  EXPECT_EQ(run_command(kCtl + " plan --models " + dir.file("absent.yaml") + " --tokens 9", out),
+            2);
 }
 
 TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {
