@@ -29,10 +29,15 @@
 // run_chunk asks for the K and V tiles and scales of the page two ahead, a quarter of the lines
 // before each phase of a block (a 64-line burst would stall on the line-fill buffers).
 //
-// Layouts. A (page, layer, KV head) tile is addressed through kv_strides once per chunk; its rows
-// are contiguous in page_major (one load_row per block, as always) and kv_heads · head_dim
-// elements apart in layer_major (one load_row per row). Everything past the conversion works on
-// the fp32 block and is the same code for both.
+// Layouts. A (page, layer, KV head) tile is addressed through kv_strides; its rows are contiguous
+// in page_major (one load_row per block, as always) and kv_heads · head_dim elements apart in
+// layer_major (one load_row per row). Everything past the conversion works on the fp32 block and
+// is the same code for both. What differs is the work item: in page_major it is one KV head (its
+// tile is one run of memory); in layer_major it is every KV head of the layer, taken head after
+// head within each page, because there the page's rows of all heads form one run (T · H · D
+// elements) and one head's rows are scattered through it: an item per head read each run H
+// times, a stride-H·D walk the hardware prefetchers follow badly, and could prefetch only its
+// own rows. The split plan then counts sequences, not (sequence, KV head) pairs.
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read: the tail of the last page, other
@@ -78,7 +83,7 @@ constexpr uint64_t kDirect = UINT64_MAX;
 
 struct Item {
   uint32_t seq;
-  uint32_t head;
+  uint32_t head;  // the first of the item's KV heads
   uint32_t chunk;
   uint32_t num_chunks;
   uint64_t scratch;  // first (item, query head) row in the scratch buffers, or kDirect
@@ -224,29 +229,33 @@ NextPage upcoming_page(const DecodeArgs& a, const KvStrides& strides, const Page
                   .rows = rows};
 }
 
-// Computes item `it` into acc[group][D] and st[group] (unnormalised online-softmax states).
-// Keys go in blocks of up to kBlock tokens of one page: the block's K rows are converted once and
-// dotted with every query row of the group, each state takes the block's scores at once
-// (softmax_block_scores: one rescale per block), then the block's V rows are converted once and
-// accumulated for the whole group.
+// Computes item `it`, KV heads [it.head, it.head + heads), into acc[heads · group][D] and
+// st[heads · group] (unnormalised online-softmax states, the heads' query rows in order). Page by
+// page, head by head, keys go in blocks of up to kBlock tokens of one page: the block's K rows
+// are converted once and dotted with every query row of the head's group, each state takes the
+// block's scores at once (softmax_block_scores: one rescale per block), then the block's V rows
+// are converted once and accumulated for the whole group.
 void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_t chunk,
-               Workspace& ws, float* acc, SoftmaxStats* st) {
+               uint32_t heads, Workspace& ws, float* acc, SoftmaxStats* st) {
   const Geometry& g = a.kv.geometry;
   const uint32_t d = g.head_dim;
   const uint32_t t_page = g.tokens_per_page;
   const uint32_t group = a.num_q_heads / g.kv_heads;
-  const uint64_t row_bytes = uint64_t{d} * dtype_bytes(g.dtype);
+  const uint32_t rows = heads * group;
+  // A page's rows of the item's heads: heads · d elements each, contiguous when the item has
+  // every head of a layer_major pool (file comment), else one head's rows.
+  const uint64_t row_bytes = uint64_t{heads} * d * dtype_bytes(g.dtype);
   const PageId* table = a.block_tables + size_t{it.seq} * a.block_table_stride;
-  const float* q = a.q + (size_t{it.seq} * a.num_q_heads + size_t{it.head} * group) * d;
+  const float* q0 = a.q + (size_t{it.seq} * a.num_q_heads + size_t{it.head} * group) * d;
   const KvStrides strides = kv_strides(a.kv);
   float* kb = ws.k.data();
   float* vb = ws.v.data();
   float* part = ws.part.data();
   float* p = ws.p.data();
 
-  for (uint32_t h = 0; h < group; ++h)
+  for (uint32_t h = 0; h < rows; ++h)
     st[h] = SoftmaxStats{};
-  std::fill(acc, acc + size_t{group} * d, 0.0f);
+  std::fill(acc, acc + size_t{rows} * d, 0.0f);
 
   const uint32_t ctx = a.context_lens[it.seq];
   // The keys the query sees start at `first`; chunks count from the page that holds it, so each
@@ -255,7 +264,6 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
   const uint64_t begin = uint64_t{first} / t_page * t_page + uint64_t{it.chunk} * chunk;
   const uint64_t end = std::min<uint64_t>(ctx, begin + chunk);
   for (uint64_t t0 = begin; t0 < end; t0 += t_page) {
-    const HeadTile tile = detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head);
     const auto in_page = static_cast<uint32_t>(std::min<uint64_t>(t_page, end - t0));
     const auto skip = static_cast<uint32_t>(t0 < first ? first - t0 : 0);  // keys before the mask
     // The pages of a sequence are scattered, so the hardware prefetcher cannot see the next ones
@@ -273,22 +281,30 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
     }
     NextPage next =
         upcoming_page(a, strides, table, it.head, t0 + kPrefetchPages * t_page, end, row_bytes);
-    const uint64_t phases = uint64_t{kPrefetchPhases} * ((in_page + kBlock - 1) / kBlock);
+    const uint64_t phases =
+        uint64_t{kPrefetchPhases} * heads * ((in_page - skip + kBlock - 1) / kBlock);
     next.per_call = (2 * next.bytes / kCacheLine + phases - 1) / phases;
-    for (uint32_t j0 = skip; j0 < in_page; j0 += kBlock) {
-      const uint32_t n = std::min(kBlock, in_page - j0);
-      next.prefetch();
-      detail::load_rows(ops.load_row, g.dtype, tile.k + j0 * tile.row_stride, tile.row_stride, n, d,
-                        tile.k_scale, kb);
-      next.prefetch();
-      ops.score_block(q, group, d, kb, n, a.scale, p, kBlock, part);
-      for (uint32_t h = 0; h < group; ++h)
-        ws.corr[h] = ops.softmax_block_scores(st[h], p + size_t{h} * kBlock, n);
-      next.prefetch();
-      detail::load_rows(ops.load_row, g.dtype, tile.v + j0 * tile.row_stride, tile.row_stride, n, d,
-                        tile.v_scale, vb);
-      next.prefetch();
-      ops.accumulate_pv(acc, ws.corr.data(), p, kBlock, vb, group, n, d);
+    for (uint32_t hh = 0; hh < heads; ++hh) {
+      const HeadTile tile =
+          detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head + hh);
+      const float* q = q0 + size_t{hh} * group * d;
+      float* acc_h = acc + size_t{hh} * group * d;
+      SoftmaxStats* st_h = st + size_t{hh} * group;
+      for (uint32_t j0 = skip; j0 < in_page; j0 += kBlock) {
+        const uint32_t n = std::min(kBlock, in_page - j0);
+        next.prefetch();
+        detail::load_rows(ops.load_row, g.dtype, tile.k + j0 * tile.row_stride, tile.row_stride, n,
+                          d, tile.k_scale, kb);
+        next.prefetch();
+        ops.score_block(q, group, d, kb, n, a.scale, p, kBlock, part);
+        for (uint32_t h = 0; h < group; ++h)
+          ws.corr[h] = ops.softmax_block_scores(st_h[h], p + size_t{h} * kBlock, n);
+        next.prefetch();
+        detail::load_rows(ops.load_row, g.dtype, tile.v + j0 * tile.row_stride, tile.row_stride, n,
+                          d, tile.v_scale, vb);
+        next.prefetch();
+        ops.accumulate_pv(acc_h, ws.corr.data(), p, kBlock, vb, group, n, d);
+      }
     }
   }
 }
@@ -379,7 +395,8 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
   uint64_t chunk64 =
       args.split_tokens != 0
           ? (uint64_t{args.split_tokens} + t_page - 1) / t_page * t_page
-          : plan_split_tokens(max_span, t_page, args.num_seqs, g.kv_heads,
+          : plan_split_tokens(max_span, t_page, args.num_seqs,
+                              args.kv.layout == KvLayout::layer_major ? 1 : g.kv_heads,
                               static_cast<uint32_t>(std::min(2ull * n_threads, 1ull << 30)),
                               kMinChunkTokens);
   // A chunk longer than every span is one chunk; clamping keeps the arithmetic in 32 bits.
@@ -389,6 +406,11 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
 
   const uint32_t d = g.head_dim;
   const uint32_t group = args.num_q_heads / g.kv_heads;
+  // Heads per work item: every head of the layer in layer_major, where a page's rows of all
+  // heads are one contiguous run (file comment); one in page_major, where each head's tile is.
+  const uint32_t heads = args.kv.layout == KvLayout::layer_major ? g.kv_heads : 1;
+  const uint32_t units = g.kv_heads / heads;  // work items per (sequence, chunk)
+  const uint32_t rows = heads * group;        // query rows per item
   std::vector<Item> items;
   std::vector<float> scratch_acc;
   std::vector<SoftmaxStats> stats;
@@ -398,22 +420,22 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
     uint64_t scratch_rows = 0;
     for (uint32_t s = 0; s < args.num_seqs; ++s) {
       const uint64_t chunks = (uint64_t{span(s)} + chunk - 1) / chunk;
-      num_items += chunks * g.kv_heads;
-      if (chunks > 1) scratch_rows += chunks * g.kv_heads * group;
+      num_items += chunks * units;
+      if (chunks > 1) scratch_rows += chunks * units * rows;
     }
     items.reserve(num_items);
     uint64_t row = 0;
     for (uint32_t s = 0; s < args.num_seqs; ++s) {
       const auto chunks = static_cast<uint32_t>((uint64_t{span(s)} + chunk - 1) / chunk);
-      for (uint32_t h = 0; h < g.kv_heads; ++h) {
+      for (uint32_t h = 0; h < g.kv_heads; h += heads) {
         for (uint32_t c = 0; c < chunks; ++c) {
           items.push_back(Item{s, h, c, chunks, chunks > 1 ? row : kDirect});
-          if (chunks > 1) row += group;
+          if (chunks > 1) row += rows;
         }
       }
     }
     scratch_acc.resize(scratch_rows * d);
-    stats.resize(items.size() * group);
+    stats.resize(items.size() * rows);
     pending = std::vector<std::atomic<uint32_t>>(size_t{args.num_seqs} * g.kv_heads);
     for (uint32_t s = 0; s < args.num_seqs; ++s) {
       const auto chunks = static_cast<uint32_t>((uint64_t{span(s)} + chunk - 1) / chunk);
@@ -425,31 +447,31 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
     return "out of memory for the decode work list";
   }
 
-  // Items of one (sequence, KV head) are consecutive, so the first chunk's index is i − chunk.
+  // Items of one (sequence, KV heads) are consecutive, so the first chunk's index is i − chunk.
   auto process = [&](size_t i, Workspace& ws) {
     const Item& it = items[i];
     float* out = args.out + (size_t{it.seq} * args.num_q_heads + size_t{it.head} * group) * d;
-    SoftmaxStats* st = stats.data() + i * group;
+    SoftmaxStats* st = stats.data() + i * rows;
     if (it.scratch == kDirect) {
-      run_chunk(args, *ops, it, chunk, ws, out, st);
-      for (uint32_t h = 0; h < group; ++h) {
+      run_chunk(args, *ops, it, chunk, heads, ws, out, st);
+      for (uint32_t h = 0; h < rows; ++h) {
         normalise(out + size_t{h} * d, d,
                   detail::softmax_denominator(args.mask, it.head * group + h, st[h]));
       }
       return;
     }
-    run_chunk(args, *ops, it, chunk, ws, scratch_acc.data() + it.scratch * d, st);
+    run_chunk(args, *ops, it, chunk, heads, ws, scratch_acc.data() + it.scratch * d, st);
     std::atomic<uint32_t>& left = pending[size_t{it.seq} * g.kv_heads + it.head];
     if (left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    // Last chunk of this (sequence, KV head) to finish: merge all of them in chunk order.
+    // Last chunk of this (sequence, KV heads) to finish: merge all of them in chunk order.
     const size_t first = i - it.chunk;
-    for (uint32_t h = 0; h < group; ++h) {
+    for (uint32_t h = 0; h < rows; ++h) {
       float* o = out + size_t{h} * d;
       SoftmaxStats acc_st{};
       std::fill(o, o + d, 0.0f);
       for (uint32_t c = 0; c < it.num_chunks; ++c) {
         const Item& ci = items[first + c];
-        softmax_merge(acc_st, o, stats[(first + c) * group + h],
+        softmax_merge(acc_st, o, stats[(first + c) * rows + h],
                       scratch_acc.data() + (ci.scratch + h) * d, static_cast<int>(d));
       }
       normalise(o, d, detail::softmax_denominator(args.mask, it.head * group + h, acc_st));
