@@ -117,6 +117,13 @@ BlockHash BlockHasher::root(const ModelIdentity& id) {
   impl_->update_u32(static_cast<uint32_t>(id.geometry.dtype));
   impl_->update_field(id.adapter_id);
   impl_->update_field(id.salt);
+  // A windowed kind's pages hold other contents than a full one's for the same tokens (a
+  // worker may let tokens out of its window go), so it roots its own chains. Appended only
+  // for those kinds, so full-attention roots are the ones they always were.
+  if (id.geometry.kind != AttentionKind::full) {
+    impl_->update_u32(static_cast<uint32_t>(id.geometry.kind));
+    impl_->update_u32(id.geometry.window);
+  }
   return impl_->finish();
 }
 

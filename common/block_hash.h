@@ -1,6 +1,7 @@
 // Prefix block hashing: the hash chain that names a KV page by everything that precedes it.
 //
-//   root = H('R' ‖ model id ‖ geometry ‖ dtype ‖ adapter id ‖ salt)        (length-prefixed fields)
+//   root = H('R' ‖ model id ‖ geometry ‖ dtype ‖ adapter id ‖ salt [‖ kind ‖ window])
+//                                  (length-prefixed fields; kind and window for a non-full kind)
 //   h0   = H('B' ‖ root   ‖ n ‖ tokens of block 0 ‖ |extra| ‖ extra keys)
 //   hi   = H('B' ‖ h(i−1) ‖ n ‖ tokens of block i ‖ |extra| ‖ extra keys)
 //

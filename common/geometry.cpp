@@ -42,6 +42,28 @@ std::optional<KvLayout> parse_layout(std::string_view name) {
   return std::nullopt;
 }
 
+std::string_view attention_kind_name(AttentionKind k) {
+  switch (k) {
+    case AttentionKind::full:
+      return "full";
+    case AttentionKind::sliding:
+      return "sliding";
+    case AttentionKind::chunked:
+      return "chunked";
+    case AttentionKind::latent:
+      return "latent";
+  }
+  return "unknown";
+}
+
+std::optional<AttentionKind> parse_attention_kind(std::string_view name) {
+  for (AttentionKind k : {AttentionKind::full, AttentionKind::sliding, AttentionKind::chunked,
+                          AttentionKind::latent}) {
+    if (attention_kind_name(k) == name) return k;
+  }
+  return std::nullopt;
+}
+
 std::string validate(const Geometry& g) {
   if (g.layers == 0) return "layers must be at least 1";
   if (g.kv_heads == 0) return "kv_heads must be at least 1";
@@ -55,6 +77,26 @@ std::string validate(const Geometry& g) {
       break;
     default:
       return "dtype is not one of fp16, bf16, fp8_e4m3, int8";
+  }
+  switch (g.kind) {
+    case AttentionKind::full:
+      if (g.window != 0) {
+        return "window " + std::to_string(g.window) +
+               " is set on a full-attention geometry (a window needs kind sliding or chunked)";
+      }
+      break;
+    case AttentionKind::sliding:
+    case AttentionKind::chunked:
+      if (g.window == 0) {
+        return "window must be at least 1 token for kind " +
+               std::string(attention_kind_name(g.kind));
+      }
+      break;
+    case AttentionKind::latent:
+      return "kind latent (an MLA cache) is not a pool geometry yet: pools hold full, sliding or "
+             "chunked K/V";
+    default:
+      return "kind is not one of full, sliding, chunked, latent";
   }
   // Keep a page below 2^40 bytes (1 TiB) so that page arithmetic for any token count below 2^32
   // stays far from uint64 overflow. Each factor is below 2^32, so check the running product.

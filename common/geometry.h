@@ -50,12 +50,31 @@ std::string_view layout_name(KvLayout l);
 // Accepts exactly the names layout_name gives.
 std::optional<KvLayout> parse_layout(std::string_view name);
 
+// Which keys a layer's queries see, as far as the cache is concerned (shared/data/models.yaml's
+// kinds): full (every earlier token), sliding (the last `window` tokens), chunked (the tokens of
+// the current chunk of `window`), latent (MLA: one latent vector per token, no V). The values
+// travel on the wire (PoolInfo) and name the kind in the block-hash root.
+enum class AttentionKind : uint8_t { full = 0, sliding = 1, chunked = 2, latent = 3 };
+inline constexpr AttentionKind kMaxAttentionKind = AttentionKind::latent;
+
+// "full" / "sliding" / "chunked" / "latent".
+std::string_view attention_kind_name(AttentionKind k);
+// Accepts exactly the names attention_kind_name gives.
+std::optional<AttentionKind> parse_attention_kind(std::string_view name);
+
 struct Geometry {
   uint32_t layers = 0;
   uint32_t kv_heads = 0;
   uint32_t head_dim = 0;
   uint32_t tokens_per_page = 0;
   KvDtype dtype = KvDtype::fp16;
+  // The attention kind of the pool's layers and, for sliding and chunked, the window or chunk in
+  // tokens (0 for full). Full, sliding and chunked store K and V per KV head alike, so the kind
+  // changes no size or offset below; it is part of the cache's identity (the block-hash root),
+  // and it tells a worker which pages a sequence no longer needs. A pool holds no latent cache
+  // yet (validate refuses the kind).
+  AttentionKind kind = AttentionKind::full;
+  uint32_t window = 0;
 
   friend constexpr bool operator==(const Geometry&, const Geometry&) = default;
 };

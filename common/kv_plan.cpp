@@ -4,28 +4,6 @@
 
 namespace kvpool {
 
-std::string_view attention_kind_name(AttentionKind k) {
-  switch (k) {
-    case AttentionKind::full:
-      return "full";
-    case AttentionKind::sliding:
-      return "sliding";
-    case AttentionKind::chunked:
-      return "chunked";
-    case AttentionKind::latent:
-      return "latent";
-  }
-  return "?";
-}
-
-std::optional<AttentionKind> parse_attention_kind(std::string_view name) {
-  for (AttentionKind k : {AttentionKind::full, AttentionKind::sliding, AttentionKind::chunked,
-                          AttentionKind::latent}) {
-    if (attention_kind_name(k) == name) return k;
-  }
-  return std::nullopt;
-}
-
 std::string validate_group(const LayerGroup& g) {
   const std::string kind(attention_kind_name(g.kind));
   if (g.layers == 0) return "layers: a group needs at least 1 layer";

@@ -33,12 +33,6 @@
 
 namespace kvpool {
 
-enum class AttentionKind : uint8_t { full = 0, sliding = 1, chunked = 2, latent = 3 };
-
-std::string_view attention_kind_name(AttentionKind k);
-// Accepts exactly the names attention_kind_name gives.
-std::optional<AttentionKind> parse_attention_kind(std::string_view name);
-
 // One run of layers with the same attention shape.
 struct LayerGroup {
   AttentionKind kind = AttentionKind::full;

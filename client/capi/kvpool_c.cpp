@@ -91,6 +91,12 @@ void* kvpool_base(const kvpool_conn* c) {
   return c->conn->base();
 }
 
+void kvpool_get_pool_attention(const kvpool_conn* c, uint8_t* kind, uint32_t* window) {
+  const kvpool::Geometry& g = c->conn->pool().geometry;
+  if (kind != nullptr) *kind = static_cast<uint8_t>(g.kind);
+  if (window != nullptr) *window = g.window;
+}
+
 void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out) {
   const auto& p = c->conn->pool();
   *out = kvpool_pool_info{p.geometry.layers,

@@ -43,6 +43,13 @@ const char* kvpool_error_name(int code) {
 
 int kvpool_hash_root(const char* model_id, const kvpool_geometry* geometry, const char* adapter_id,
                      const char* salt, kvpool_hash* out) {
+  return kvpool_hash_root_attention(model_id, geometry, KVPOOL_ATTENTION_FULL, 0, adapter_id, salt,
+                                    out);
+}
+
+int kvpool_hash_root_attention(const char* model_id, const kvpool_geometry* geometry, uint8_t kind,
+                               uint32_t window, const char* adapter_id, const char* salt,
+                               kvpool_hash* out) {
   if (model_id == nullptr || geometry == nullptr || out == nullptr) {
     return refuse("kvpool_hash_root: model_id, geometry and out must not be NULL");
   }
@@ -50,9 +57,17 @@ int kvpool_hash_root(const char* model_id, const kvpool_geometry* geometry, cons
     return refuse("kvpool_hash_root: dtype " + std::to_string(geometry->dtype) +
                   " is not a KV dtype (0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8)");
   }
-  const kvpool::Geometry g{geometry->layers, geometry->kv_heads, geometry->head_dim,
+  if (kind > KVPOOL_ATTENTION_CHUNKED) {
+    return refuse("kvpool_hash_root: kind " + std::to_string(kind) +
+                  " is not an attention kind (0 full, 1 sliding, 2 chunked)");
+  }
+  const kvpool::Geometry g{geometry->layers,
+                           geometry->kv_heads,
+                           geometry->head_dim,
                            geometry->tokens_per_page,
-                           static_cast<kvpool::KvDtype>(geometry->dtype)};
+                           static_cast<kvpool::KvDtype>(geometry->dtype),
+                           static_cast<kvpool::AttentionKind>(kind),
+                           window};
   if (std::string why = kvpool::validate(g); !why.empty()) {
     return refuse("kvpool_hash_root: " + why);
   }

@@ -79,13 +79,17 @@ void bind_hashing(py::module_& m) {
 
   py::class_<Geometry>(m, "Geometry", "A model's KV geometry, as a pool serves it.")
       .def(py::init([](uint32_t layers, uint32_t kv_heads, uint32_t head_dim,
-                       uint32_t tokens_per_page, const std::string& dtype) {
-             Geometry g{layers, kv_heads, head_dim, tokens_per_page, dtype_from(dtype)};
+                       uint32_t tokens_per_page, const std::string& dtype, const std::string& kind,
+                       uint32_t window) {
+             const auto k = parse_attention_kind(kind);
+             if (!k) throw py::value_error("kind '" + kind + "' is not full, sliding or chunked");
+             Geometry g{layers, kv_heads, head_dim, tokens_per_page, dtype_from(dtype), *k, window};
              if (std::string why = validate(g); !why.empty()) throw py::value_error(why);
              return g;
            }),
            py::arg("layers"), py::arg("kv_heads"), py::arg("head_dim"), py::arg("tokens_per_page"),
-           py::arg("dtype") = "fp16")
+           py::arg("dtype") = "fp16", py::kw_only(), py::arg("kind") = "full",
+           py::arg("window") = 0)
       .def_readonly("layers", &Geometry::layers, "Transformer layers whose K and V a page holds.")
       .def_readonly("kv_heads", &Geometry::kv_heads, "KV heads per layer.")
       .def_readonly("head_dim", &Geometry::head_dim, "Elements per head vector.")
@@ -95,6 +99,12 @@ void bind_hashing(py::module_& m) {
           "dtype", [](const Geometry& g) { return std::string(dtype_name(g.dtype)); },
           "Element type: \"fp16\", \"bf16\", \"fp8_e4m3\" or \"int8\".")
       .def_property_readonly(
+          "kind", [](const Geometry& g) { return std::string(attention_kind_name(g.kind)); },
+          "Which keys a layer attends to: \"full\", \"sliding\" (the last `window` tokens) or "
+          "\"chunked\" (the current chunk of `window` tokens). Part of the hash root.")
+      .def_readonly("window", &Geometry::window,
+                    "Tokens of the sliding window or attention chunk; 0 for full attention.")
+      .def_property_readonly(
           "page_data_bytes", [](const Geometry& g) { return page_data_bytes(g); },
           "Bytes of K and V data in one page (scales excluded).")
       .def("__eq__", [](const Geometry& a, const Geometry& b) { return a == b; })
@@ -103,7 +113,12 @@ void bind_hashing(py::module_& m) {
                ", kv_heads=" + std::to_string(g.kv_heads) +
                ", head_dim=" + std::to_string(g.head_dim) +
                ", tokens_per_page=" + std::to_string(g.tokens_per_page) + ", dtype='" +
-               std::string(dtype_name(g.dtype)) + "')";
+               std::string(dtype_name(g.dtype)) + "'" +
+               (g.kind == AttentionKind::full
+                    ? std::string()
+                    : ", kind='" + std::string(attention_kind_name(g.kind)) +
+                          "', window=" + std::to_string(g.window)) +
+               ")";
       });
 
   py::class_<BlockHasher, std::shared_ptr<BlockHasher>>(

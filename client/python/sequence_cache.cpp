@@ -142,6 +142,11 @@ void bind_sequence_cache(py::module_& m) {
           "tokens", [](const PySequenceCache& s) { return s.get().tokens(); },
           "Tokens the sequence holds.")
       .def_property_readonly(
+          "first_visible", [](const PySequenceCache& s) { return s.get().first_visible(); },
+          "The first token the next query sees by the pool's attention kind (0 for full). On a "
+          "sliding or chunked pool, publish_full() releases the published blocks before it (the "
+          "pool keeps them cached).")
+      .def_property_readonly(
           "block_table", [](const PySequenceCache& s) { return s.get().block_table(); },
           "The sequence's pages, block by block.")
       .def_property_readonly(

@@ -5,7 +5,12 @@
 namespace kvpool::client {
 
 SequenceCache::SequenceCache(Connection& conn, BlockHasher& hasher, const BlockHash& root)
-    : conn_(conn), hasher_(hasher), root_(root), tpp_(conn.pool().geometry.tokens_per_page) {}
+    : conn_(conn),
+      hasher_(hasher),
+      root_(root),
+      tpp_(conn.pool().geometry.tokens_per_page),
+      kind_(conn.pool().geometry.kind),
+      window_(conn.pool().geometry.window) {}
 
 SequenceCache::~SequenceCache() {
   (void)release();
@@ -61,7 +66,11 @@ SequenceCache::Slot SequenceCache::slot(uint32_t pos) const {
 
 Result<uint32_t> SequenceCache::publish_full() {
   const uint32_t full = full_blocks();
-  if (full <= published_) return 0u;
+  if (full <= published_) {
+    auto dropped = release_out_of_window();
+    if (!dropped.ok()) return dropped.error();
+    return 0u;
+  }
   std::vector<PublishItem> items;
   std::vector<uint32_t> blocks;
   for (uint32_t b = published_; b < full; ++b) {
@@ -84,6 +93,8 @@ Result<uint32_t> SequenceCache::publish_full() {
     auto rel = conn_.release(own_copies);
     if (!rel.ok()) return rel.error();
   }
+  auto dropped = release_out_of_window();
+  if (!dropped.ok()) return dropped.error();
   return static_cast<uint32_t>(own_copies.size());
 }
 
@@ -130,6 +141,33 @@ Result<Ok> SequenceCache::apply_window(uint32_t window) {
   auto r = conn_.release(drop);
   if (!r.ok()) return r.error();
   std::fill(pages_.begin(), pages_.begin() + droppable, kNoPage);
+  return Ok{};
+}
+
+uint32_t SequenceCache::first_visible() const {
+  const uint32_t next = tokens();  // the next query's position
+  if (window_ == 0) return 0;      // a geometry that passed validate() has none: full
+  switch (kind_) {
+    case AttentionKind::sliding:
+      return next >= window_ ? next - window_ + 1 : 0;
+    case AttentionKind::chunked:
+      return next - next % window_;
+    default:
+      return 0;
+  }
+}
+
+Result<Ok> SequenceCache::release_out_of_window() {
+  if (kind_ != AttentionKind::sliding && kind_ != AttentionKind::chunked) return Ok{};
+  const uint32_t gone = std::min(first_visible() / tpp_, published_);  // whole published blocks
+  std::vector<PageId> drop;
+  for (uint32_t b = gone; b-- > 0;) {  // tail first
+    if (pages_[b] != kNoPage) drop.push_back(pages_[b]);
+  }
+  if (drop.empty()) return Ok{};
+  auto r = conn_.release(drop);
+  if (!r.ok()) return r.error();
+  std::fill(pages_.begin(), pages_.begin() + gone, kNoPage);
   return Ok{};
 }
 

@@ -11,6 +11,10 @@
 //                        partial last block is copied into a page of its own by the daemon
 //                        (copy on write; works for GPU pools too);
 //   apply_window(n)      drops the pages whose tokens all left a sliding window of n tokens;
+//                        on a pool whose geometry is sliding or chunked this follows from the
+//                        geometry: publish_full() releases every published block the next
+//                        query can no longer see (release_out_of_window()); the pool keeps them
+//                        cached for prefix reuse;
 //   release()            gives every page back, tail first, so tails are evicted before heads.
 // Invariants: block b holds tokens [b·T, (b+1)·T); blocks [0, published_) are published (or
 // adopted); a dropped block's entry is kNoPage; the cache holds exactly one reference to every
@@ -62,6 +66,18 @@ class SequenceCache {
   // Releases the pages of blocks whose tokens are all older than the last `window` tokens.
   Result<Ok> apply_window(uint32_t window);
 
+  // The first token the next query (at position tokens()) sees, by the pool's attention kind
+  // (common/geometry.h): 0 for full attention, tokens() − window + 1 for a sliding window of
+  // `window` tokens, the start of the current chunk for chunked attention.
+  uint32_t first_visible() const;
+  // Releases every published block wholly before first_visible(). Blocks not yet published are
+  // kept (the caller's K/V in them are not in the prefix index yet). publish_full() calls it
+  // last: by its contract every query up to tokens() has been computed then, so nothing still
+  // to be computed reads a released block (append() does not: tokens appended for one forward
+  // pass, a chunked prefill or draft tokens, still need the keys before them). A no-op on a
+  // full-attention pool.
+  Result<Ok> release_out_of_window();
+
   // Releases every page, tail first. The sequence is empty afterwards.
   Result<Ok> release();
 
@@ -86,6 +102,8 @@ class SequenceCache {
   BlockHasher& hasher_;
   BlockHash root_;
   uint32_t tpp_;
+  AttentionKind kind_;
+  uint32_t window_;  // tokens of the sliding window or attention chunk; 0 for full
   std::vector<uint32_t> tokens_;
   std::vector<PageId> pages_;
   std::vector<BlockHash> hashes_;  // one per full block

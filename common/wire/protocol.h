@@ -37,10 +37,11 @@
 //   u32 item, u64 value, string message            (the error, see common/status.h)
 // and otherwise the opcode's body:
 //   hello    u64 session_id, PoolInfo (u32 layers, u32 kv_heads, u32 head_dim,
-//            u32 tokens_per_page, u8 dtype, u8 layout, u32 num_pages, u64 page_stride, u64
-//            segment_bytes, string pool_name, string backend, string tenant, i32 device, 16 bytes
-//            device uuid, u64 reserved_bytes, u64 scales_offset, u32 max_pages, u32 epoch, u32 n ≤
-//            kMaxSegments, n × (u64 offset, u64 bytes, u32 m ≤ kMaxHandleBytes, m bytes handle)) —
+//            u32 tokens_per_page, u8 dtype, u8 layout, u8 kind (AttentionKind), u32 window,
+//            u32 num_pages, u64 page_stride, u64 segment_bytes, string pool_name, string
+//            backend, string tenant, i32 device, 16 bytes device uuid, u64 reserved_bytes, u64
+//            scales_offset, u32 max_pages, u32 epoch, u32 n ≤ kMaxSegments, n × (u64 offset, u64
+//            bytes, u32 m ≤ kMaxHandleBytes, m bytes handle)) —
 //            descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment, in segment
 //            order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
 //   alloc    u32 n, n × u32 page
@@ -95,8 +96,9 @@ namespace kvpool::wire {
 inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // 3: the layout byte in the hello reply; 4: the tier of each lookup hit; 5: the pool counter
 // table's values in the stats reply; 6: the daemon counter table's values after them, the
-// reply's nine fixed counters gone (the pool table carries them).
-inline constexpr uint16_t kProtocolVersion = 6;
+// reply's nine fixed counters gone (the pool table carries them); 7: the attention kind and
+// window of the pool's geometry in PoolInfo.
+inline constexpr uint16_t kProtocolVersion = 7;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call

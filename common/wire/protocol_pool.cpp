@@ -19,7 +19,7 @@ constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
 constexpr size_t kPublishResultBytes = kU8 + kU32;
 // … uuid, then reserved_bytes, scales_offset, max_pages, epoch, n segments.
 constexpr size_t kPoolInfoFixedBytes =
-    4 * kU32 + 2 * kU8 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + 2 * kU64 + 2 * kU32 + kU32;
+    4 * kU32 + 3 * kU8 + kU32 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + 2 * kU64 + 2 * kU32 + kU32;
 constexpr size_t kSegmentFixedBytes = 2 * kU64 + kU32;
 constexpr size_t kPageCopyBytes = 2 * kU32;
 constexpr size_t kStatsBytes = 6 * kU32;
@@ -201,6 +201,8 @@ void put_pool_info(Writer& w, const PoolInfo& p) {
   w.put(p.geometry.tokens_per_page);
   w.put(static_cast<uint8_t>(p.geometry.dtype));
   w.put(static_cast<uint8_t>(p.layout));
+  w.put(static_cast<uint8_t>(p.geometry.kind));
+  w.put(p.geometry.window);
   w.put(p.num_pages);
   w.put(p.page_stride);
   w.put(p.segment_bytes);
@@ -354,9 +356,16 @@ bool get_pool_info(Reader& r, PoolInfo& p) {
     return r.fail(layout, cat({r.what(), ": layout ", layout, " is not a KvLayout"}));
   }
   p.layout = static_cast<KvLayout>(layout);
-  if (!(r.get(p.num_pages, "num_pages") && r.get(p.page_stride, "page_stride") &&
-        r.get(p.segment_bytes, "segment_bytes") && r.str(p.pool_name, "pool_name") &&
-        r.str(p.backend, "backend") && r.str(p.tenant, "tenant") && r.get(p.device, "device"))) {
+  uint8_t kind = 0;
+  if (!r.get(kind, "kind")) return false;
+  if (kind > static_cast<uint8_t>(kMaxAttentionKind)) {
+    return r.fail(kind, cat({r.what(), ": kind ", kind, " is not an AttentionKind"}));
+  }
+  p.geometry.kind = static_cast<AttentionKind>(kind);
+  if (!(r.get(p.geometry.window, "window") && r.get(p.num_pages, "num_pages") &&
+        r.get(p.page_stride, "page_stride") && r.get(p.segment_bytes, "segment_bytes") &&
+        r.str(p.pool_name, "pool_name") && r.str(p.backend, "backend") &&
+        r.str(p.tenant, "tenant") && r.get(p.device, "device"))) {
     return false;
   }
   const std::byte* uuid = r.take(p.device_uuid.size(), "device_uuid");

@@ -184,6 +184,25 @@ class Parser : private NodeReader {
     const auto d = parse_dtype(name);
     if (!d) fail(dtype, quoted(name) + " is not one of fp16, bf16, fp8_e4m3 (fp8), int8");
     g.dtype = *d;
+    if (const Value* kind = find(f, "kind")) {
+      const std::string k = get_string(*kind, "one of full, sliding, chunked");
+      const auto parsed = parse_attention_kind(k);
+      if (!parsed || *parsed == AttentionKind::latent) {
+        fail(*kind, quoted(k) + " is not one of full, sliding, chunked");
+      }
+      g.kind = *parsed;
+    }
+    if (const Value* window = find(f, "window")) {
+      g.window = static_cast<uint32_t>(get_uint(*window, 1, UINT32_MAX));
+      if (g.kind == AttentionKind::full) {
+        fail(*window,
+             "a window needs kind: sliding (the last WINDOW tokens) or chunked (chunks "
+             "of WINDOW tokens); this geometry's kind is full");
+      }
+    } else if (g.kind != AttentionKind::full) {
+      fail(v, "kind " + std::string(attention_kind_name(g.kind)) +
+                  " needs a window: the tokens a layer's queries see");
+    }
     if (std::string err = validate(g); !err.empty()) fail(v, err);
     return g;
   }

@@ -63,6 +63,8 @@ constexpr std::array kTable = {
     RESTART("pools[].geometry.head_dim", "pools", KEEP_POOL(geometry.head_dim)),
     RESTART("pools[].geometry.tokens_per_page", "pools", KEEP_POOL(geometry.tokens_per_page)),
     RESTART("pools[].geometry.dtype", "pools", KEEP_POOL(geometry.dtype)),
+    RESTART("pools[].geometry.kind", "pools", KEEP_POOL(geometry.kind)),
+    RESTART("pools[].geometry.window", "pools", KEEP_POOL(geometry.window)),
     RESTART("pools[].layout", "pools", KEEP_POOL(layout)),
     RESTART("pools[].host_tier", "pools", KEEP_POOL(host_tier)),
     RESTART("pools[].max_capacity", "pools", KEEP_POOL(max_capacity)),

@@ -2,19 +2,19 @@
 // layouts in kernels/paged_kv.h). Rows are read one at a time, tile.row_stride apart, so both
 // layouts run the same loop.
 //
-// Algorithm. Sequence s has ctx = context_lens[s] tokens in the pool, the last n = q_offsets[s+1]
-// − q_offsets[s] of them new; new token i sits at position ctx − n + i and attends to positions
+// Algorithm. Sequence s has ctx = context_lens[s] tokens in the pool, the last n = q_offsets[s+1] −
+// q_offsets[s] of them new; new token i sits at position ctx − n + i and attends to positions
 // 0..ctx − n + i (causal over the cached prefix plus the new tokens), or from the first key its
 // sliding window or attention chunk lets it see (AttentionMask): keys before the block's first
 // token's first visible key are never read, and a later key feeds only the block tokens that see
-// it. One work item is (sequence,
-// KV head, block of up to kQueryBlock new tokens) and serves the whole GQA group of that KV head
-// for those tokens: each K row up to the block's last position is read once, converted to a small
-// fp32 buffer (8-bit pools: times the page's K scale) and dotted with the query rows of every
-// block token that may see it (dot_heads, attention_common.h); the V row likewise feeds softmax_add
-// (fp32 online softmax) for those rows. The unnormalised accumulators live in the rows of `out` the
-// item owns and are divided by l at the end (l plus e^{sink − m} with attention sinks). Work items
-// are handed to `threads` std::threads through one atomic counter.
+// it. One work item is (sequence, KV head, block of up to kQueryBlock new tokens) and serves the
+// whole GQA group of that KV head for those tokens: each K row up to the block's last position is
+// read once, converted to a small fp32 buffer (8-bit pools: times the page's K scale) and dotted
+// with the query rows of every block token that may see it (dot_heads, attention_common.h); the V
+// row likewise feeds softmax_add (fp32 online softmax) for those rows. The unnormalised
+// accumulators live in the rows of `out` the item owns and are divided by l at the end (l plus
+// e^{sink − m} with attention sinks). Work items are handed to `threads` std::threads through one
+// atomic counter.
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read, and a query never sees a position

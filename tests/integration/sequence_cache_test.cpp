@@ -9,6 +9,7 @@
 #include <numeric>
 #include <thread>
 
+#include "client/capi/kvpool.h"
 #include "common/geometry.h"
 #include "tests/integration/daemon_harness.h"
 
@@ -202,6 +203,92 @@ TEST_F(SequenceCacheTest, ReleaseGivesEverythingBackTailFirst) {
   auto cached = again.begin(tokens(32 * 16, 1));
   ASSERT_TRUE(cached.ok()) << cached.error().message;
   EXPECT_EQ(cached.value(), 31u * 16);
+}
+
+// A pool whose geometry is sliding or chunked: the cache lets go of what the next query can no
+// longer see, as the sequence grows, without the worker asking; the pool keeps it cached.
+struct WindowCase {
+  const char* kind;
+  uint32_t window;
+};
+
+class SequenceCacheWindowTest : public ::testing::TestWithParam<WindowCase> {};
+
+TEST_P(SequenceCacheWindowTest, PublishedBlocksOutOfTheWindowGoBackCached) {
+  const WindowCase& w = GetParam();
+  Daemon d(std::string(R"(
+pools:
+  - name: default
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16,
+               kind: )") +
+           w.kind + ", window: " + std::to_string(w.window) + R"(}
+    capacity: 32 pages
+)");
+  ASSERT_TRUE(d.start()) << d.log();
+  auto conn = Connection::attach(d.socket(), "w");
+  ASSERT_TRUE(conn.ok()) << conn.error().message;
+  Connection& c = *conn.value();
+  EXPECT_EQ(attention_kind_name(c.pool().geometry.kind), w.kind);
+  EXPECT_EQ(c.pool().geometry.window, w.window);
+  kvpool_conn* capi = nullptr;
+  char err[256] = {};
+  ASSERT_EQ(kvpool_attach(d.socket().c_str(), "c", nullptr, &capi, err, sizeof err), 0) << err;
+  uint8_t kind = 0;
+  uint32_t window = 0;
+  kvpool_get_pool_attention(capi, &kind, &window);
+  kvpool_detach(capi);
+  EXPECT_EQ(kind, static_cast<uint8_t>(c.pool().geometry.kind));
+  EXPECT_EQ(window, w.window);
+  BlockHasher hasher;
+  SequenceCache s(c, hasher, hasher.root({"m", c.pool().geometry, "", ""}));
+  ASSERT_TRUE(s.begin(tokens(100, 1)).ok());  // 6 full blocks and 4 tokens: 7 pages
+  // Nothing is published yet: every page stays, whatever the window.
+  EXPECT_EQ(c.stats().value().session_held_pages, 7u);
+  ASSERT_TRUE(s.publish_full().ok());
+  // The next query sits at position 100 and sees tokens [first_visible, 100].
+  const uint32_t first = s.first_visible();
+  const uint32_t expected_first =
+      std::string(w.kind) == "sliding" ? 100 - w.window + 1 : 100 - 100 % w.window;
+  EXPECT_EQ(first, expected_first);
+  for (uint32_t b = 0; b < 7; ++b) {
+    const bool gone = (b + 1) * 16 <= first;  // every token of block b before `first`
+    EXPECT_EQ(s.block_table()[b] == kNoPage, gone) << "block " << b << ", first " << first;
+  }
+  const uint32_t held = 7 - first / 16;
+  auto st = c.stats().value();
+  EXPECT_EQ(st.session_held_pages, held);
+  EXPECT_EQ(st.cached, 7 - held);  // released published blocks stay in the prefix index
+  // Growing moves the window on: 60 more tokens, published as they fill.
+  for (uint32_t i = 0; i < 60; ++i) {
+    ASSERT_TRUE(s.append(1000 + i).ok());
+    if (s.tokens() % 16 == 0) {
+      ASSERT_TRUE(s.publish_full().ok());
+    }
+  }
+  ASSERT_TRUE(s.publish_full().ok());
+  const uint32_t later = s.first_visible();
+  for (uint32_t b = 0; b < s.tokens() / 16; ++b)
+    EXPECT_EQ(s.block_table()[b] == kNoPage, (b + 1) * 16 <= later) << "block " << b;
+  // A second sequence of the same prompt finds the released blocks cached.
+  SequenceCache t(c, hasher, hasher.root({"m", c.pool().geometry, "", ""}));
+  auto hit = t.begin(tokens(100, 1));
+  ASSERT_TRUE(hit.ok()) << hit.error().message;
+  EXPECT_EQ(hit.value(), 96u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, SequenceCacheWindowTest,
+                         ::testing::Values(WindowCase{"sliding", 40}, WindowCase{"sliding", 1},
+                                           WindowCase{"chunked", 32}, WindowCase{"chunked", 24}),
+                         [](const ::testing::TestParamInfo<WindowCase>& p) {
+                           return std::string(p.param.kind) + std::to_string(p.param.window);
+                         });
+
+TEST_F(SequenceCacheTest, AFullPoolKeepsEveryPage) {
+  SequenceCache s(*conn_, hasher_, root_);
+  ASSERT_TRUE(s.begin(tokens(100, 1)).ok());
+  ASSERT_TRUE(s.publish_full().ok());
+  EXPECT_EQ(s.first_visible(), 0u);
+  EXPECT_EQ(stats().session_held_pages, 7u);
 }
 
 }  // namespace

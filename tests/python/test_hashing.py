@@ -104,3 +104,42 @@ def test_geometry_is_validated():
         kvpool.Geometry(1, 1, 8, 4, "fp64")
     with pytest.raises(ValueError):
         kvpool.Geometry(0, 1, 8, 4)
+
+
+def test_attention_kind_and_window_are_part_of_the_root(libkvpool):
+    hasher = kvpool.BlockHasher()
+    full = kvpool.Geometry(4, 8, 128, 16, "bf16")
+    sliding = kvpool.Geometry(4, 8, 128, 16, "bf16", kind="sliding", window=4096)
+    assert (sliding.kind, sliding.window) == ("sliding", 4096)
+    assert (full.kind, full.window) == ("full", 0)
+    assert sliding.page_data_bytes == full.page_data_bytes  # same pages, other identity
+    other_window = kvpool.Geometry(4, 8, 128, 16, "bf16", kind="sliding", window=1024)
+    chunked = kvpool.Geometry(4, 8, 128, 16, "bf16", kind="chunked", window=4096)
+    roots = {hasher.root("m", g) for g in (full, sliding, other_window, chunked)}
+    assert len(roots) == 4
+    assert "kind='sliding', window=4096" in repr(sliding)
+
+    # The C API names the same roots; full with window 0 is kvpool_hash_root's.
+    g = CGeometry(4, 8, 128, 16, 1)
+    out = CHash()
+    assert libkvpool.kvpool_hash_root_attention(b"m", ctypes.byref(g), 1, 4096, None, None,
+                                                ctypes.byref(out)) == 0
+    assert kvpool.BlockHash(out.lo, out.hi) == hasher.root("m", sliding)
+    assert libkvpool.kvpool_hash_root_attention(b"m", ctypes.byref(g), 0, 0, None, None,
+                                                ctypes.byref(out)) == 0
+    assert kvpool.BlockHash(out.lo, out.hi) == hasher.root("m", full)
+    libkvpool.kvpool_hash_last_error.restype = ctypes.c_char_p
+    assert libkvpool.kvpool_hash_root_attention(b"m", ctypes.byref(g), 1, 0, None, None,
+                                                ctypes.byref(out)) != 0
+    assert b"window" in libkvpool.kvpool_hash_last_error()
+
+
+def test_a_window_must_fit_its_kind():
+    with pytest.raises(ValueError, match="window must be at least 1"):
+        kvpool.Geometry(1, 1, 8, 4, kind="sliding")
+    with pytest.raises(ValueError, match="full-attention"):
+        kvpool.Geometry(1, 1, 8, 4, window=128)
+    with pytest.raises(ValueError, match="not full, sliding or chunked"):
+        kvpool.Geometry(1, 1, 8, 4, kind="local", window=128)
+    with pytest.raises(ValueError, match="latent"):
+        kvpool.Geometry(1, 1, 8, 4, kind="latent")

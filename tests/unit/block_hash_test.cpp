@@ -6,6 +6,7 @@
 #include <cstring>
 #include <numeric>
 #include <set>
+#include <string>
 #include <vector>
 
 namespace kvpool {
@@ -30,6 +31,28 @@ BlockHash reference_block(const BlockHash& parent, const std::vector<uint32_t>& 
   const auto x = static_cast<uint32_t>(extra.size());
   put(&x, 4);
   put(extra.data(), extra.size());
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EXPECT_EQ(EVP_Digest(msg.data(), msg.size(), digest, &len, EVP_sha256(), nullptr), 1);
+  BlockHash h;
+  std::memcpy(&h.lo, digest, 8);
+  std::memcpy(&h.hi, digest + 8, 8);
+  return h;
+}
+
+// The root encoding of block_hash.h for a full geometry, built independently: 'R' ‖ |model| ‖
+// model ‖ layers ‖ kv_heads ‖ head_dim ‖ tokens_per_page ‖ dtype ‖ |adapter| ‖ |salt| (both empty).
+BlockHash reference_root(const std::string& model, const Geometry& g) {
+  std::vector<unsigned char> msg{'R'};
+  auto put_u32 = [&](uint32_t v) {
+    const auto* b = reinterpret_cast<const unsigned char*>(&v);
+    msg.insert(msg.end(), b, b + 4);
+  };
+  put_u32(static_cast<uint32_t>(model.size()));
+  msg.insert(msg.end(), model.begin(), model.end());
+  for (uint32_t v : {g.layers, g.kv_heads, g.head_dim, g.tokens_per_page,
+                     static_cast<uint32_t>(g.dtype), 0u, 0u})
+    put_u32(v);
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EXPECT_EQ(EVP_Digest(msg.data(), msg.size(), digest, &len, EVP_sha256(), nullptr), 1);
@@ -80,6 +103,22 @@ TEST(BlockHash, RootDependsOnEveryIdentityField) {
   roots.insert(to_hex(hasher.root({"m", kGeom, "a", "b"})));
   EXPECT_EQ(roots.size(), 11u);
   EXPECT_EQ(hasher.root(base), BlockHasher().root(base));  // deterministic across instances
+}
+
+TEST(BlockHash, RootNamesTheAttentionKindAndWindow) {
+  BlockHasher hasher;
+  std::set<std::string> roots;
+  for (auto [kind, window] :
+       {std::pair{AttentionKind::full, 0u}, std::pair{AttentionKind::sliding, 4096u},
+        std::pair{AttentionKind::sliding, 1024u}, std::pair{AttentionKind::chunked, 4096u}}) {
+    Geometry g = kGeom;
+    g.kind = kind;
+    g.window = window;
+    roots.insert(to_hex(hasher.root({"m", g, "", ""})));
+  }
+  EXPECT_EQ(roots.size(), 4u);
+  // A full geometry's root is the one it always was: nothing of the kind goes into it.
+  EXPECT_EQ(hasher.root({"m", kGeom, "", ""}), reference_root("m", kGeom));
 }
 
 TEST(BlockHash, ChangingOneTokenChangesThatBlockAndEveryLaterOne) {

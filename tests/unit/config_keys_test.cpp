@@ -34,7 +34,8 @@ pools:
     policy: prefix
     capacity: 64 pages
     share_between_tenants: false
-    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16}
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16,
+               kind: sliding, window: 64}
     layout: page_major
     host_tier: 32 pages
     max_capacity: 128 pages
@@ -90,7 +91,9 @@ const std::map<std::string, std::pair<std::string, std::string>> kSamples = {
     {"pools[].geometry.kv_heads", {"kv_heads: 1,", "kv_heads: 2,"}},
     {"pools[].geometry.head_dim", {"head_dim: 8,", "head_dim: 16,"}},
     {"pools[].geometry.tokens_per_page", {"tokens_per_page: 16,", "tokens_per_page: 32,"}},
-    {"pools[].geometry.dtype", {"dtype: fp16}", "dtype: bf16}"}},
+    {"pools[].geometry.dtype", {"dtype: fp16,", "dtype: bf16,"}},
+    {"pools[].geometry.kind", {"kind: sliding,", "kind: chunked,"}},
+    {"pools[].geometry.window", {"window: 64}", "window: 32}"}},
     {"pools[].layout", {"layout: page_major", "layout: page_major\n    # layout"}},
     {"pools[].host_tier", {"host_tier: 32 pages", "host_tier: 16 pages"}},
     {"pools[].max_capacity", {"max_capacity: 128 pages", "max_capacity: 256 pages"}},
@@ -181,7 +184,7 @@ TEST(ConfigKeys, EachMappingListsItsKeysInTableOrder) {
   EXPECT_EQ(keys_under("socket."), (std::vector<std::string_view>{"path", "mode", "group"}));
   EXPECT_EQ(keys_under("pools[].geometry."),
             (std::vector<std::string_view>{"layers", "kv_heads", "head_dim", "tokens_per_page",
-                                           "dtype"}));
+                                           "dtype", "kind", "window"}));
   const std::vector<std::string_view> top = keys_under("");
   EXPECT_EQ(top.front(), "socket");
   EXPECT_EQ(top.back(), "events");

@@ -942,5 +942,36 @@ TEST(ConfigErrorTest, ElasticSizesMustFitEachOther) {
            "memory_budget: 2MiB\n");
 }
 
+TEST(ConfigTest, PoolAttentionKindAndWindow) {
+  const Config absent = parse_ok(with_pools(""));
+  EXPECT_EQ(absent.pools[0].geometry.kind, AttentionKind::full);
+  EXPECT_EQ(absent.pools[0].geometry.window, 0u);
+  const std::string sliding =
+      std::string(kPools) + "      dtype: fp16\n      kind: sliding\n      window: 4096\n";
+  const Config c = parse_ok(sliding);
+  EXPECT_EQ(c.pools[0].geometry.kind, AttentionKind::sliding);
+  EXPECT_EQ(c.pools[0].geometry.window, 4096u);
+  // Same pages, other identity: the pools differ, the sizes do not.
+  EXPECT_NE(c.pools, absent.pools);
+  EXPECT_EQ(page_data_bytes(c.pools[0].geometry), page_data_bytes(absent.pools[0].geometry));
+  const Config chunked = parse_ok(std::string(kPools) +
+                                  "      dtype: fp16\n      kind: chunked\n      window: 8192\n");
+  EXPECT_EQ(chunked.pools[0].geometry.kind, AttentionKind::chunked);
+}
+
+TEST(ConfigErrorTest, PoolAttentionKindAndWindow) {
+  const std::string base = std::string(kPools) + "      dtype: fp16\n";
+  expect_error(base + "      kind: local\n      window: 8\n", 10, "pools[0].geometry.kind",
+               "\"local\" is not one of full, sliding, chunked");
+  expect_error(base + "      kind: latent\n", 10, "pools[0].geometry.kind",
+               "\"latent\" is not one of full, sliding, chunked");
+  expect_error(base + "      window: 128\n", 10, "pools[0].geometry.window",
+               "a window needs kind: sliding");
+  expect_error(base + "      kind: sliding\n", 4, "pools[0].geometry",
+               "kind sliding needs a window");
+  expect_error(base + "      kind: chunked\n      window: 0\n", 11, "pools[0].geometry.window",
+               "at least 1");
+}
+
 }  // namespace
 }  // namespace kvpool::daemon

@@ -158,5 +158,27 @@ TEST(KvLayout, BothLayoutsFillThePoolExactlyOnce) {
   }
 }
 
+TEST(Geometry, AWindowFitsItsAttentionKind) {
+  Geometry g{32, 8, 128, 16, KvDtype::bf16, AttentionKind::sliding, 4096};
+  EXPECT_EQ(validate(g), "");
+  const Geometry full{32, 8, 128, 16, KvDtype::bf16, AttentionKind::full, 0};
+  EXPECT_EQ(page_data_bytes(g), page_data_bytes(full));  // the kind changes no size
+  g.window = 0;
+  EXPECT_EQ(validate(g), "window must be at least 1 token for kind sliding");
+  g = full;
+  g.window = 128;
+  EXPECT_NE(validate(g).find("full-attention"), std::string::npos) << validate(g);
+  g = full;
+  g.kind = AttentionKind::latent;
+  EXPECT_NE(validate(g).find("kind latent"), std::string::npos) << validate(g);
+  g.kind = static_cast<AttentionKind>(9);
+  EXPECT_EQ(validate(g), "kind is not one of full, sliding, chunked, latent");
+  for (AttentionKind k : {AttentionKind::full, AttentionKind::sliding, AttentionKind::chunked,
+                          AttentionKind::latent}) {
+    EXPECT_EQ(parse_attention_kind(attention_kind_name(k)), k);
+  }
+  EXPECT_EQ(parse_attention_kind("Sliding"), std::nullopt);
+}
+
 }  // namespace
 }  // namespace kvpool

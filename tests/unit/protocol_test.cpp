@@ -229,6 +229,14 @@ std::vector<Reply> sample_replies() {
   PoolInfo layer_major = sample_pool(KvDtype::fp8_e4m3);
   layer_major.layout = KvLayout::layer_major;
   v.emplace_back(HelloReply{7, layer_major});
+  PoolInfo sliding = sample_pool(KvDtype::bf16);
+  sliding.geometry.kind = AttentionKind::sliding;
+  sliding.geometry.window = 4096;
+  v.emplace_back(HelloReply{8, sliding});
+  PoolInfo chunked = sample_pool(KvDtype::fp16);
+  chunked.geometry.kind = AttentionKind::chunked;
+  chunked.geometry.window = UINT32_MAX;
+  v.emplace_back(HelloReply{9, chunked});
   v.emplace_back(HelloReply{5, sample_ipc_pool()});
   PoolInfo vmm = sample_pool(KvDtype::fp16);
   vmm.backend = "cuda-vmm";
@@ -587,7 +595,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                6,    0,                               // version
+                                7,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -620,6 +628,8 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
                          .u32(16)
                          .u8(2)  // fp8_e4m3
                          .u8(0)  // page_major
+                         .u8(0)  // attention kind full
+                         .u32(0)  // no window
                          .u32(4096)
                          .u64(2ull << 20)
                          .u64(8ull << 30)
@@ -772,7 +782,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 6, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 7, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -793,8 +803,8 @@ TEST(ProtocolHeader, BadMagic) {
 TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
   // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
-  // counter list.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 7, 0x100, 0xffff};
+  // counter list; 6: before the attention kind in PoolInfo.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 8, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
@@ -1106,6 +1116,28 @@ TEST(ProtocolDecodeReply, LayoutTravelsAfterTheDtype) {
     ASSERT_TRUE(fails_with(Errc::malformed_frame, r)) << int{bad};
     EXPECT_EQ(r.error().status.value(), bad);
     EXPECT_NE(r.error().message.find("layout"), std::string::npos) << r.error().message;
+  }
+}
+
+TEST(ProtocolDecodeReply, AttentionKindAndWindowTravelAfterTheLayout) {
+  const size_t kind_offset = 2 + 8 + 4 * 4 + 2;  // status, session id, geometry u32s, dtype, layout
+  PoolInfo p = sample_pool(KvDtype::bf16);
+  p.geometry.kind = AttentionKind::sliding;
+  p.geometry.window = 0x01020304;
+  const Bytes frame = encode(1, Reply{HelloReply{1, p}});
+  const Bytes payload = exact(payload_of(frame));
+  EXPECT_EQ(payload[kind_offset], std::byte{1});
+  EXPECT_EQ(payload[kind_offset + 1], std::byte{4});  // the window, little-endian
+  auto r = decode_reply_bytes(rep_op(Opcode::hello), payload);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::get<HelloReply>(r.value()).pool, p);
+  for (uint8_t bad : {uint8_t{4}, uint8_t{0x80}, uint8_t{0xff}}) {
+    Bytes b = payload;
+    b[kind_offset] = std::byte{bad};
+    auto e = decode_reply_bytes(rep_op(Opcode::hello), b);
+    ASSERT_TRUE(fails_with(Errc::malformed_frame, e)) << int{bad};
+    EXPECT_EQ(e.error().status.value(), bad);
+    EXPECT_NE(e.error().message.find("kind"), std::string::npos) << e.error().message;
   }
 }
 
