@@ -108,6 +108,16 @@ KVPOOL_HD uint32_t first_visible_key(const AttentionMask& m, uint32_t pos) {
   return first;
 }
 
+// The window or chunk a pool's geometry names (common/geometry.h: kind, window), as a mask:
+// sliding W → window_left = W − 1; chunked C → chunk = C; full → none.
+KVPOOL_HD AttentionMask geometry_mask(const Geometry& g) {
+  AttentionMask m;
+  if (g.kind == AttentionKind::sliding && g.window > 0)
+    m.window_left = static_cast<int32_t>(g.window > 0x7fffffffu ? 0x7fffffffu : g.window - 1);
+  if (g.kind == AttentionKind::chunked) m.chunk = g.window;
+  return m;
+}
+
 // Whether the mask lets every query see its whole causal context with a plain softmax.
 KVPOOL_HD bool mask_is_none(const AttentionMask& m) {
   return m.window_left == -1 && m.chunk == 0 && m.sinks == nullptr;

@@ -36,8 +36,28 @@ kernels::PagedKv PoolKernels::paged_kv() const {
   return kernels::paged_kv_of(connection_.pool(), connection_.base());
 }
 
+std::string PoolKernels::pool_mask(kernels::AttentionMask& mask) const {
+  const Geometry& g = connection_.pool().geometry;
+  const kernels::AttentionMask pool = kernels::geometry_mask(g);
+  if (kernels::mask_is_none(pool)) return {};
+  if (mask.window_left == -1 && mask.chunk == 0) {
+    mask.window_left = pool.window_left;
+    mask.chunk = pool.chunk;
+    return {};
+  }
+  if (mask.window_left != pool.window_left || mask.chunk != pool.chunk) {
+    return "mask (window_left " + std::to_string(mask.window_left) + ", chunk " +
+           std::to_string(mask.chunk) + ") contradicts the pool's " +
+           std::string(attention_kind_name(g.kind)) + " geometry with window " +
+           std::to_string(g.window) + " (window_left " + std::to_string(pool.window_left) +
+           ", chunk " + std::to_string(pool.chunk) + "); leave both unset to take the pool's";
+  }
+  return {};
+}
+
 std::string PoolKernels::decode(kernels::DecodeArgs args, uint32_t max_context, void* stream) {
   args.kv = paged_kv();
+  if (std::string e = pool_mask(args.mask); !e.empty()) return e;
   if (device_ < 0) return kernels::cpu::decode(args, connection_.pool().num_pages);
 #ifdef KVPOOL_WITH_CUDA
   cudaSetDevice(device_);
@@ -65,6 +85,7 @@ std::string PoolKernels::decode(kernels::DecodeArgs args, uint32_t max_context, 
 
 std::string PoolKernels::extend(kernels::ExtendArgs args, uint32_t total_new_tokens, void* stream) {
   args.kv = paged_kv();
+  if (std::string e = pool_mask(args.mask); !e.empty()) return e;
   if (device_ < 0) return kernels::cpu::extend(args, connection_.pool().num_pages);
 #ifdef KVPOOL_WITH_CUDA
   cudaSetDevice(device_);

@@ -9,6 +9,10 @@
 //                                     the pool's GPU; every pointer in the args is device memory.
 // decode's split-KV workspace is kept here and grown on demand (device memory), so one
 // PoolKernels per stream; sm_count for split planning is read from the device once.
+// The pool's attention kind decides what decode and extend see (kernels::geometry_mask): on a
+// sliding or chunked pool a caller's mask with no window and no chunk gets the pool's, one that
+// names the pool's own is accepted, and one that names another is refused; sinks are the
+// caller's to give.
 //
 // Error policy: each call returns "" or a message naming the bad argument or the failed launch;
 // a pool on a GPU in a build without CUDA is refused. Thread-safety: one thread at a time.
@@ -42,6 +46,9 @@ class PoolKernels {
   std::string copy_pages(kernels::CopyPagesArgs args, void* stream = nullptr);
 
  private:
+  // args.mask as the pool's kind has it ("" or why the caller's contradicts the pool's).
+  std::string pool_mask(kernels::AttentionMask& mask) const;
+
   const Connection& connection_;
   int device_ = -1;
   int sm_count_ = 0;
