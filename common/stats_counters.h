@@ -148,11 +148,11 @@ inline constexpr size_t kNumPoolCounters = std::size(kPoolCounters);
 inline constexpr size_t kNumDaemonCounters = std::size(kDaemonCounters);
 
 // A row more is a PoolStats field more: raise kLayoutVersion, then these figures.
-static_assert(kNumPoolCounters == 25 && sizeof(PoolStats) == 688 && kLayoutVersion == 4,
+static_assert(kNumPoolCounters == 25 && sizeof(PoolStats) == 696 && kLayoutVersion == 5,
               "the counter table and PoolStats changed: raise kLayoutVersion");
 static_assert(kPoolCounters[kNumPoolCounters - 1].name == "host_copy_failures",
               "rows are appended at the end of the table");
-static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 4,
+static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 5,
               "the daemon table and DaemonStats changed: raise kLayoutVersion");
 static_assert(kDaemonCounters[kNumDaemonCounters - 1].name == "kv_batches_dropped",
               "rows are appended at the end of the table");

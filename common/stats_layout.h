@@ -34,8 +34,8 @@ namespace kvpool::stats {
 
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
 // 3: PoolStats::layout, the KV-event batch counters; 4: the host tier's and elastic pools' words
-// in PoolStats.
-inline constexpr uint32_t kLayoutVersion = 4;
+// in PoolStats; 5: the geometry's attention kind and window in PoolStats.
+inline constexpr uint32_t kLayoutVersion = 5;
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
 inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
@@ -146,8 +146,11 @@ struct PoolStats {
   };
   static constexpr size_t kResizeHistory = 8;
   Resize history[kResizeHistory] = {};  // the last resizes, oldest first
+  // The geometry's attention kind (AttentionKind) and window. Layout version 5.
+  uint32_t kind = 0;
+  uint32_t window = 0;
 };
-static_assert(sizeof(PoolStats) == 688);
+static_assert(sizeof(PoolStats) == 696);
 
 // A decoded snapshot.
 struct Snapshot {

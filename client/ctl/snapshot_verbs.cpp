@@ -15,6 +15,13 @@ const char* source_name(const Fetched& f) {
   return f.from_segment ? "segment" : "op";
 }
 
+// The attention kind by name: "full", "sliding", "chunked" (an unknown value by number).
+std::string kind_text(uint32_t kind) {
+  return kind <= static_cast<uint32_t>(kMaxAttentionKind)
+             ? std::string(attention_kind_name(static_cast<AttentionKind>(kind)))
+             : "kind " + std::to_string(kind);
+}
+
 std::string layout_text(uint32_t layout) {
   return layout <= static_cast<uint32_t>(kMaxKvLayout)
              ? std::string(layout_name(static_cast<KvLayout>(layout)))
@@ -70,7 +77,8 @@ int status_verb(const Globals& g) {
     std::printf(
         "{\"schema\":%d,\"socket\":\"%s\",\"source\":\"%s\",\"pid\":%llu,\"uptime_s\":%.1f,"
         "\"pool\":\"%s\",\"backend\":\"%s\"%s,\"layers\":%u,\"kv_heads\":%u,\"head_dim\":%u,"
-        "\"tokens_per_page\":%u,\"dtype\":\"%s\",\"layout\":\"%s\",\"page_bytes\":%llu,\"pool_"
+        "\"tokens_per_page\":%u,\"dtype\":\"%s\",\"attention\":\"%s\",\"window\":%u,"
+        "\"layout\":\"%s\",\"page_bytes\":%llu,\"pool_"
         "bytes\":%llu,"
         "\"segments\":%u,\"device\":%d,\"pages\":{\"total\":%u,\"free\":%u,\"in_use\":%u,"
         "\"cached\":%u},\"indexed_blocks\":%u,\"policy\":\"%s\",\"pinned\":%u,"
@@ -82,8 +90,8 @@ int status_verb(const Globals& g) {
         static_cast<unsigned long long>(s.daemon.pid),
         static_cast<double>(s.daemon.uptime_ms) / 1e3, json_escape(name).c_str(),
         json_escape(backend).c_str(), tenant.c_str(), p.layers, p.kv_heads, p.head_dim,
-        p.tokens_per_page, dtype_text(p.dtype).c_str(), layout_text(p.layout).c_str(),
-        static_cast<unsigned long long>(p.page_stride),
+        p.tokens_per_page, dtype_text(p.dtype).c_str(), kind_text(p.kind).c_str(), p.window,
+        layout_text(p.layout).c_str(), static_cast<unsigned long long>(p.page_stride),
         static_cast<unsigned long long>(p.segment_bytes), p.segments, p.device, p.total, p.free,
         p.in_use, p.cached, p.indexed, json_escape(policy).c_str(), p.pinned, p.pinned_cached,
         s.daemon.sessions, p.sessions, p.host_slots, p.host_held,
@@ -102,9 +110,11 @@ int status_verb(const Globals& g) {
   std::printf("  pool      %s (%s backend)%s\n", display_text(name).c_str(),
               display_text(backend).c_str(),
               f.tenant.empty() ? "" : (", tenant " + display_text(f.tenant)).c_str());
-  std::printf("  geometry  %u layers x %u KV heads x head dim %u, %u tokens/page, %s, %s\n",
+  const std::string attention =
+      p.window == 0 ? "" : ", " + kind_text(p.kind) + " window " + std::to_string(p.window);
+  std::printf("  geometry  %u layers x %u KV heads x head dim %u, %u tokens/page, %s, %s%s\n",
               p.layers, p.kv_heads, p.head_dim, p.tokens_per_page, dtype_text(p.dtype).c_str(),
-              layout_text(p.layout).c_str());
+              layout_text(p.layout).c_str(), attention.c_str());
   std::printf("  memory    %s in %s pages of %s, %u segment(s), %s\n",
               bytes_text(p.segment_bytes, g.raw).c_str(), count_text(p.total, g.raw).c_str(),
               bytes_text(p.page_stride, g.raw).c_str(), p.segments,

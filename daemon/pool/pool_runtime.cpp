@@ -254,6 +254,8 @@ void PoolRuntime::fill_stats(stats::PoolStats& p) const {
   const Geometry& g = info_.geometry;
   p.dtype = static_cast<uint32_t>(g.dtype);
   p.layout = static_cast<uint32_t>(info_.layout);
+  p.kind = static_cast<uint32_t>(info_.geometry.kind);
+  p.window = info_.geometry.window;
   p.layers = g.layers;
   p.kv_heads = g.kv_heads;
   p.head_dim = g.head_dim;

@@ -338,6 +338,28 @@ pools:
   std::string out;
   ASSERT_EQ(run_command(kCtl + sock + " status", out), 0) << out;
   EXPECT_NE(out.find("tokens/page, bf16, layer_major"), std::string::npos) << out;
+  EXPECT_EQ(json_of("status --json" + sock)["attention"], "full");
+  EXPECT_EQ(json_of("status --json" + sock)["window"], 0);
+}
+
+TEST(Kvpoolctl, StatusShowsTheAttentionKind) {
+  Daemon d(R"(
+pools:
+  - name: local
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16,
+               kind: sliding, window: 4096}
+    capacity: 8 pages
+)");
+  ASSERT_TRUE(d.start()) << d.log();
+  const std::string sock = " --socket " + d.socket();
+  for (const char* source : {"", " --no-shm"}) {
+    const auto j = json_of(std::string("status --json") + source + sock);
+    EXPECT_EQ(j["attention"], "sliding") << source;
+    EXPECT_EQ(j["window"], 4096) << source;
+  }
+  std::string out;
+  ASSERT_EQ(run_command(kCtl + sock + " status", out), 0) << out;
+  EXPECT_NE(out.find("page_major, sliding window 4096"), std::string::npos) << out;
 }
 
 }  // namespace
