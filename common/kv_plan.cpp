@@ -1,14 +1,31 @@
 #include "common/kv_plan.h"
 
 #include <algorithm>
+#include <numeric>
+#include <utility>
 
 namespace kvpool {
 
 std::string validate_group(const LayerGroup& g) {
   const std::string kind(attention_kind_name(g.kind));
   if (g.layers == 0) return "layers: a group needs at least 1 layer";
+  // Bounds far above any model, so that the byte counts of plan_sequence cannot overflow for
+  // contexts below 2^31 tokens: layers · tokens · values · 2 bytes stays below 2^63.
+  constexpr uint32_t kMaxLayers = 1u << 12;
+  constexpr uint32_t kMaxDim = 1u << 16;
+  if (g.layers > kMaxLayers) return "layers: more than " + std::to_string(kMaxLayers);
+  for (const auto& [name, v] :
+       {std::pair{"q_heads", g.q_heads}, std::pair{"kv_heads", g.kv_heads},
+        std::pair{"head_dim", g.head_dim}, std::pair{"latent_dim", g.latent_dim},
+        std::pair{"rope_dim", g.rope_dim}, std::pair{"nope_dim", g.nope_dim},
+        std::pair{"v_head_dim", g.v_head_dim}}) {
+    if (v > kMaxDim) return std::string(name) + ": more than " + std::to_string(kMaxDim);
+  }
   if (g.kind == AttentionKind::latent) {
     if (g.latent_dim == 0) return "latent_dim: a latent group needs a latent width of at least 1";
+    if (g.q_heads == 0) {
+      return "q_heads: a latent group needs its query heads (what its uncompressed K/V would be)";
+    }
     if (g.kv_heads != 0 || g.window != 0) {
       return "kv_heads, window: a latent group caches one vector per token (no KV heads, no "
              "window)";
@@ -45,9 +62,13 @@ uint64_t pages_per_layer(const LayerGroup& g, uint64_t tokens, uint32_t tokens_p
     case AttentionKind::full:
     case AttentionKind::latent:
       return all;
-    case AttentionKind::chunked:
-      if (w % t == 0) return std::min(all, w / t);
-      [[fallthrough]];
+    case AttentionKind::chunked: {
+      // Chunks start at multiples of w, so a chunk starts a multiple of gcd(w, t) into a page:
+      // at worst t − gcd(w, t) tokens in, and its w tokens then reach the page holding
+      // t − gcd + w − 1.
+      const uint64_t worst_start = t - std::gcd(w, t);
+      return std::min(all, (worst_start + w - 1) / t + 1);
+    }
     case AttentionKind::sliding:
       return std::min(all, (w + t - 2) / t + 1);
   }

@@ -7,8 +7,9 @@
 //            `window` tokens, in at most ⌈(window − 1) / T⌉ + 1 pages (a window not aligned to
 //            pages straddles one more), never more than the context's own pages
 //   chunked  the same per token, but a layer keeps only the current chunk of `window` tokens
-//            (Llama-4's attention_chunk_size); chunks start at multiples of the chunk size, so the
-//            chunk's pages are ⌈window / T⌉ when T divides the chunk, else as for a window
+//            (Llama-4's attention_chunk_size); chunks start at multiples of the chunk size, so a
+//            chunk starts at most T − gcd(window, T) tokens into a page and spans
+//            ⌊(T − gcd + window − 1) / T⌋ + 1 pages (window / T when T divides it)
 //   latent   MLA: one latent vector per token and layer, latent_dim + rope_dim values (no V;
 //            DeepSeek-V3: 512 + 64)
 // The figures are the peak a sequence of n tokens needs to go on decoding: pages, not tokens,

@@ -166,11 +166,12 @@ std::string prometheus_text(const Snapshot& s, std::string_view pool) {
       out.sample(c.family, "", c.get(d));
     }
   }
+  // The by-hand rows' help describes their raw values; the families show reckoned ones.
   const DaemonCounter& events = daemon_counter("event_next_seq");
-  out.family(events.family, "counter", events.help);
+  out.family(events.family, "counter", "Index events (stored, removed, cleared) logged.");
   out.sample(events.family, "", d.event_next_seq > 0 ? d.event_next_seq - 1 : 0);
   const DaemonCounter& reloads = daemon_counter("reloads");
-  out.family(reloads.family, "counter", reloads.help);
+  out.family(reloads.family, "counter", "Configuration reloads, by result.");
   out.sample(reloads.family, "result=\"applied\"", d.reloads - d.reload_failures);
   out.sample(reloads.family, "result=\"refused\"", d.reload_failures);
 

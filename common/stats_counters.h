@@ -94,15 +94,15 @@ namespace kvpool::stats {
   X(latency_enabled, gauge, daemon, none, "", "1 when the daemon times operations.")         \
   X(stream_id, gauge, daemon, none, "", "The event stream's id (new with every start).")     \
   X(event_next_seq, counter, daemon, by_hand, "kvpool_events_total",                         \
-    "Index events (stored, removed, cleared) logged.")                                       \
+    "The sequence number of the next index event: events logged + 1.")                       \
   X(event_oldest_seq, gauge, daemon, none, "", "The oldest event the stream still holds.")   \
   X(event_capacity, gauge, daemon, none, "", "Events the stream holds for subscribers.")     \
   X(events_lost, counter, daemon, as_is, "kvpool_events_lost_total",                         \
     "Events subscribers fell behind on (reported to them as gaps).")                         \
   X(reloads, counter, daemon, by_hand, "kvpool_reloads_total",                               \
-    "Configuration reloads, by result.")                                                     \
+    "Configuration reloads, applied or refused.")                                            \
   X(reload_failures, counter, daemon, by_hand, "kvpool_reloads_total",                       \
-    "Configuration reloads, by result.")                                                     \
+    "Configuration reloads refused.")                                                        \
   X(buffered_bytes, gauge, daemon, as_is, "kvpool_buffered_bytes",                           \
     "Bytes in all connections' input and output buffers (limits.max_buffered_bytes).")       \
   X(sessions_refused, counter, daemon, as_is, "kvpool_sessions_refused_total",               \

@@ -109,7 +109,8 @@ KVPOOL_HD uint32_t first_visible_key(const AttentionMask& m, uint32_t pos) {
 }
 
 // The window or chunk a pool's geometry names (common/geometry.h: kind, window), as a mask:
-// sliding W → window_left = W − 1; chunked C → chunk = C; full → none.
+// sliding W → window_left = W − 1 (at most 2^31 − 1: a window that wide covers every context a
+// kernel takes); chunked C → chunk = C; full → none.
 KVPOOL_HD AttentionMask geometry_mask(const Geometry& g) {
   AttentionMask m;
   if (g.kind == AttentionKind::sliding && g.window > 0)

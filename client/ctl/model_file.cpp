@@ -27,6 +27,16 @@ void only_keys(const std::string& path, const YAML::Node& n, const std::string& 
   }
 }
 
+// A mapping's entry that must be a non-empty string.
+std::string text(const std::string& path, const YAML::Node& map, const std::string& where,
+                 const char* key) {
+  const YAML::Node n = map[key];
+  if (!n || !n.IsScalar() || n.Scalar().empty()) {
+    fail(path, n ? n : map, where + "." + key, "expected a non-empty string");
+  }
+  return n.Scalar();
+}
+
 uint32_t count(const std::string& path, const YAML::Node& map, const std::string& where,
                const char* key, bool required) {
   const YAML::Node n = map[key];
@@ -49,7 +59,7 @@ LayerGroup read_group(const std::string& path, const YAML::Node& n, const std::s
              "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim"});
   LayerGroup g;
   if (!n["kind"]) fail(path, n, where, "missing kind (full, sliding, chunked or latent)");
-  const std::string kind = n["kind"].as<std::string>();
+  const std::string kind = text(path, n, where, "kind");
   const auto k = parse_attention_kind(kind);
   if (!k)
     fail(path, n["kind"], where + ".kind",
@@ -91,7 +101,7 @@ std::string load_model_file(const std::string& path, std::vector<ModelShape>& ou
       only_keys(path, m, where, {"name", "layers", "groups"});
       ModelShape s;
       if (!m["name"]) fail(path, m, where, "missing name");
-      s.name = m["name"].as<std::string>();
+      s.name = text(path, m, where, "name");
       s.layers = count(path, m, where, "layers", true);
       const YAML::Node groups = m["groups"];
       if (!groups || !groups.IsSequence() || groups.size() == 0) {
@@ -114,6 +124,8 @@ std::string load_model_file(const std::string& path, std::vector<ModelShape>& ou
     return {};
   } catch (const Failure& f) {
     return f.message;
+  } catch (const YAML::BadFile&) {
+    return path + ": cannot read the file";
   } catch (const YAML::Exception& e) {
     return path + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg;
   }

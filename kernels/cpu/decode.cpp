@@ -181,52 +181,40 @@ constexpr BlockOps kAvx2Ops{detail::avx2::load_row,
 constexpr uint64_t kPrefetchPages = 2;
 constexpr uint32_t kPrefetchPhases = 4;
 
-// The next page's K and V tiles (bytes each), prefetched `per_call` cache lines at a time, K
-// first; an empty NextPage prefetches nothing. A tile is rows of row_bytes, row_stride apart:
-// one run in page_major (row_stride == row_bytes), whole rows at a time in layer_major (a row
-// counter, no division per line).
+// The next page's K and V runs (bytes each), prefetched `per_call` cache lines at a time, K
+// first; an empty NextPage prefetches nothing. An item's rows of a page are one run in both
+// layouts (one head's tile in page_major, every head's rows in layer_major: file comment).
 struct NextPage {
   const std::byte* k = nullptr;
   const std::byte* v = nullptr;
   uint64_t bytes = 0;
   uint64_t done = 0;  // bytes of K, then of V, asked for so far
   uint64_t per_call = 0;
-  uint64_t row_bytes = 0;
-  uint64_t row_stride = 0;
-  uint64_t rows = 0;       // rows of K (and of V): bytes / row_bytes
-  uint64_t rows_done = 0;  // layer_major: rows of K, then of V, asked for so far
   void prefetch() {
-    if (row_stride == row_bytes) {
-      for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
-        __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
-      return;
-    }
-    for (uint64_t lines = 0; lines < per_call && rows_done < 2 * rows; ++rows_done) {
-      const std::byte* row =
-          rows_done < rows ? k + rows_done * row_stride : v + (rows_done - rows) * row_stride;
-      for (uint64_t o = 0; o < row_bytes; o += kCacheLine, ++lines)
-        __builtin_prefetch(row + o);
-    }
+    for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
+      __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
   }
 };
 
-// The K and V tiles of the page holding token t (a page boundary) as a NextPage, its scales
-// prefetched at once; empty when t is past the chunk's end.
+// The K and V runs of the item's `heads` heads in the page holding token t (a page boundary) as
+// a NextPage, their scales prefetched at once; empty when t is past the chunk's end. row_bytes:
+// one token's bytes of those heads.
 NextPage upcoming_page(const DecodeArgs& a, const KvStrides& strides, const PageId* table,
-                       uint32_t head, uint64_t t, uint64_t end, uint64_t row_bytes) {
+                       uint32_t head, uint32_t heads, uint64_t t, uint64_t end,
+                       uint64_t row_bytes) {
   if (t >= end) return {};
   const Geometry& g = a.kv.geometry;
   const PageId page = table[t / g.tokens_per_page];
-  if (dtype_is_quantized(g.dtype))
-    __builtin_prefetch(detail::head_scales(a.kv, a.layer, page, head));
+  if (dtype_is_quantized(g.dtype)) {
+    // The heads' (K, V) scale pairs are consecutive floats.
+    const auto* scales =
+        reinterpret_cast<const std::byte*>(detail::head_scales(a.kv, a.layer, page, head));
+    for (uint64_t o = 0; o < uint64_t{heads} * 2 * sizeof(float); o += kCacheLine)
+      __builtin_prefetch(scales + o);
+  }
   const HeadTile tiles = detail::head_tile_addresses(a.kv, strides, a.layer, page, head);
   const uint64_t rows = std::min<uint64_t>(g.tokens_per_page, end - t);
-  return NextPage{.k = tiles.k,
-                  .v = tiles.v,
-                  .bytes = rows * row_bytes,
-                  .row_bytes = row_bytes,
-                  .row_stride = tiles.row_stride,
-                  .rows = rows};
+  return NextPage{.k = tiles.k, .v = tiles.v, .bytes = rows * row_bytes};
 }
 
 // Computes item `it`, KV heads [it.head, it.head + heads), into acc[heads · group][D] and
@@ -274,13 +262,13 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
     if (t0 == begin) {
       for (uint64_t ahead = 1; ahead < kPrefetchPages; ++ahead) {
         NextPage page =
-            upcoming_page(a, strides, table, it.head, t0 + ahead * t_page, end, row_bytes);
+            upcoming_page(a, strides, table, it.head, heads, t0 + ahead * t_page, end, row_bytes);
         page.per_call = UINT64_MAX;
         page.prefetch();
       }
     }
-    NextPage next =
-        upcoming_page(a, strides, table, it.head, t0 + kPrefetchPages * t_page, end, row_bytes);
+    NextPage next = upcoming_page(a, strides, table, it.head, heads, t0 + kPrefetchPages * t_page,
+                                  end, row_bytes);
     const uint64_t phases =
         uint64_t{kPrefetchPhases} * heads * ((in_page - skip + kBlock - 1) / kBlock);
     next.per_call = (2 * next.bytes / kCacheLine + phases - 1) / phases;
@@ -399,9 +387,11 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
                               args.kv.layout == KvLayout::layer_major ? 1 : g.kv_heads,
                               static_cast<uint32_t>(std::min(2ull * n_threads, 1ull << 30)),
                               kMinChunkTokens);
-  // A chunk longer than every span is one chunk; clamping keeps the arithmetic in 32 bits.
+  // A chunk longer than every span is one chunk; the last clamp keeps it in 32 bits (a span
+  // within a page of 2^32 tokens rounds up past them).
   const uint64_t whole = (uint64_t{max_span} + t_page - 1) / t_page * t_page;
   if (chunk64 == 0 || chunk64 > whole) chunk64 = whole;
+  chunk64 = std::min<uint64_t>(chunk64, uint64_t{UINT32_MAX} / t_page * t_page);
   const auto chunk = static_cast<uint32_t>(chunk64);
 
   const uint32_t d = g.head_dim;

@@ -120,6 +120,12 @@ TEST(Kvpoolctl, PlanReadsAModelFileOfEveryAttentionKind) {
   EXPECT_EQ(run_command(kCtl + " plan --models " + models + " --layers 2 --tokens 9", out), 2);
   EXPECT_EQ(run_command(kCtl + " plan --models " + dir.file("absent.yaml") + " --tokens 9", out),
             2);
+  EXPECT_NE(out.find(dir.file("absent.yaml") + ": cannot read the file"), std::string::npos) << out;
+  f = write(
+      "models:\n  - name: [x]\n    layers: 1\n    groups: [{kind: full, layers: 1, "
+      "kv_heads: 1, head_dim: 8}]\n");
+  EXPECT_EQ(run_command(kCtl + " plan --models " + f + " --tokens 9", out), 2);
+  EXPECT_NE(out.find(":2: models[0].name: expected a non-empty string"), std::string::npos) << out;
 }
 
 TEST(Kvpoolctl, StatusAndStatsAgainstARealDaemon) {

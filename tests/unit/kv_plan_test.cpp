@@ -67,7 +67,10 @@ TEST(KvPlan, PagesAtTheWindowsEdges) {
   EXPECT_EQ(pages_per_layer(wide, 100, T), 7u);  // a window wider than the context: all of it
   // Chunks start at multiples of the chunk: one of whole pages fills exactly those pages.
   EXPECT_EQ(pages_per_layer(windowed(AttentionKind::chunked, 64, 1, 1, 8), 1000, T), 4u);
-  EXPECT_EQ(pages_per_layer(windowed(AttentionKind::chunked, 24, 1, 1, 8), 1000, T), 3u);
+  // 24-token chunks start 0 or 8 tokens into a page of 16: two pages at most; 8-token chunks
+  // never leave their page.
+  EXPECT_EQ(pages_per_layer(windowed(AttentionKind::chunked, 24, 1, 1, 8), 1000, T), 2u);
+  EXPECT_EQ(pages_per_layer(windowed(AttentionKind::chunked, 8, 1, 1, 8), 1000, T), 1u);
   EXPECT_EQ(pages_per_layer(full(1, 1, 8), 33, T), 3u);
 }
 
@@ -112,6 +115,11 @@ TEST(KvPlan, GroupsThatDoNotFitTheirKindAreRefusedByField) {
   EXPECT_EQ(validate_group(g), "latent_dim: a latent group needs a latent width of at least 1");
   g = full(0, 8, 128);
   EXPECT_EQ(validate_group(g), "layers: a group needs at least 1 layer");
+  g = deepseek_v3();
+  g.q_heads = 0;
+  EXPECT_NE(validate_group(g).find("q_heads"), std::string::npos);
+  EXPECT_EQ(validate_group(full(5000, 8, 128)), "layers: more than 4096");
+  EXPECT_EQ(validate_group(full(4, 8, 1u << 20)), "head_dim: more than 65536");
   EXPECT_EQ(validate_group(deepseek_v3()), "");
   EXPECT_EQ(validate_group(full(1, 1, 64)), "");
 }
