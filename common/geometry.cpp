@@ -93,15 +93,22 @@ std::string validate(const Geometry& g) {
       }
       break;
     case AttentionKind::latent:
-      return "kind latent (an MLA cache) is not a pool geometry yet: pools hold full, sliding or "
-             "chunked K/V";
+      if (g.kv_heads != 1) {
+        return "kv_heads " + std::to_string(g.kv_heads) +
+               " on a latent geometry: an MLA cache holds one vector per token and layer "
+               "(kv_heads 1, head_dim = latent width + rotary width, e.g. 512 + 64)";
+      }
+      if (g.window != 0) {
+        return "window " + std::to_string(g.window) + " is set on a latent geometry (no window)";
+      }
+      break;
     default:
       return "kind is not one of full, sliding, chunked, latent";
   }
   // Keep a page below 2^40 bytes (1 TiB) so that page arithmetic for any token count below 2^32
   // stays far from uint64 overflow. Each factor is below 2^32, so check the running product.
   constexpr uint64_t kMaxPageBytes = uint64_t{1} << 40;
-  uint64_t bytes = 2ull * dtype_bytes(g.dtype);
+  uint64_t bytes = uint64_t{kv_planes(g)} * dtype_bytes(g.dtype);
   for (uint64_t f : {uint64_t{g.layers}, uint64_t{g.kv_heads}, uint64_t{g.head_dim},
                      uint64_t{g.tokens_per_page}}) {
     if (bytes > kMaxPageBytes / f) return "page size exceeds 1 TiB";

@@ -3,19 +3,27 @@
 // A pool serves one model geometry: L layers, H KV heads, head dim D, T tokens per page and a KV
 // dtype, and stores it in one of two layouts (KvLayout, a per-pool choice kept outside Geometry so
 // that geometry equality and the block-hash root do not depend on it). P = the pool's pages.
+// A token keeps N planes per layer (kv_planes): K and V (N = 2) for full, sliding and chunked
+// attention, one latent vector (N = 1: no V) for an MLA cache, whose geometry has H = 1 and
+// D = latent width + rotary width (DeepSeek-V3: 512 + 64 = 576).
 //   page_major   page p is one contiguous run of page_data_bytes; inside it, for each layer, K
-//                then V, each [H][T][D] (one contiguous T×D tile per KV head: HND in a page).
-//   layer_major  for each layer l a K plane then a V plane, each [P][T][H][D] (NHD, token-major):
-//                vLLM's per-layer flash-attn cache [2][num_blocks][block_size][H][D]. K of
-//                (p, l, t, h, d) is at l·S + p·T·H·D + (t·H + h)·D + d, V at the same + P·T·H·D,
-//                with the layer stride S = 2·P·T·H·D elements. A page is 2·L runs of T·H·D.
+//                then V (latent: the vector only), each [H][T][D] (one contiguous T×D tile per KV
+//                head: HND in a page).
+//   layer_major  for each layer l a K plane then a V plane (latent: one plane), each [P][T][H][D]
+//                (NHD, token-major): vLLM's per-layer flash-attn cache
+//                [2][num_blocks][block_size][H][D], and for a latent pool FlashMLA's
+//                [num_blocks][block_size][D]. K of (p, l, t, h, d) is at l·S + p·T·H·D +
+//                (t·H + h)·D + d, V at the same + P·T·H·D, with the layer stride S = N·P·T·H·D
+//                elements. A page is N·L runs of T·H·D.
 // Either way a pool's data is P · page_data_bytes, with
-//     page_data_bytes  = 2 · L · H · T · D · dtype_bytes
+//     page_data_bytes  = N · L · H · T · D · dtype_bytes
 // and every element has an affine offset (kv_element_strides): page·sp + layer·sl + head·sh +
 // token·st + (V ? sv : 0) + dim, so kernels pick the strides once per call and never branch on
-// the layout per element.
-// Quantised (8-bit) pools keep one float scale per (page, layer, KV head) for K and one for V in a
-// side region after the data, indexed by page id in both layouts: page_scale_bytes = 2 · L · H · 4.
+// the layout per element. A latent pool's V is its K (sv = 0): the value rows are the first
+// latent-width elements of the vector, which the attention call names (kernels/paged_kv.h).
+// Quantised (8-bit) pools keep one float scale per (page, layer, KV head, plane) in a side region
+// after the data, indexed by page id in both layouts (scale_index): page_scale_bytes = N · L · H ·
+// 4.
 //
 // Every function here is pure, constexpr where it can be, and usable from host and device code.
 // Sizes are uint64_t; validate() rejects geometries whose page size would overflow or be zero, so
@@ -69,10 +77,9 @@ struct Geometry {
   uint32_t tokens_per_page = 0;
   KvDtype dtype = KvDtype::fp16;
   // The attention kind of the pool's layers and, for sliding and chunked, the window or chunk in
-  // tokens (0 for full). Full, sliding and chunked store K and V per KV head alike, so the kind
-  // changes no size or offset below; it is part of the cache's identity (the block-hash root),
-  // and it tells a worker which pages a sequence no longer needs. A pool holds no latent cache
-  // yet (validate refuses the kind).
+  // tokens (0 for full and latent). Full, sliding and chunked store K and V per KV head alike;
+  // latent stores one vector per token (kv_planes). The kind is part of the cache's identity (the
+  // block-hash root), and it tells a worker which pages a sequence no longer needs.
   AttentionKind kind = AttentionKind::full;
   uint32_t window = 0;
 
@@ -82,9 +89,14 @@ struct Geometry {
 // Empty when the geometry is usable, else a message naming the bad field.
 std::string validate(const Geometry& g);
 
-// K and V bytes of one token across all layers and KV heads: 2 · L · H · D · dtype_bytes.
+// Planes a token keeps per layer and KV head: K and V, or one latent vector.
+constexpr uint32_t kv_planes(const Geometry& g) {
+  return g.kind == AttentionKind::latent ? 1u : 2u;
+}
+
+// Cached bytes of one token across all layers and KV heads: N · L · H · D · dtype_bytes.
 constexpr uint64_t kv_bytes_per_token(const Geometry& g) {
-  return 2ull * g.layers * g.kv_heads * g.head_dim * dtype_bytes(g.dtype);
+  return uint64_t{kv_planes(g)} * g.layers * g.kv_heads * g.head_dim * dtype_bytes(g.dtype);
 }
 // Exact KV bytes for `tokens` tokens (not rounded to pages).
 constexpr uint64_t kv_bytes(const Geometry& g, uint64_t tokens) {
@@ -94,7 +106,16 @@ constexpr uint64_t page_data_bytes(const Geometry& g) {
   return kv_bytes_per_token(g) * g.tokens_per_page;
 }
 constexpr uint64_t page_scale_bytes(const Geometry& g) {
-  return dtype_is_quantized(g.dtype) ? 2ull * g.layers * g.kv_heads * sizeof(float) : 0;
+  return dtype_is_quantized(g.dtype)
+             ? uint64_t{kv_planes(g)} * g.layers * g.kv_heads * sizeof(float)
+             : 0;
+}
+// Index of the scale of (page, layer, KV head, K or V) among an 8-bit pool's side-region floats;
+// a latent pool's V scale is its K scale (the same vector).
+constexpr uint64_t scale_index(const Geometry& g, uint64_t page, uint32_t layer, uint32_t head,
+                               bool is_v) {
+  const uint32_t n = kv_planes(g);
+  return ((page * g.layers + layer) * g.kv_heads + head) * n + (is_v && n == 2 ? 1 : 0);
 }
 // Pages needed to hold `tokens` tokens.
 constexpr uint64_t pages_for_tokens(const Geometry& g, uint64_t tokens) {
@@ -106,22 +127,26 @@ constexpr uint64_t pool_bytes_for_tokens(const Geometry& g, uint64_t tokens) {
 }
 
 // Page-major element offsets inside one page (in units of the KV dtype), for kernels and tests.
-// K of (layer, head, token, dim) and V of the same; token < tokens_per_page.
+// K of (layer, head, token, dim) and V of the same (a latent pool's V is its K); token <
+// tokens_per_page.
 constexpr uint64_t page_k_offset(const Geometry& g, uint32_t layer, uint32_t head, uint32_t token,
                                  uint32_t dim) {
   const uint64_t tile = uint64_t{g.tokens_per_page} * g.head_dim;
-  return (2ull * layer * g.kv_heads + head) * tile + uint64_t{token} * g.head_dim + dim;
+  return (uint64_t{kv_planes(g)} * layer * g.kv_heads + head) * tile +
+         uint64_t{token} * g.head_dim + dim;
 }
 constexpr uint64_t page_v_offset(const Geometry& g, uint32_t layer, uint32_t head, uint32_t token,
                                  uint32_t dim) {
   const uint64_t tile = uint64_t{g.tokens_per_page} * g.head_dim;
-  return page_k_offset(g, layer, head, token, dim) + uint64_t{g.kv_heads} * tile;
+  return page_k_offset(g, layer, head, token, dim) +
+         (kv_planes(g) == 2 ? uint64_t{g.kv_heads} * tile : 0);
 }
 
 // Element strides of a whole pool of `num_pages` pages (units of the KV dtype): the K element
 // (page, layer, head, token, dim) is at page·page + layer·layer + head·head + token·token + dim
 // from the pool's base, the V element at the same + v. In page_major, `page` is the unpadded page
-// (page_data_bytes / dtype_bytes); num_pages only matters for layer_major.
+// (page_data_bytes / dtype_bytes); num_pages only matters for layer_major. A latent pool has no
+// V plane: v is 0 (its V is its K).
 struct KvElementStrides {
   uint64_t page = 0;
   uint64_t layer = 0;
@@ -136,11 +161,12 @@ constexpr KvElementStrides kv_element_strides(const Geometry& g, KvLayout layout
   const uint64_t d = g.head_dim;
   const uint64_t tile = uint64_t{g.tokens_per_page} * d;  // one head's T × D
   const uint64_t block = tile * g.kv_heads;               // one page's K (or V) of one layer
+  const uint64_t n = kv_planes(g);
   if (layout == KvLayout::layer_major) {
     const uint64_t plane = num_pages * block;
-    return KvElementStrides{block, 2 * plane, d, uint64_t{g.kv_heads} * d, plane};
+    return KvElementStrides{block, n * plane, d, uint64_t{g.kv_heads} * d, n == 2 ? plane : 0};
   }
-  return KvElementStrides{2 * g.layers * block, 2 * block, tile, d, block};
+  return KvElementStrides{n * g.layers * block, n * block, tile, d, n == 2 ? block : 0};
 }
 
 // Layer-major, for a pool of num_pages pages: the elements from one layer's K plane to the next
@@ -163,7 +189,7 @@ constexpr uint64_t layer_major_v_offset(const Geometry& g, uint64_t num_pages, u
                                         uint32_t layer, uint32_t head, uint32_t token,
                                         uint32_t dim) {
   return layer_major_k_offset(g, num_pages, page, layer, head, token, dim) +
-         num_pages * g.tokens_per_page * g.kv_heads * g.head_dim;
+         kv_element_strides(g, KvLayout::layer_major, num_pages).v;
 }
 
 // Either layout, from the pool's base: page_major pages are page_data_bytes apart (unpadded).

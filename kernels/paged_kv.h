@@ -12,8 +12,14 @@
 // V, computed once per call (or tile), so the inner loops are the same code for both layouts; a
 // head's tokens are head_dim elements apart in page_major and kv_heads · head_dim in
 // layer_major. 8-bit pools (int8, fp8_e4m3) keep one float scale per (page, layer, KV head, K|V)
-// in a side region, scales[((p · layers + layer) · kv_heads + head) · 2 + (0 for K, 1 for V)],
-// in both layouts; a stored element x̂ stands for x̂ · scale.
+// in a side region, scales[scale_index(geometry, p, layer, head, is_v)] =
+// scales[((p · layers + layer) · kv_heads + head) · 2 + (0 for K, 1 for V)], in both layouts; a
+// stored element x̂ stands for x̂ · scale.
+// Latent (MLA) pools hold one vector of head_dim elements per token and layer and no V plane
+// (common/geometry.h): the attention kernels read its first value_dim elements as the value row
+// (the latent c), the whole vector as the key ([c, k_rope]), so scores = q·[c, k_rope] =
+// q_latent·c + q_rope·k_rope and out = softmax · c, FlashMLA's absorbed form; its one scale per
+// (page, layer) serves both.
 //
 // Queries and outputs are fp32 rows; K/V are read in the pool's dtype and accumulated in fp32.
 // Token t of a sequence lives in page block_table[t / T] at offset t % T (T = tokens per page).
@@ -61,8 +67,8 @@ KVPOOL_HD KvStrides kv_strides(const PagedKv& kv) {
 }
 
 // Where the bytes of one page lie: `chunks` runs of chunk_bytes, run c of page p at base +
-// p · page + c · chunk (page_major: 1 run, the whole page; layer_major: 2 · layers runs, K and V
-// of each layer, one plane apart). What a page copy moves.
+// p · page + c · chunk (page_major: 1 run, the whole page; layer_major: kv_planes · layers runs,
+// K and V of each layer or a latent pool's one vector, one plane apart). What a page copy moves.
 struct PageChunks {
   uint32_t chunks = 0;
   uint64_t chunk_bytes = 0;
@@ -74,7 +80,8 @@ KVPOOL_HD PageChunks page_chunks(const PagedKv& kv) {
   const Geometry& g = kv.geometry;
   if (kv.layout == KvLayout::layer_major) {
     const KvStrides s = kv_strides(kv);
-    return PageChunks{2 * g.layers, s.page, s.page, s.v};
+    const uint32_t planes = kv_planes(g);
+    return PageChunks{planes * g.layers, s.page, s.page, s.layer / planes};
   }
   return PageChunks{1, page_data_bytes(g), kv.page_stride, 0};
 }
@@ -127,14 +134,15 @@ KVPOOL_HD bool mask_is_none(const AttentionMask& m) {
 // Decode: one query token per sequence attends to its context_lens[s] cached tokens (those of
 // them the mask lets it see: it sits at position context_lens[s] − 1).
 // Query head h uses KV head h / (num_q_heads / kv_heads) (GQA/MQA); num_q_heads must be a
-// multiple of kv_heads.
+// multiple of kv_heads. A latent pool is MQA over its one vector: q rows are head_dim wide
+// ([q_latent, q_rope], the up-projection absorbed by the caller) and out rows value_dim wide.
 struct DecodeArgs {
   PagedKv kv;
   uint32_t layer = 0;
   uint32_t num_seqs = 0;
   uint32_t num_q_heads = 0;
   const float* q = nullptr;              // [num_seqs][num_q_heads][head_dim]
-  float* out = nullptr;                  // [num_seqs][num_q_heads][head_dim]
+  float* out = nullptr;                  // [num_seqs][num_q_heads][value_dim or head_dim]
   const PageId* block_tables = nullptr;  // [num_seqs][block_table_stride]
   uint32_t block_table_stride = 0;
   const uint32_t* context_lens = nullptr;  // [num_seqs], each ≥ 1
@@ -143,6 +151,10 @@ struct DecodeArgs {
   // the online-softmax merge, so the result does not depend on the split size beyond rounding.
   uint32_t split_tokens = 0;
   AttentionMask mask;  // sliding window, chunked attention, sinks (default: none)
+  // Elements of a value row, and of an output row: 0 means head_dim, the only width a K/V pool
+  // takes; a latent pool may name its latent width (kv_lora_rank, 512 for DeepSeek-V3), and then
+  // the rest of the vector (the rotary key) enters the scores only.
+  uint32_t value_dim = 0;
 };
 
 // Extend (prefill over a cached prefix): sequence s has context_lens[s] tokens in the pool, of
@@ -156,14 +168,20 @@ struct ExtendArgs {
   uint32_t num_seqs = 0;
   uint32_t num_q_heads = 0;
   const float* q = nullptr;             // [q_offsets[num_seqs]][num_q_heads][head_dim]
-  float* out = nullptr;                 // same shape
+  float* out = nullptr;                 // [q_offsets[num_seqs]][num_q_heads][value_dim or head_dim]
   const uint32_t* q_offsets = nullptr;  // [num_seqs + 1], q_offsets[0] = 0
   const PageId* block_tables = nullptr;
   uint32_t block_table_stride = 0;
   const uint32_t* context_lens = nullptr;
   float scale = 1.0f;
-  AttentionMask mask;  // sliding window, chunked attention, sinks (default: none)
+  AttentionMask mask;      // sliding window, chunked attention, sinks (default: none)
+  uint32_t value_dim = 0;  // as in DecodeArgs
 };
+
+// The width of a value (and output) row: args.value_dim, or head_dim when it is 0.
+KVPOOL_HD uint32_t value_width(const Geometry& g, uint32_t value_dim) {
+  return value_dim != 0 ? value_dim : g.head_dim;
+}
 
 // Append: writes the K and V of num_tokens tokens into their slots. slot = page ·
 // tokens_per_page + offset; a slot of −1 is skipped. For 8-bit pools quantisation is fused: a
@@ -171,18 +189,20 @@ struct ExtendArgs {
 // what the scale can hold raises it and re-quantises the page's earlier tokens. So a page's
 // tokens must be appended in order of their offsets, across calls and within one call (the GPU
 // kernel applies a call's tokens in call order, the CPU one in slot order: the same whenever
-// this holds, as it does for a worker appending its sequences). Inputs must be finite.
+// this holds, as it does for a worker appending its sequences). Inputs must be finite. A latent
+// pool takes k only (each token's vector [c, k_rope]); v must be null.
 struct AppendArgs {
   PagedKv kv;
   uint32_t layer = 0;
   uint32_t num_tokens = 0;
   const float* k = nullptr;        // [num_tokens][kv_heads][head_dim]
-  const float* v = nullptr;        // [num_tokens][kv_heads][head_dim]
+  const float* v = nullptr;        // [num_tokens][kv_heads][head_dim]; null for a latent pool
   const int64_t* slots = nullptr;  // [num_tokens]
 };
 
-// Copy-pages: copies whole pages (all layers, K and V) and their scales, src[i] → dst[i]: one run
-// of page_data_bytes per page in page_major, 2 · layers runs (page_chunks) in layer_major.
+// Copy-pages: copies whole pages (all layers, K and V or the latent vector) and their scales,
+// src[i] → dst[i]: one run of page_data_bytes per page in page_major, kv_planes · layers runs
+// (page_chunks) in layer_major.
 // Pairs must not overlap (no page is both a source and a destination in one call).
 struct CopyPagesArgs {
   PagedKv kv;

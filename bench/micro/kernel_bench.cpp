@@ -10,7 +10,9 @@
 // Qwen3-235B, 71: Falcon-7B's MQA group) over the same KV bytes; the pages of each sequence are
 // scattered over the pool (a random permutation), as in a real pool. --layouts also runs the pool
 // layer_major (common/geometry.h), where a head's rows of a page are kv_heads · head_dim elements
-// apart instead of contiguous.
+// apart instead of contiguous. --mla-heads runs DeepSeek-V3's latent (MLA) cache instead: one
+// 576-value vector per token (512 latent + 64 rotary), 64 tokens per page as FlashMLA pages it,
+// value_dim 512, with that many query heads (16: one GPU of a TP-8 deployment; 128: all).
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -62,6 +64,7 @@ int main(int argc, char** argv) {
   std::string isas = "baseline,automatic";
   std::string layouts = "page_major";
   std::string groups = "4";
+  std::string mla_heads;
   app.add_option("--threads", threads, "Decode threads")->capture_default_str();
   app.add_option("--reps", reps, "Repetitions per point (best is reported)")->capture_default_str();
   app.add_option("--contexts", contexts, "Context lengths")->capture_default_str();
@@ -73,6 +76,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--groups", groups, "Query heads per KV head (the pool has 8 KV heads)")
       ->capture_default_str();
+  app.add_option("--mla-heads", mla_heads,
+                 "Query heads over a latent (MLA) pool instead of the GQA pool, e.g. 16,128");
   CLI11_PARSE(app, argc, argv);
   auto split = [](const std::string& s) {
     std::vector<std::string> out;
@@ -148,32 +153,53 @@ int main(int argc, char** argv) {
   // kernel costs, whatever else the machine runs.
   std::printf("%-9s %-11s %-8s %5s %5s %7s %9s %10s %9s %8s %9s\n", "dtype", "layout", "isa",
               "group", "batch", "context", "KV MB", "time ms", "GB/s", "of memcpy", "cpu ns");
+  // The pools the run measures: the GQA pool once per query group, or the latent pool once per
+  // query head count.
+  struct Shape {
+    Geometry g;
+    uint32_t q_heads;
+    uint32_t value_dim;
+    uint32_t group;  // the column: query heads per cached head
+  };
   std::mt19937 rng(1);
   for (const KvDtype dt : dtype_list) {
-    const Geometry g{1, 8, 128, 16, dt};
-    const uint64_t stride = page_data_bytes(g);
-    for (const uint32_t batch : parse(batches)) {
-      for (const uint32_t ctx : parse(contexts)) {
-        const uint32_t blocks = (ctx + 15) / 16;
-        const uint32_t pages = batch * blocks;
-        std::vector<std::byte> pool(uint64_t(pages) * stride, std::byte{0x3c});
-        std::vector<float> scales(dtype_is_quantized(dt) ? size_t(pages) * 16 : 0, 0.01f);
-        std::vector<PageId> table(pages);
-        std::iota(table.begin(), table.end(), 0u);
-        std::shuffle(table.begin(), table.end(), rng);
-        std::vector<uint32_t> lens(batch, ctx);
-        for (const uint32_t group : parse(groups)) {
-          std::vector<float> q(size_t(batch) * 8 * group * 128, 0.01f), out(q.size());
+    std::vector<Shape> shapes;
+    if (mla_heads.empty()) {
+      for (const uint32_t group : parse(groups))
+        shapes.push_back({Geometry{1, 8, 128, 16, dt}, 8 * group, 0, group});
+    } else {
+      for (const uint32_t heads : parse(mla_heads)) {
+        shapes.push_back(
+            {Geometry{1, 1, 576, 64, dt, AttentionKind::latent, 0}, heads, 512, heads});
+      }
+    }
+    for (const Shape& shape : shapes) {
+      const Geometry& g = shape.g;
+      const uint64_t stride = page_data_bytes(g);
+      const uint32_t t_page = g.tokens_per_page;
+      for (const uint32_t batch : parse(batches)) {
+        for (const uint32_t ctx : parse(contexts)) {
+          const uint32_t blocks = (ctx + t_page - 1) / t_page;
+          const uint32_t pages = batch * blocks;
+          std::vector<std::byte> pool(uint64_t(pages) * stride, std::byte{0x3c});
+          std::vector<float> scales(page_scale_bytes(g) / sizeof(float) * pages, 0.01f);
+          std::vector<PageId> table(pages);
+          std::iota(table.begin(), table.end(), 0u);
+          std::shuffle(table.begin(), table.end(), rng);
+          std::vector<uint32_t> lens(batch, ctx);
+          std::vector<float> q(size_t(batch) * shape.q_heads * g.head_dim, 0.01f);
+          std::vector<float> out(size_t(batch) * shape.q_heads * g.head_dim);
           kernels::DecodeArgs a;
           a.kv = kernels::PagedKv{pool.data(), stride, scales.empty() ? nullptr : scales.data(), g};
           a.num_seqs = batch;
-          a.num_q_heads = 8 * group;
+          a.num_q_heads = shape.q_heads;
           a.q = q.data();
           a.out = out.data();
           a.block_tables = table.data();
           a.block_table_stride = blocks;
           a.context_lens = lens.data();
           a.scale = 0.088f;
+          a.value_dim = shape.value_dim;
           for (const KvLayout layout : layout_list) {
             a.kv.layout = layout;
             a.kv.num_pages = pages;
@@ -189,13 +215,14 @@ int main(int argc, char** argv) {
                 std::fprintf(stderr, "decode: %s\n", err.c_str());
                 return 1;
               }
-              const double bytes = double(batch) * ctx * 2 * 8 * 128 * dtype_bytes(dt);
+              const double bytes = double(batch) * ctx * double(kv_bytes_per_token(g));
               const double gbs = bytes / t / 1e9;
-              std::printf(
-                  "%-9s %-11s %-8s %5u %5u %7u %9.1f %10.3f %9.2f %7.0f%% %9.1f\n",
-                  std::string(dtype_name(dt)).c_str(), std::string(layout_name(layout)).c_str(),
-                  std::string(kernels::cpu::isa_name(isa)).c_str(), group, batch, ctx, bytes / 1e6,
-                  t * 1e3, gbs, 100.0 * gbs / memcpy_gbs, cpu * 1e9 / (double(batch) * ctx * 8));
+              std::printf("%-9s %-11s %-8s %5u %5u %7u %9.1f %10.3f %9.2f %7.0f%% %9.1f\n",
+                          std::string(dtype_name(dt)).c_str(),
+                          std::string(layout_name(layout)).c_str(),
+                          std::string(kernels::cpu::isa_name(isa)).c_str(), shape.group, batch, ctx,
+                          bytes / 1e6, t * 1e3, gbs, 100.0 * gbs / memcpy_gbs,
+                          cpu * 1e9 / (double(batch) * ctx * g.kv_heads));
             }
           }
         }

@@ -95,9 +95,9 @@ const char* kvpool_last_error(const kvpool_conn* c);
 
 void* kvpool_base(const kvpool_conn* c);
 void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out);
-/* The attention kind of the pool's geometry (KVPOOL_ATTENTION_FULL, _SLIDING or _CHUNKED) and
- * its window in tokens (0 for full): what kvpool_hash_root_attention needs to name the pool's
- * blocks as every other worker of the pool does. Either pointer may be NULL. */
+/* The attention kind of the pool's geometry (KVPOOL_ATTENTION_FULL, _SLIDING, _CHUNKED or
+ * _LATENT) and its window in tokens (0 for full and latent): what kvpool_hash_root_attention needs
+ * to name the pool's blocks as every other worker of the pool does. Either pointer may be NULL. */
 void kvpool_get_pool_attention(const kvpool_conn* c, uint8_t* kind, uint32_t* window);
 
 /* NULL = no hints. An unknown priority is refused (invalid_argument) and changes nothing. */
@@ -163,10 +163,12 @@ typedef struct {
 int kvpool_hash_root(const char* model_id, const kvpool_geometry* geometry, const char* adapter_id,
                      const char* salt, kvpool_hash* out);
 /* Attention kinds of a pool's geometry (its config's geometry.kind): every earlier token, the last
- * `window` tokens, or the tokens of the current chunk of `window`. */
+ * `window` tokens, the tokens of the current chunk of `window`, or an MLA cache (one vector of
+ * head_dim values per token and layer, kv_heads 1, no V). */
 #define KVPOOL_ATTENTION_FULL 0
 #define KVPOOL_ATTENTION_SLIDING 1
 #define KVPOOL_ATTENTION_CHUNKED 2
+#define KVPOOL_ATTENTION_LATENT 3
 /* The root of the chains of a pool whose geometry has attention kind `kind` and `window` tokens
  * (0 for full): the kind and window are part of the root, so a sliding pool's blocks are never
  * named like a full one's. With KVPOOL_ATTENTION_FULL and 0 it equals kvpool_hash_root. */

@@ -57,9 +57,9 @@ int kvpool_hash_root_attention(const char* model_id, const kvpool_geometry* geom
     return refuse("kvpool_hash_root: dtype " + std::to_string(geometry->dtype) +
                   " is not a KV dtype (0 fp16, 1 bf16, 2 fp8_e4m3, 3 int8)");
   }
-  if (kind > KVPOOL_ATTENTION_CHUNKED) {
+  if (kind > KVPOOL_ATTENTION_LATENT) {
     return refuse("kvpool_hash_root: kind " + std::to_string(kind) +
-                  " is not an attention kind (0 full, 1 sliding, 2 chunked)");
+                  " is not an attention kind (0 full, 1 sliding, 2 chunked, 3 latent)");
   }
   const kvpool::Geometry g{geometry->layers,
                            geometry->kv_heads,

@@ -82,7 +82,9 @@ void bind_hashing(py::module_& m) {
                        uint32_t tokens_per_page, const std::string& dtype, const std::string& kind,
                        uint32_t window) {
              const auto k = parse_attention_kind(kind);
-             if (!k) throw py::value_error("kind '" + kind + "' is not full, sliding or chunked");
+             if (!k) {
+               throw py::value_error("kind '" + kind + "' is not full, sliding, chunked or latent");
+             }
              Geometry g{layers, kv_heads, head_dim, tokens_per_page, dtype_from(dtype), *k, window};
              if (std::string why = validate(g); !why.empty()) throw py::value_error(why);
              return g;
@@ -100,13 +102,14 @@ void bind_hashing(py::module_& m) {
           "Element type: \"fp16\", \"bf16\", \"fp8_e4m3\" or \"int8\".")
       .def_property_readonly(
           "kind", [](const Geometry& g) { return std::string(attention_kind_name(g.kind)); },
-          "Which keys a layer attends to: \"full\", \"sliding\" (the last `window` tokens) or "
-          "\"chunked\" (the current chunk of `window` tokens). Part of the hash root.")
+          "Which keys a layer attends to: \"full\", \"sliding\" (the last `window` tokens), "
+          "\"chunked\" (the current chunk of `window` tokens), or \"latent\" (an MLA cache: one "
+          "vector of head_dim per token and layer, kv_heads 1, no V). Part of the hash root.")
       .def_readonly("window", &Geometry::window,
                     "Tokens of the sliding window or attention chunk; 0 for full attention.")
       .def_property_readonly(
           "page_data_bytes", [](const Geometry& g) { return page_data_bytes(g); },
-          "Bytes of K and V data in one page (scales excluded).")
+          "Bytes of K and V data (a latent pool's vectors) in one page (scales excluded).")
       .def("__eq__", [](const Geometry& a, const Geometry& b) { return a == b; })
       .def("__repr__", [](const Geometry& g) {
         return "Geometry(layers=" + std::to_string(g.layers) +

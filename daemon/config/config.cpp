@@ -185,21 +185,20 @@ class Parser : private NodeReader {
     if (!d) fail(dtype, quoted(name) + " is not one of fp16, bf16, fp8_e4m3 (fp8), int8");
     g.dtype = *d;
     if (const Value* kind = find(f, "kind")) {
-      const std::string k = get_string(*kind, "one of full, sliding, chunked");
+      const std::string k = get_string(*kind, "one of full, sliding, chunked, latent");
       const auto parsed = parse_attention_kind(k);
-      if (!parsed || *parsed == AttentionKind::latent) {
-        fail(*kind, quoted(k) + " is not one of full, sliding, chunked");
-      }
+      if (!parsed) fail(*kind, quoted(k) + " is not one of full, sliding, chunked, latent");
       g.kind = *parsed;
     }
     if (const Value* window = find(f, "window")) {
       g.window = static_cast<uint32_t>(get_uint(*window, 1, UINT32_MAX));
-      if (g.kind == AttentionKind::full) {
+      if (g.kind == AttentionKind::full || g.kind == AttentionKind::latent) {
         fail(*window,
              "a window needs kind: sliding (the last WINDOW tokens) or chunked (chunks "
-             "of WINDOW tokens); this geometry's kind is full");
+             "of WINDOW tokens); this geometry's kind is " +
+                 std::string(attention_kind_name(g.kind)));
       }
-    } else if (g.kind != AttentionKind::full) {
+    } else if (g.kind == AttentionKind::sliding || g.kind == AttentionKind::chunked) {
       fail(v, "kind " + std::string(attention_kind_name(g.kind)) +
                   " needs a window: the tokens a layer's queries see");
     }

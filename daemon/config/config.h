@@ -20,7 +20,7 @@
 //                 share_between_tenants: BOOL, layout: page_major | layer_major,
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8,
-//                             kind: full | sliding | chunked, window: INT },
+//                             kind: full | sliding | chunked | latent, window: INT },
 //                 host_tier: "8000 pages" | SIZE | "10%",
 //                 max_capacity: "4096 pages" | SIZE, min_capacity: "512 pages" | SIZE,
 //                 segment_size: SIZE, grow_ahead: BOOL } ]   (the last four: elastic pools)

@@ -1,6 +1,7 @@
 // Append-KV on the CPU: writes each token's K and V rows, for every KV head of one layer, into its
 // page slot (kernels/paged_kv.h, AppendArgs), in either layout: rows are addressed through
-// kv_strides, and a head's earlier rows of a page (re-quantisation) are st.token bytes apart.
+// kv_strides, and a head's earlier rows of a page (re-quantisation) are st.token bytes apart. A
+// latent pool's token has one row per layer (its K, the vector [c, k_rope]) and no V.
 //
 // Everything is validated before the first byte is written, so an error leaves the pool as it
 // was. Slots of −1 are dropped; the others must lie in [0, num_pages · T) and be distinct. The
@@ -58,7 +59,7 @@ void store16(const AppendArgs& a, const KvStrides& st, uint64_t page_id, uint32_
   auto* base = static_cast<uint8_t*>(a.kv.base);
   for (uint32_t h = 0; h < g.kv_heads; ++h) {
     const uint64_t src = (uint64_t{token} * g.kv_heads + h) * g.head_dim;
-    for (uint32_t is_v = 0; is_v < 2; ++is_v) {
+    for (uint32_t is_v = 0; is_v < kv_planes(g); ++is_v) {
       const float* x = (is_v ? a.v : a.k) + src;
       uint8_t* dst = base + st.row(page_id, a.layer, h, off, is_v);
       for (uint32_t d = 0; d < g.head_dim; ++d) {
@@ -77,10 +78,10 @@ void store8(const AppendArgs& a, const KvStrides& st, uint64_t page_id, uint32_t
   auto* base = static_cast<uint8_t*>(a.kv.base);
   for (uint32_t h = 0; h < g.kv_heads; ++h) {
     const uint64_t src = (uint64_t{token} * g.kv_heads + h) * g.head_dim;
-    for (uint32_t is_v = 0; is_v < 2; ++is_v) {
+    for (uint32_t is_v = 0; is_v < kv_planes(g); ++is_v) {
       const float* x = (is_v ? a.v : a.k) + src;
       uint8_t* row0 = base + st.row(page_id, a.layer, h, 0, is_v);
-      float& scale = a.kv.scales[((page_id * g.layers + a.layer) * g.kv_heads + h) * 2 + is_v];
+      float& scale = a.kv.scales[scale_index(g, page_id, a.layer, h, is_v != 0)];
 
       float m = 0.0f;
       for (uint32_t d = 0; d < g.head_dim; ++d)
@@ -122,7 +123,14 @@ std::string append_kv(const AppendArgs& args, uint32_t num_pages) {
   }
   if (args.num_tokens == 0) return {};
   if (args.k == nullptr) return "append_kv: k is null";
-  if (args.v == nullptr) return "append_kv: v is null";
+  if (g.kind == AttentionKind::latent) {
+    if (args.v != nullptr) {
+      return "append_kv: v is given for a latent pool, which keeps one vector per token (pass it "
+             "as k)";
+    }
+  } else if (args.v == nullptr) {
+    return "append_kv: v is null";
+  }
   if (args.slots == nullptr) return "append_kv: slots is null";
   if (args.kv.base == nullptr) return "append_kv: kv.base is null";
   if (args.kv.layout == KvLayout::page_major && args.kv.page_stride < page_data_bytes(g)) {

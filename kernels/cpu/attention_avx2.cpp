@@ -177,7 +177,7 @@ KVPOOL_AVX2 inline __m256 exp_nonpositive(__m256 x) {
 template <uint32_t W>
 KVPOOL_AVX2 inline void pv_tile(float* a0, float* a1, bool store_a1, __m256 c0, __m256 c1,
                                 const float* p0, const float* p1, const float* v, uint32_t n,
-                                uint32_t d) {
+                                uint32_t v_stride) {
   __m256 t0[W];
   __m256 t1[W];
 #pragma GCC unroll 8
@@ -188,7 +188,7 @@ KVPOOL_AVX2 inline void pv_tile(float* a0, float* a1, bool store_a1, __m256 c0, 
   for (uint32_t j = 0; j < n; ++j) {
     const __m256 b0 = _mm256_broadcast_ss(p0 + j);
     const __m256 b1 = _mm256_broadcast_ss(p1 + j);
-    const float* vj = v + size_t{j} * d;
+    const float* vj = v + size_t{j} * v_stride;
 #pragma GCC unroll 8
     for (uint32_t w = 0; w < W; ++w) {
       const __m256 x = _mm256_loadu_ps(vj + 8 * w);
@@ -267,7 +267,8 @@ KVPOOL_AVX2 void score_block(const float* q, uint32_t group, uint32_t d, const f
 }
 
 KVPOOL_AVX2 void accumulate_pv(float* acc, const float* corr, const float* p, uint32_t p_stride,
-                               const float* v, uint32_t group, uint32_t n, uint32_t d) {
+                               const float* v, uint32_t v_stride, uint32_t group, uint32_t n,
+                               uint32_t d) {
   for (uint32_t h0 = 0; h0 < group; h0 += 2) {
     const uint32_t h1 = std::min(h0 + 1, group - 1);
     float* a0 = acc + size_t{h0} * d;
@@ -278,11 +279,11 @@ KVPOOL_AVX2 void accumulate_pv(float* acc, const float* corr, const float* p, ui
     const __m256 c1 = _mm256_set1_ps(corr[h1]);
     uint32_t i = 0;
     for (; i + 48 <= d; i += 48)
-      pv_tile<6>(a0 + i, a1 + i, h1 != h0, c0, c1, p0, p1, v + i, n, d);
+      pv_tile<6>(a0 + i, a1 + i, h1 != h0, c0, c1, p0, p1, v + i, n, v_stride);
     for (; i + 32 <= d; i += 32)
-      pv_tile<4>(a0 + i, a1 + i, h1 != h0, c0, c1, p0, p1, v + i, n, d);
+      pv_tile<4>(a0 + i, a1 + i, h1 != h0, c0, c1, p0, p1, v + i, n, v_stride);
     for (; i < d; i += 8)
-      pv_tile<1>(a0 + i, a1 + i, h1 != h0, c0, c1, p0, p1, v + i, n, d);
+      pv_tile<1>(a0 + i, a1 + i, h1 != h0, c0, c1, p0, p1, v + i, n, v_stride);
   }
 }
 

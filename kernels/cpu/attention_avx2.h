@@ -17,8 +17,8 @@
 //  - score_block and accumulate_pv: same math as the baseline ones with fused multiply-adds and
 //    8-lane partial sums, so their rounding differs from the baseline's (both are fp32 and within
 //    the tests' tolerances) but is fixed for a given input: no dependence on threads or calls;
-//  - score_block and accumulate_pv need head_dim % 8 == 0 (kAvx2HeadDimMultiple); the kernels
-//    use the baseline code for other head dims.
+//  - score_block and accumulate_pv need head_dim (and a latent pool's value width) % 8 == 0
+//    (kAvx2HeadDimMultiple); the kernels use the baseline code for other widths.
 #pragma once
 
 #include <cstddef>
@@ -53,9 +53,9 @@ void score_block(const float* q, uint32_t group, uint32_t d, const float* k, uin
                  float scale, float* s, uint32_t s_stride);
 
 // acc[h][0..d) = acc[h] · corr[h] + Σ_{j<n} p[h · p_stride + j] · v_j for h < group, with
-// acc[h] = acc + h · d and v_j = v + j · d. d must be a multiple of 8.
+// acc[h] = acc + h · d and v_j = v + j · v_stride (v_stride ≥ d). d must be a multiple of 8.
 void accumulate_pv(float* acc, const float* corr, const float* p, uint32_t p_stride, const float* v,
-                   uint32_t group, uint32_t n, uint32_t d);
+                   uint32_t v_stride, uint32_t group, uint32_t n, uint32_t d);
 
 // softmax_block_scores of online_softmax.h (same contract and edge cases) with the block's max,
 // exps and sum in vectors; the exps are within 2 ulp of expf, so p_j and l differ from the

@@ -10,8 +10,9 @@
 //  - head_tile: the K and V tiles of one (page, layer, KV head), their token stride (head_dim
 //    elements in page_major, kv_heads · head_dim in layer_major) and their scales;
 //  - load_rows: row conversion of n tokens of a tile, one call when they are contiguous;
-//  - argument checks: check_pool, check_mask, check_layout and check_sequence, the preconditions
-//    of kernels_cpu.h, which return a message (empty = ok) and never write anything;
+//  - argument checks: check_pool, check_value_dim, check_mask, check_layout and check_sequence,
+//    the preconditions of kernels_cpu.h, which return a message (empty = ok) and never write
+//    anything;
 //  - softmax_denominator: l, or l plus the query head's sink (AttentionMask::sinks);
 //  - the thread pool: resolve_threads and for_each_item, which hand work items [0, n) to up to
 //    `threads` std::threads (the caller's own included) through one atomic counter.
@@ -204,10 +205,10 @@ inline void load_rows(const Load& load, KvDtype dtype, const std::byte* src, uin
     load(dtype, src + j * row_stride, d, scale, dst + size_t{j} * d);
 }
 
-// The (K, V) scale pair of one (page, layer, KV head) in an 8-bit pool's side region.
+// The first scale of one (page, layer, KV head) in an 8-bit pool's side region: K's, then V's
+// unless the pool is latent (kv_planes scales per head, the heads' consecutive).
 inline const float* head_scales(const PagedKv& kv, uint32_t layer, PageId page, uint32_t head) {
-  const Geometry& g = kv.geometry;
-  return kv.scales + ((uint64_t{page} * g.layers + layer) * g.kv_heads + head) * 2;
+  return kv.scales + scale_index(kv.geometry, page, layer, head, false);
 }
 
 // The tiles' addresses only (scales 1): what a prefetch needs, without loading the scales.
@@ -224,9 +225,8 @@ inline HeadTile head_tile(const PagedKv& kv, const KvStrides& s, uint32_t layer,
   const Geometry& g = kv.geometry;
   HeadTile t = head_tile_addresses(kv, s, layer, page, head);
   if (dtype_is_quantized(g.dtype)) {
-    const float* sc = head_scales(kv, layer, page, head);
-    t.k_scale = sc[0];
-    t.v_scale = sc[1];
+    t.k_scale = kv.scales[scale_index(g, page, layer, head, false)];
+    t.v_scale = kv.scales[scale_index(g, page, layer, head, true)];
   }
   return t;
 }
@@ -262,6 +262,22 @@ inline std::string check_pool(const PagedKv& kv, uint32_t layer, uint32_t num_q_
   if (num_q_heads == 0 || num_q_heads % g.kv_heads != 0) {
     return "num_q_heads " + std::to_string(num_q_heads) +
            " is not a positive multiple of kv_heads " + std::to_string(g.kv_heads);
+  }
+  return {};
+}
+
+// The value width of a decode or extend call (DecodeArgs::value_dim): 0 or head_dim for a K/V
+// pool, 1..head_dim for a latent one.
+inline std::string check_value_dim(const Geometry& g, uint32_t value_dim) {
+  if (value_dim == 0 || value_dim == g.head_dim) return {};
+  if (g.kind != AttentionKind::latent) {
+    return "value_dim " + std::to_string(value_dim) + " on a " +
+           std::string(attention_kind_name(g.kind)) + " pool, whose value rows are head_dim " +
+           std::to_string(g.head_dim) + " wide (only a latent pool takes another width)";
+  }
+  if (value_dim > g.head_dim) {
+    return "value_dim " + std::to_string(value_dim) + " exceeds the latent vector's head_dim " +
+           std::to_string(g.head_dim);
   }
   return {};
 }

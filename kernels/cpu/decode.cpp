@@ -25,6 +25,11 @@
 // or the AVX2 + FMA + F16C one (attention_avx2.h, when the CPU has it and head_dim % 8 == 0).
 // The rest (chunking, prefetching, the merge) is the same code.
 //
+// Latent (MLA) pools. A latent pool is MQA over one vector per token (kernels/paged_kv.h): the
+// whole vector is the key and its leading value_dim elements the value, so a block's rows are
+// converted once and serve both the scores and the P·V accumulation (accumulate_pv reads them at
+// the key rows' stride); nothing but K is read or prefetched.
+//
 // Prefetching. Pages are scattered, so the hardware prefetchers cannot see the next one coming;
 // run_chunk asks for the K and V tiles and scales of the page two ahead, a quarter of the lines
 // before each phase of a block (a 64-line burst would stall on the line-fill buffers).
@@ -102,13 +107,14 @@ struct Workspace {
 };
 
 // acc[h][0..d) = acc[h] · corr[h] + Σ_j p[h · p_stride + j] · v[j] for every query head h of the
-// group and the n ≤ kBlock value rows v[j] = v + j · d. Walks acc in tiles of kTile floats that
-// stay in registers while the block's V rows stream through (from L1: the block is kBlock · d
-// floats). Per element the order is fixed: the rescale, then the keys in order, whatever the
-// tiling.
+// group and the n ≤ kBlock value rows v[j] = v + j · v_stride (v_stride > d when a latent pool's
+// value rows are the leading d elements of its key rows). Walks acc in tiles of kTile floats that
+// stay in registers while the block's V rows stream through (from L1: the block is kBlock ·
+// v_stride floats). Per element the order is fixed: the rescale, then the keys in order, whatever
+// the tiling.
 void accumulate_pv(float* __restrict acc, const float* __restrict corr, const float* __restrict p,
-                   uint32_t p_stride, const float* __restrict v, uint32_t group, uint32_t n,
-                   uint32_t d) {
+                   uint32_t p_stride, const float* __restrict v, uint32_t v_stride, uint32_t group,
+                   uint32_t n, uint32_t d) {
   for (uint32_t h = 0; h < group; ++h) {
     float* a = acc + size_t{h} * d;
     const float* ph = p + size_t{h} * p_stride;
@@ -120,7 +126,7 @@ void accumulate_pv(float* __restrict acc, const float* __restrict corr, const fl
         t[x] = a[i + x] * c;
       for (uint32_t j = 0; j < n; ++j) {
         const float pj = ph[j];
-        const float* vj = v + size_t{j} * d + i;
+        const float* vj = v + size_t{j} * v_stride + i;
         for (uint32_t x = 0; x < kTile; ++x)
           t[x] += pj * vj[x];
       }
@@ -130,7 +136,7 @@ void accumulate_pv(float* __restrict acc, const float* __restrict corr, const fl
     for (; i < d; ++i) {
       float t = a[i] * c;
       for (uint32_t j = 0; j < n; ++j)
-        t += ph[j] * v[size_t{j} * d + i];
+        t += ph[j] * v[size_t{j} * v_stride + i];
       a[i] = t;
     }
   }
@@ -158,7 +164,7 @@ struct BlockOps {
   void (*score_block)(const float* q, uint32_t group, uint32_t d, const float* k, uint32_t n,
                       float scale, float* s, uint32_t s_stride, float* part);
   void (*accumulate_pv)(float* acc, const float* corr, const float* p, uint32_t p_stride,
-                        const float* v, uint32_t group, uint32_t n, uint32_t d);
+                        const float* v, uint32_t v_stride, uint32_t group, uint32_t n, uint32_t d);
   float (*softmax_block_scores)(SoftmaxStats& st, float* s, uint32_t n);
 };
 
@@ -181,17 +187,19 @@ constexpr BlockOps kAvx2Ops{detail::avx2::load_row,
 constexpr uint64_t kPrefetchPages = 2;
 constexpr uint32_t kPrefetchPhases = 4;
 
-// The next page's K and V runs (bytes each), prefetched `per_call` cache lines at a time, K
-// first; an empty NextPage prefetches nothing. An item's rows of a page are one run in both
-// layouts (one head's tile in page_major, every head's rows in layer_major: file comment).
+// The next page's K and V runs (bytes each; a latent pool's one run, with runs = 1), prefetched
+// `per_call` cache lines at a time, K first; an empty NextPage prefetches nothing. An item's rows
+// of a page are one run in both layouts (one head's tile in page_major, every head's rows in
+// layer_major: file comment).
 struct NextPage {
   const std::byte* k = nullptr;
   const std::byte* v = nullptr;
   uint64_t bytes = 0;
+  uint64_t runs = 2;
   uint64_t done = 0;  // bytes of K, then of V, asked for so far
   uint64_t per_call = 0;
   void prefetch() {
-    for (uint64_t i = 0; i < per_call && done < 2 * bytes; ++i, done += kCacheLine)
+    for (uint64_t i = 0; i < per_call && done < runs * bytes; ++i, done += kCacheLine)
       __builtin_prefetch(done < bytes ? k + done : v + (done - bytes));
   }
 };
@@ -206,27 +214,30 @@ NextPage upcoming_page(const DecodeArgs& a, const KvStrides& strides, const Page
   const Geometry& g = a.kv.geometry;
   const PageId page = table[t / g.tokens_per_page];
   if (dtype_is_quantized(g.dtype)) {
-    // The heads' (K, V) scale pairs are consecutive floats.
+    // The heads' scales (K and V, or a latent pool's one) are consecutive floats.
     const auto* scales =
         reinterpret_cast<const std::byte*>(detail::head_scales(a.kv, a.layer, page, head));
-    for (uint64_t o = 0; o < uint64_t{heads} * 2 * sizeof(float); o += kCacheLine)
+    for (uint64_t o = 0; o < uint64_t{heads} * kv_planes(g) * sizeof(float); o += kCacheLine)
       __builtin_prefetch(scales + o);
   }
   const HeadTile tiles = detail::head_tile_addresses(a.kv, strides, a.layer, page, head);
   const uint64_t rows = std::min<uint64_t>(g.tokens_per_page, end - t);
-  return NextPage{.k = tiles.k, .v = tiles.v, .bytes = rows * row_bytes};
+  return NextPage{.k = tiles.k, .v = tiles.v, .bytes = rows * row_bytes, .runs = kv_planes(g)};
 }
 
-// Computes item `it`, KV heads [it.head, it.head + heads), into acc[heads · group][D] and
-// st[heads · group] (unnormalised online-softmax states, the heads' query rows in order). Page by
-// page, head by head, keys go in blocks of up to kBlock tokens of one page: the block's K rows
-// are converted once and dotted with every query row of the head's group, each state takes the
-// block's scores at once (softmax_block_scores: one rescale per block), then the block's V rows
-// are converted once and accumulated for the whole group.
+// Computes item `it`, KV heads [it.head, it.head + heads), into acc[heads · group][DV] and
+// st[heads · group] (unnormalised online-softmax states, the heads' query rows in order; DV the
+// value width). Page by page, head by head, keys go in blocks of up to kBlock tokens of one page:
+// the block's K rows are converted once and dotted with every query row of the head's group, each
+// state takes the block's scores at once (softmax_block_scores: one rescale per block), then the
+// block's V rows are converted once and accumulated for the whole group. A latent pool's V rows
+// are the leading DV elements of the K rows already converted, so nothing more is read.
 void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_t chunk,
                uint32_t heads, Workspace& ws, float* acc, SoftmaxStats* st) {
   const Geometry& g = a.kv.geometry;
   const uint32_t d = g.head_dim;
+  const uint32_t dv = value_width(g, a.value_dim);
+  const bool latent = g.kind == AttentionKind::latent;
   const uint32_t t_page = g.tokens_per_page;
   const uint32_t group = a.num_q_heads / g.kv_heads;
   const uint32_t rows = heads * group;
@@ -243,7 +254,7 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
 
   for (uint32_t h = 0; h < rows; ++h)
     st[h] = SoftmaxStats{};
-  std::fill(acc, acc + size_t{rows} * d, 0.0f);
+  std::fill(acc, acc + size_t{rows} * dv, 0.0f);
 
   const uint32_t ctx = a.context_lens[it.seq];
   // The keys the query sees start at `first`; chunks count from the page that holds it, so each
@@ -271,12 +282,12 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
                                   end, row_bytes);
     const uint64_t phases =
         uint64_t{kPrefetchPhases} * heads * ((in_page - skip + kBlock - 1) / kBlock);
-    next.per_call = (2 * next.bytes / kCacheLine + phases - 1) / phases;
+    next.per_call = (next.runs * next.bytes / kCacheLine + phases - 1) / phases;
     for (uint32_t hh = 0; hh < heads; ++hh) {
       const HeadTile tile =
           detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head + hh);
       const float* q = q0 + size_t{hh} * group * d;
-      float* acc_h = acc + size_t{hh} * group * d;
+      float* acc_h = acc + size_t{hh} * group * dv;
       SoftmaxStats* st_h = st + size_t{hh} * group;
       for (uint32_t j0 = skip; j0 < in_page; j0 += kBlock) {
         const uint32_t n = std::min(kBlock, in_page - j0);
@@ -288,10 +299,14 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
         for (uint32_t h = 0; h < group; ++h)
           ws.corr[h] = ops.softmax_block_scores(st_h[h], p + size_t{h} * kBlock, n);
         next.prefetch();
+        if (latent) {
+          ops.accumulate_pv(acc_h, ws.corr.data(), p, kBlock, kb, d, group, n, dv);
+          continue;
+        }
         detail::load_rows(ops.load_row, g.dtype, tile.v + j0 * tile.row_stride, tile.row_stride, n,
                           d, tile.v_scale, vb);
         next.prefetch();
-        ops.accumulate_pv(acc_h, ws.corr.data(), p, kBlock, vb, group, n, d);
+        ops.accumulate_pv(acc_h, ws.corr.data(), p, kBlock, vb, d, group, n, d);
       }
     }
   }
@@ -303,8 +318,9 @@ inline void normalise(float* row, uint32_t d, float l) {
 }
 
 // The inner loops for `isa` on this pool, or an error when it was forced and cannot run.
-std::string pick_ops(Isa isa, uint32_t head_dim, const BlockOps*& ops) {
-  const bool dim_ok = head_dim % detail::avx2::kAvx2HeadDimMultiple == 0;
+std::string pick_ops(Isa isa, uint32_t head_dim, uint32_t value_dim, const BlockOps*& ops) {
+  const bool dim_ok = head_dim % detail::avx2::kAvx2HeadDimMultiple == 0 &&
+                      value_dim % detail::avx2::kAvx2HeadDimMultiple == 0;
   switch (isa) {
     case Isa::automatic:
       ops = &kBaselineOps;
@@ -318,9 +334,9 @@ std::string pick_ops(Isa isa, uint32_t head_dim, const BlockOps*& ops) {
     case Isa::avx2:
       if (!isa_supported(Isa::avx2)) return "isa avx2 is not supported by this CPU or build";
       if (!dim_ok) {
-        return "isa avx2 needs a head_dim that is a multiple of " +
+        return "isa avx2 needs a head_dim and value_dim that are multiples of " +
                std::to_string(detail::avx2::kAvx2HeadDimMultiple) + ", not " +
-               std::to_string(head_dim);
+               std::to_string(head_dim) + " and " + std::to_string(value_dim);
       }
 #if KVPOOL_CPU_HAVE_AVX2
       ops = &kAvx2Ops;
@@ -354,8 +370,12 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
   }
   if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) return e;
   if (std::string e = detail::check_mask(args.mask); !e.empty()) return e;
+  if (std::string e = detail::check_value_dim(args.kv.geometry, args.value_dim); !e.empty()) {
+    return e;
+  }
+  const uint32_t dv = value_width(args.kv.geometry, args.value_dim);
   const BlockOps* ops = nullptr;
-  if (std::string e = pick_ops(isa, args.kv.geometry.head_dim, ops); !e.empty()) return e;
+  if (std::string e = pick_ops(isa, args.kv.geometry.head_dim, dv, ops); !e.empty()) return e;
   if (args.num_seqs == 0) return {};
   if (args.q == nullptr) return "q is null";
   if (args.out == nullptr) return "out is null";
@@ -424,7 +444,7 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
         }
       }
     }
-    scratch_acc.resize(scratch_rows * d);
+    scratch_acc.resize(scratch_rows * dv);
     stats.resize(items.size() * rows);
     pending = std::vector<std::atomic<uint32_t>>(size_t{args.num_seqs} * g.kv_heads);
     for (uint32_t s = 0; s < args.num_seqs; ++s) {
@@ -440,31 +460,31 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
   // Items of one (sequence, KV heads) are consecutive, so the first chunk's index is i − chunk.
   auto process = [&](size_t i, Workspace& ws) {
     const Item& it = items[i];
-    float* out = args.out + (size_t{it.seq} * args.num_q_heads + size_t{it.head} * group) * d;
+    float* out = args.out + (size_t{it.seq} * args.num_q_heads + size_t{it.head} * group) * dv;
     SoftmaxStats* st = stats.data() + i * rows;
     if (it.scratch == kDirect) {
       run_chunk(args, *ops, it, chunk, heads, ws, out, st);
       for (uint32_t h = 0; h < rows; ++h) {
-        normalise(out + size_t{h} * d, d,
+        normalise(out + size_t{h} * dv, dv,
                   detail::softmax_denominator(args.mask, it.head * group + h, st[h]));
       }
       return;
     }
-    run_chunk(args, *ops, it, chunk, heads, ws, scratch_acc.data() + it.scratch * d, st);
+    run_chunk(args, *ops, it, chunk, heads, ws, scratch_acc.data() + it.scratch * dv, st);
     std::atomic<uint32_t>& left = pending[size_t{it.seq} * g.kv_heads + it.head];
     if (left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
     // Last chunk of this (sequence, KV heads) to finish: merge all of them in chunk order.
     const size_t first = i - it.chunk;
     for (uint32_t h = 0; h < rows; ++h) {
-      float* o = out + size_t{h} * d;
+      float* o = out + size_t{h} * dv;
       SoftmaxStats acc_st{};
-      std::fill(o, o + d, 0.0f);
+      std::fill(o, o + dv, 0.0f);
       for (uint32_t c = 0; c < it.num_chunks; ++c) {
         const Item& ci = items[first + c];
         softmax_merge(acc_st, o, stats[(first + c) * rows + h],
-                      scratch_acc.data() + (ci.scratch + h) * d, static_cast<int>(d));
+                      scratch_acc.data() + (ci.scratch + h) * dv, static_cast<int>(dv));
       }
-      normalise(o, d, detail::softmax_denominator(args.mask, it.head * group + h, acc_st));
+      normalise(o, dv, detail::softmax_denominator(args.mask, it.head * group + h, acc_st));
     }
   };
   detail::for_each_item(

@@ -14,7 +14,8 @@
 // row likewise feeds softmax_add (fp32 online softmax) for those rows. The unnormalised
 // accumulators live in the rows of `out` the item owns and are divided by l at the end (l plus
 // e^{sink − m} with attention sinks). Work items are handed to `threads` std::threads through one
-// atomic counter.
+// atomic counter. A latent (MLA) pool's value row is the leading value_dim elements of the key
+// row already converted (kernels/paged_kv.h), so only K is read; out rows are value_dim wide.
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read, and a query never sees a position
@@ -64,6 +65,8 @@ struct Workspace {
 void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
   const Geometry& g = a.kv.geometry;
   const uint32_t d = g.head_dim;
+  const uint32_t dv = value_width(g, a.value_dim);
+  const bool latent = g.kind == AttentionKind::latent;
   const uint32_t t_page = g.tokens_per_page;
   const uint32_t group = a.num_q_heads / g.kv_heads;
   const PageId* table = a.block_tables + size_t{it.seq} * a.block_table_stride;
@@ -75,12 +78,15 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
   const uint32_t first_pos = ctx - n_new;  // position of new token 0
   const uint32_t i0 = it.block * kQueryBlock;
   const auto i1 = static_cast<uint32_t>(std::min<uint64_t>(n_new, uint64_t{i0} + kQueryBlock));
-  // Query row (new token i, head h of the group): q and out share the layout.
-  auto row = [&](uint32_t i) {
+  // The first query and output rows of new token i for the item's group: rows of d and dv.
+  auto q_row = [&](uint32_t i) {
     return (size_t{q_begin} + i) * a.num_q_heads * d + size_t{it.head} * group * d;
   };
+  auto out_row = [&](uint32_t i) {
+    return (size_t{q_begin} + i) * a.num_q_heads * dv + size_t{it.head} * group * dv;
+  };
   for (uint32_t i = i0; i < i1; ++i) {
-    std::fill(a.out + row(i), a.out + row(i) + size_t{group} * d, 0.0f);
+    std::fill(a.out + out_row(i), a.out + out_row(i) + size_t{group} * dv, 0.0f);
   }
   std::fill(ws.stats.begin(), ws.stats.end(), SoftmaxStats{});
 
@@ -106,27 +112,31 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
       if (i_start >= i_end) continue;
       detail::load_row(g.dtype, tile.k + j * tile.row_stride, d, tile.k_scale, ws.k.data());
       for (uint32_t i = i_start; i < i_end; ++i) {
-        detail::dot_heads(a.q + row(i), group, d, ws.k.data(), a.scale, ws.part.data(),
+        detail::dot_heads(a.q + q_row(i), group, d, ws.k.data(), a.scale, ws.part.data(),
                           ws.scores.data() + size_t{i - i0} * group);
       }
-      detail::load_row(g.dtype, tile.v + j * tile.row_stride, d, tile.v_scale, ws.v.data());
+      const float* v = ws.k.data();
+      if (!latent) {
+        detail::load_row(g.dtype, tile.v + j * tile.row_stride, d, tile.v_scale, ws.v.data());
+        v = ws.v.data();
+      }
       for (uint32_t i = i_start; i < i_end; ++i) {
-        float* o = a.out + row(i);
+        float* o = a.out + out_row(i);
         const size_t r = size_t{i - i0} * group;
         for (uint32_t h = 0; h < group; ++h) {
-          softmax_add(ws.stats[r + h], o + size_t{h} * d, ws.v.data(), static_cast<int>(d),
+          softmax_add(ws.stats[r + h], o + size_t{h} * dv, v, static_cast<int>(dv),
                       ws.scores[r + h]);
         }
       }
     }
   }
   for (uint32_t i = i0; i < i1; ++i) {
-    float* o = a.out + row(i);
+    float* o = a.out + out_row(i);
     const size_t r = size_t{i - i0} * group;
     for (uint32_t h = 0; h < group; ++h) {
       const float l = detail::softmax_denominator(a.mask, it.head * group + h, ws.stats[r + h]);
-      for (uint32_t x = 0; x < d; ++x)
-        o[size_t{h} * d + x] /= l;
+      for (uint32_t x = 0; x < dv; ++x)
+        o[size_t{h} * dv + x] /= l;
     }
   }
 }
@@ -139,6 +149,9 @@ std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads)
   }
   if (std::string e = detail::check_layout(args.kv, num_pages); !e.empty()) return e;
   if (std::string e = detail::check_mask(args.mask); !e.empty()) return e;
+  if (std::string e = detail::check_value_dim(args.kv.geometry, args.value_dim); !e.empty()) {
+    return e;
+  }
   if (args.num_seqs == 0) return {};
   if (args.q_offsets == nullptr) return "q_offsets is null";
   if (args.block_tables == nullptr) return "block_tables is null";

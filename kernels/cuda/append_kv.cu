@@ -7,6 +7,7 @@
 // earlier tokens). Those rules order the tokens of a page, so one block per (KV head, K|V) walks
 // all tokens of the call in order, its threads splitting head_dim. That serialises long
 // prefills over tokens; decode appends one token per sequence, where it does not matter.
+// A latent pool has one plane (kv_planes = 1): k only, v null, and no V blocks.
 
 #include <cuda_runtime.h>
 
@@ -42,8 +43,8 @@ __global__ void append16_kernel(AppendArgs a) {
   auto* base = static_cast<char*>(a.kv.base);
   const uint32_t per_token = g.kv_heads * g.head_dim;
   const float* k = a.k + uint64_t(blockIdx.x) * per_token;
-  const float* v = a.v + uint64_t(blockIdx.x) * per_token;
-  for (uint32_t e = threadIdx.x * 8; e < 2 * per_token; e += blockDim.x * 8) {
+  const float* v = a.v != nullptr ? a.v + uint64_t(blockIdx.x) * per_token : nullptr;
+  for (uint32_t e = threadIdx.x * 8; e < kv_planes(g) * per_token; e += blockDim.x * 8) {
     const bool is_v = e >= per_token;
     const uint32_t i = is_v ? e - per_token : e;
     const uint32_t h = i / g.head_dim;
@@ -93,8 +94,7 @@ __global__ void append8_kernel(AppendArgs a) {
     for (int o = 16; o > 0; o >>= 1)
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     if (threadIdx.x % 32 == 0) s_amax[threadIdx.x / 32] = amax;
-    float* scale =
-        a.kv.scales + ((page * g.layers + a.layer) * g.kv_heads + h) * 2 + (is_v ? 1 : 0);
+    float* scale = a.kv.scales + scale_index(g, page, a.layer, h, is_v);
     auto* row0 = reinterpret_cast<uint8_t*>(static_cast<char*>(a.kv.base) +
                                             st.row(page, a.layer, h, 0, is_v ? 1 : 0));
     __syncthreads();
@@ -140,8 +140,11 @@ std::string append_kv(const AppendArgs& a, void* stream) {
   if (!validate(g).empty()) return "append_kv: " + validate(g);
   if (a.layer >= g.layers) return "append_kv: layer out of range";
   if (a.num_tokens == 0) return {};
-  if (a.k == nullptr || a.v == nullptr || a.slots == nullptr || a.kv.base == nullptr) {
-    return "append_kv: a device pointer is null";
+  const bool latent = g.kind == AttentionKind::latent;
+  if (a.k == nullptr || (a.v == nullptr) != latent || a.slots == nullptr || a.kv.base == nullptr) {
+    return latent ? "append_kv: a device pointer is null, or v is given for a latent pool (its "
+                    "one vector per token is k)"
+                  : "append_kv: a device pointer is null";
   }
   if (g.head_dim % 8 != 0) return "append_kv: head_dim must be a multiple of 8";
   if (a.kv.layout == KvLayout::layer_major && a.kv.num_pages == 0) {
@@ -165,11 +168,11 @@ std::string append_kv(const AppendArgs& a, void* stream) {
       break;
     case KvDtype::fp8_e4m3:
       if (a.kv.scales == nullptr) return "append_kv: an 8-bit pool needs its scales";
-      append8_kernel<KvDtype::fp8_e4m3><<<dim3(g.kv_heads, 2), kThreads, 0, s>>>(a);
+      append8_kernel<KvDtype::fp8_e4m3><<<dim3(g.kv_heads, kv_planes(g)), kThreads, 0, s>>>(a);
       break;
     case KvDtype::int8:
       if (a.kv.scales == nullptr) return "append_kv: an 8-bit pool needs its scales";
-      append8_kernel<KvDtype::int8><<<dim3(g.kv_heads, 2), kThreads, 0, s>>>(a);
+      append8_kernel<KvDtype::int8><<<dim3(g.kv_heads, kv_planes(g)), kThreads, 0, s>>>(a);
       break;
   }
   const cudaError_t err = cudaGetLastError();

@@ -1,7 +1,8 @@
 // Copy-pages on the GPU: one block per (source, destination) pair, 16-byte vector copies of the
-// whole page (all layers, K and V), then the page's scales for 8-bit pools. A page is the runs of
-// page_chunks (kernels/paged_kv.h): one in page_major, 2 · layers in layer_major (K and V of each
-// layer, one plane apart); runs that are not 16-byte aligned are copied byte by byte.
+// whole page (all layers, K and V or a latent pool's vector), then the page's scales for 8-bit
+// pools. A page is the runs of page_chunks (kernels/paged_kv.h): one in page_major, kv_planes ·
+// layers in layer_major (K and V of each layer, one plane apart); runs that are not 16-byte
+// aligned are copied byte by byte.
 
 #include <cuda_runtime.h>
 

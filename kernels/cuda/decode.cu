@@ -202,8 +202,10 @@ std::string check_args(const DecodeArgs& a) {
   if (a.num_q_heads / g.kv_heads > kMaxGroup) return "decode: more than 8 query heads per KV head";
   if (!mask_is_none(a.mask)) {
     return "decode: sliding windows, chunked attention and sinks (mask) run on the CPU kernels "
-           "only "
-           "so far";
+           "only so far";
+  }
+  if (g.kind == AttentionKind::latent) {
+    return "decode: latent (MLA) pools run on the CPU kernels only so far";
   }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     return "decode: head_dim must be 64, 128 or 256";

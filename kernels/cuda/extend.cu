@@ -163,8 +163,10 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   if (a.num_q_heads / g.kv_heads > kMaxGroup) return "extend: more than 8 query heads per KV head";
   if (!mask_is_none(a.mask)) {
     return "extend: sliding windows, chunked attention and sinks (mask) run on the CPU kernels "
-           "only "
-           "so far";
+           "only so far";
+  }
+  if (g.kind == AttentionKind::latent) {
+    return "extend: latent (MLA) pools run on the CPU kernels only so far";
   }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     return "extend: head_dim must be 64, 128 or 256";

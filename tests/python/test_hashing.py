@@ -132,6 +132,16 @@ def test_attention_kind_and_window_are_part_of_the_root(libkvpool):
     assert libkvpool.kvpool_hash_root_attention(b"m", ctypes.byref(g), 1, 0, None, None,
                                                 ctypes.byref(out)) != 0
     assert b"window" in libkvpool.kvpool_hash_last_error()
+    # A latent (MLA) pool: its own root in both APIs; an unknown kind is refused by number.
+    mla = kvpool.Geometry(4, 1, 576, 16, "bf16", kind="latent")
+    g_mla = CGeometry(4, 1, 576, 16, 1)
+    assert libkvpool.kvpool_hash_root_attention(b"m", ctypes.byref(g_mla), 3, 0, None, None,
+                                                ctypes.byref(out)) == 0
+    assert kvpool.BlockHash(out.lo, out.hi) == hasher.root("m", mla)
+    assert hasher.root("m", mla) != hasher.root("m", kvpool.Geometry(4, 1, 576, 16, "bf16"))
+    assert libkvpool.kvpool_hash_root_attention(b"m", ctypes.byref(g_mla), 4, 0, None, None,
+                                                ctypes.byref(out)) != 0
+    assert b"3 latent" in libkvpool.kvpool_hash_last_error()
 
 
 def test_a_window_must_fit_its_kind():
@@ -139,7 +149,17 @@ def test_a_window_must_fit_its_kind():
         kvpool.Geometry(1, 1, 8, 4, kind="sliding")
     with pytest.raises(ValueError, match="full-attention"):
         kvpool.Geometry(1, 1, 8, 4, window=128)
-    with pytest.raises(ValueError, match="not full, sliding or chunked"):
+    with pytest.raises(ValueError, match="not full, sliding, chunked or latent"):
         kvpool.Geometry(1, 1, 8, 4, kind="local", window=128)
-    with pytest.raises(ValueError, match="latent"):
-        kvpool.Geometry(1, 1, 8, 4, kind="latent")
+    with pytest.raises(ValueError, match="kv_heads 2 on a latent geometry"):
+        kvpool.Geometry(1, 2, 8, 4, kind="latent")
+    with pytest.raises(ValueError, match="window 4 is set on a latent geometry"):
+        kvpool.Geometry(1, 1, 8, 4, kind="latent", window=4)
+
+
+def test_a_latent_geometry_keeps_one_vector_per_token():
+    mla = kvpool.Geometry(61, 1, 576, 64, "bf16", kind="latent")
+    kv = kvpool.Geometry(61, 1, 576, 64, "bf16")
+    assert mla.kind == "latent"
+    assert mla.page_data_bytes == 61 * 576 * 64 * 2
+    assert kv.page_data_bytes == 2 * mla.page_data_bytes

@@ -113,3 +113,36 @@ def test_layer_major_pool_gives_dense_per_layer_tensors():
             kvpool.page_bytes(c, page)
         c.release([page])
         c.close()
+
+
+@pytest.mark.parametrize("layout", ["page_major", "layer_major"])
+def test_latent_pool_view_is_flashmla_shaped(layout):
+    """An MLA pool: [num_blocks, block_size, head_dim] per layer, one vector a token, no V."""
+    from conftest import pool_config
+    from kvpool.local_daemon import LocalDaemon
+
+    config = pool_config(layers=3, kv_heads=1, head_dim=24, tokens_per_page=4, pages=8)
+    config = config.replace("dtype: fp16}", "dtype: fp16, kind: latent}")
+    config = config.replace("    capacity: 8 pages\n", f"    capacity: 8 pages\n    layout: {layout}\n")
+    with LocalDaemon(config) as d:
+        c = kvpool.attach(d.socket)
+        g, pool = c.pool.geometry, c.pool
+        assert (g.kind, pool.layout) == ("latent", layout)
+        assert g.page_data_bytes == 3 * 4 * 24 * 2  # no V: one vector a token and layer
+        views = kvpool.kv_cache_views(c)
+        assert [tuple(v.shape) for v in views] == [(pool.num_pages, 4, 24)] * 3
+        assert all(v.is_contiguous() for v in views) == (layout == "layer_major")
+        data_bytes = (g.layers * pool.layer_stride if layout == "layer_major"
+                      else pool.num_pages * pool.page_stride)
+        whole = np.asarray(c.view("float16", (data_bytes // 2,), (1,), 0))
+        whole[:] = 0
+        [page] = c.alloc(1)
+        views[2][page, 1, 5] = 3.0  # layer 2, token 1, element 5
+        if layout == "layer_major":
+            assert pool.layer_stride == 8 * 4 * 24 * 2
+            at = 2 * 8 * 4 * 24 + (page * 4 + 1) * 24 + 5
+        else:
+            at = page * pool.page_stride // 2 + (2 * 4 + 1) * 24 + 5  # [L][T][D] in a page
+        assert whole[at] == 3.0 and np.count_nonzero(whole) == 1
+        c.release([page])
+        c.close()

@@ -957,14 +957,22 @@ TEST(ConfigTest, PoolAttentionKindAndWindow) {
   const Config chunked = parse_ok(std::string(kPools) +
                                   "      dtype: fp16\n      kind: chunked\n      window: 8192\n");
   EXPECT_EQ(chunked.pools[0].geometry.kind, AttentionKind::chunked);
+  // An MLA cache: one vector of head_dim a token and layer, half the bytes of K and V.
+  std::string latent(kPools);
+  latent.replace(latent.find("kv_heads: 2"), 11, "kv_heads: 1");
+  const Config mla = parse_ok(latent + "      dtype: bf16\n      kind: latent\n");
+  EXPECT_EQ(mla.pools[0].geometry.kind, AttentionKind::latent);
+  EXPECT_EQ(page_data_bytes(mla.pools[0].geometry), 2u * 16 * 64 * 2);
 }
 
 TEST(ConfigErrorTest, PoolAttentionKindAndWindow) {
   const std::string base = std::string(kPools) + "      dtype: fp16\n";
   expect_error(base + "      kind: local\n      window: 8\n", 10, "pools[0].geometry.kind",
-               "\"local\" is not one of full, sliding, chunked");
-  expect_error(base + "      kind: latent\n", 10, "pools[0].geometry.kind",
-               "\"latent\" is not one of full, sliding, chunked");
+               "\"local\" is not one of full, sliding, chunked, latent");
+  expect_error(base + "      kind: latent\n", 4, "pools[0].geometry",
+               "kv_heads 2 on a latent geometry: an MLA cache holds one vector per token");
+  expect_error(base + "      kind: latent\n      window: 64\n", 11, "pools[0].geometry.window",
+               "this geometry's kind is latent");
   expect_error(base + "      window: 128\n", 10, "pools[0].geometry.window",
                "a window needs kind: sliding");
   expect_error(base + "      kind: sliding\n", 4, "pools[0].geometry",

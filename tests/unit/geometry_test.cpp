@@ -170,7 +170,11 @@ TEST(Geometry, AWindowFitsItsAttentionKind) {
   EXPECT_NE(validate(g).find("full-attention"), std::string::npos) << validate(g);
   g = full;
   g.kind = AttentionKind::latent;
-  EXPECT_NE(validate(g).find("kind latent"), std::string::npos) << validate(g);
+  EXPECT_NE(validate(g).find("kv_heads 8 on a latent geometry"), std::string::npos) << validate(g);
+  g.kv_heads = 1;
+  EXPECT_EQ(validate(g), "");
+  g.window = 64;
+  EXPECT_EQ(validate(g), "window 64 is set on a latent geometry (no window)");
   g.kind = static_cast<AttentionKind>(9);
   EXPECT_EQ(validate(g), "kind is not one of full, sliding, chunked, latent");
   for (AttentionKind k : {AttentionKind::full, AttentionKind::sliding, AttentionKind::chunked,
@@ -178,6 +182,48 @@ TEST(Geometry, AWindowFitsItsAttentionKind) {
     EXPECT_EQ(parse_attention_kind(attention_kind_name(k)), k);
   }
   EXPECT_EQ(parse_attention_kind("Sliding"), std::nullopt);
+}
+
+// A latent (MLA) geometry keeps one vector per token and layer: half the bytes of K/V of the same
+// head_dim, one scale per (page, layer), no V plane (v stride 0: V is K), and in both layouts every
+// element of the pool belongs to exactly one (page, layer, token, dim).
+TEST(Geometry, ALatentPoolHoldsOneVectorPerTokenAndLayer) {
+  const Geometry mla{61, 1, 576, 64, KvDtype::bf16, AttentionKind::latent, 0};
+  ASSERT_EQ(validate(mla), "");
+  EXPECT_EQ(kv_planes(mla), 1u);
+  EXPECT_EQ(kv_bytes_per_token(mla), 61u * 576 * 2);  // DeepSeek-V3: 70,272 bytes a token
+  EXPECT_EQ(page_data_bytes(mla), 61u * 576 * 2 * 64);
+  Geometry fp8 = mla;
+  fp8.dtype = KvDtype::fp8_e4m3;
+  EXPECT_EQ(page_scale_bytes(fp8), 61u * 4);
+  EXPECT_EQ(scale_index(fp8, 3, 5, 0, false), 3u * 61 + 5);
+  EXPECT_EQ(scale_index(fp8, 3, 5, 0, true), 3u * 61 + 5);  // V's scale is K's
+  const Geometry kv{61, 1, 576, 64, KvDtype::fp8_e4m3};
+  EXPECT_EQ(scale_index(kv, 3, 5, 0, true), (3u * 61 + 5) * 2 + 1);
+
+  const Geometry g{3, 1, 5, 4, KvDtype::int8, AttentionKind::latent, 0};
+  const uint32_t P = 6;
+  const uint64_t total = P * page_data_bytes(g);
+  for (KvLayout layout : {KvLayout::page_major, KvLayout::layer_major}) {
+    const KvElementStrides s = kv_element_strides(g, layout, P);
+    EXPECT_EQ(s.v, 0u) << layout_name(layout);
+    std::vector<int> seen(total, 0);
+    for (uint32_t p = 0; p < P; ++p) {
+      for (uint32_t l = 0; l < g.layers; ++l) {
+        for (uint32_t t = 0; t < g.tokens_per_page; ++t) {
+          for (uint32_t d = 0; d < g.head_dim; ++d) {
+            const uint64_t k = p * s.page + l * s.layer + t * s.token + d;
+            ASSERT_LT(k, total);
+            ASSERT_EQ(k, kv_k_offset(g, layout, P, p, l, 0, t, d));
+            ASSERT_EQ(k, kv_v_offset(g, layout, P, p, l, 0, t, d));
+            ++seen[k];
+          }
+        }
+      }
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), static_cast<std::ptrdiff_t>(total))
+        << layout_name(layout);
+  }
 }
 
 }  // namespace

@@ -212,7 +212,9 @@ TEST_F(KernelAvx2, AccumulatePvMatchesFp64) {
       for (uint32_t n : {1u, 5u, 16u}) {
         constexpr uint32_t kStride = 16;
         const std::vector<float> acc0 = test::random_normal(rng, size_t{group} * d, 1.0f);
-        const std::vector<float> v = test::random_normal(rng, size_t{n} * d, 1.0f);
+        // Value rows wider than d every other time: a latent pool's rows are the key rows.
+        const uint32_t v_stride = d + (n % 2 == 1 ? 8 : 0);
+        const std::vector<float> v = test::random_normal(rng, size_t{n} * v_stride, 1.0f);
         std::vector<float> p(size_t{group} * kStride);
         std::uniform_real_distribution<float> unit(0.0f, 1.0f);
         for (float& x : p)
@@ -221,13 +223,14 @@ TEST_F(KernelAvx2, AccumulatePvMatchesFp64) {
         for (float& x : corr)
           x = unit(rng);
         std::vector<float> acc = acc0;
-        avx2::accumulate_pv(acc.data(), corr.data(), p.data(), kStride, v.data(), group, n, d);
+        avx2::accumulate_pv(acc.data(), corr.data(), p.data(), kStride, v.data(), v_stride, group,
+                            n, d);
         for (uint32_t h = 0; h < group; ++h) {
           for (uint32_t i = 0; i < d; ++i) {
             double ref = double{acc0[size_t{h} * d + i]} * corr[h];
             double mag = std::fabs(ref);
             for (uint32_t j = 0; j < n; ++j) {
-              const double t = double{p[size_t{h} * kStride + j]} * v[size_t{j} * d + i];
+              const double t = double{p[size_t{h} * kStride + j]} * v[size_t{j} * v_stride + i];
               ref += t;
               mag += std::fabs(t);
             }

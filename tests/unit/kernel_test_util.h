@@ -2,7 +2,8 @@
 // std::vector<std::byte> whose every slot starts as a NaN bit pattern of the KV dtype, pages handed
 // out from a random permutation, quantising writes with per-(page, layer, head, K|V) scales
 // computed from the data, dequantised read-back, and dense reference attention in fp64 plus a naive
-// fp32 one to size tolerances.
+// fp32 one to size tolerances. A latent geometry's pool has one plane (K) per layer: writes take
+// k only and reading V (kind 1) reads K.
 #pragma once
 
 #include <algorithm>
@@ -88,7 +89,7 @@ class TestPool {
     for (size_t i = 0; i + b <= data_.size(); i += b)
       std::memcpy(&data_[i], &nan, b);
     if (dtype_is_quantized(g.dtype)) {
-      scales_.assign(size_t{num_pages} * g.layers * g.kv_heads * 2, std::nanf(""));
+      scales_.assign(size_t{num_pages} * g.layers * g.kv_heads * kv_planes(g), std::nanf(""));
     }
     free_.resize(num_pages);
     std::iota(free_.begin(), free_.end(), 0u);
@@ -125,8 +126,8 @@ class TestPool {
   }
 
   // Writes tokens [0, tokens) of one sequence for `layer`: k and v are [tokens][kv_heads][D]
-  // fp32; token t goes to pages[t / T], slot t % T. 8-bit pools get each page's scales from the
-  // amax of that page's tokens, per (layer, head, K|V).
+  // fp32 (v unused for a latent pool); token t goes to pages[t / T], slot t % T. 8-bit pools get
+  // each page's scales from the amax of that page's tokens, per (layer, head, K|V).
   void write_sequence(uint32_t layer, const std::vector<PageId>& pages, const float* k,
                       const float* v, uint32_t tokens) {
     const uint32_t t_page = g_.tokens_per_page;
@@ -135,7 +136,7 @@ class TestPool {
       const PageId page = pages[t0 / t_page];
       const uint32_t n = std::min(t_page, tokens - t0);
       for (uint32_t h = 0; h < g_.kv_heads; ++h) {
-        for (int kind = 0; kind < 2; ++kind) {
+        for (int kind = 0; kind < static_cast<int>(kv_planes(g_)); ++kind) {
           const float* src = kind == 0 ? k : v;
           float scale = 1.0f;
           if (dtype_is_quantized(g_.dtype)) {
@@ -194,17 +195,22 @@ class TestPool {
     const uint32_t b = dtype_bytes(g_.dtype);
     if (layout_ == KvLayout::page_major) return page * stride_ + elem_offset * b;
     const uint64_t t = g_.tokens_per_page, h = g_.kv_heads, d = g_.head_dim;
+    const uint64_t planes = g_.kind == AttentionKind::latent ? 1 : 2;
     const uint64_t tile = t * d;  // page_major: one head's [T][D]
-    const uint64_t layer = elem_offset / (2 * h * tile);
-    uint64_t rest = elem_offset % (2 * h * tile);
+    const uint64_t layer = elem_offset / (planes * h * tile);
+    uint64_t rest = elem_offset % (planes * h * tile);
     const uint64_t kind = rest / (h * tile);
     rest %= h * tile;
     const uint64_t head = rest / tile, slot = rest % tile / d, x = rest % d;
     const uint64_t plane = num_pages_ * t * h * d;
-    return ((2 * layer + kind) * plane + page * t * h * d + (slot * h + head) * d + x) * b;
+    return ((planes * layer + kind) * plane + page * t * h * d + (slot * h + head) * d + x) * b;
   }
+  // A latent pool's one scale per (page, layer, head) serves K and V alike.
   size_t scale_index(PageId page, uint32_t layer, uint32_t h, int kind) const {
-    return ((size_t{page} * g_.layers + layer) * g_.kv_heads + h) * 2 + static_cast<size_t>(kind);
+    if (g_.kind == AttentionKind::latent) kind = 0;
+    const size_t planes = g_.kind == AttentionKind::latent ? 1 : 2;
+    return ((size_t{page} * g_.layers + layer) * g_.kv_heads + h) * planes +
+           static_cast<size_t>(kind);
   }
   void store(PageId page, uint64_t elem_offset, uint16_t bits) {
     const uint32_t b = dtype_bytes(g_.dtype);

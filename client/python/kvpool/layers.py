@@ -10,6 +10,10 @@ returns exactly that shape over the pool's own memory, without a copy, for eithe
   give a strided view of the same shape: right for torch code, not for kernels that assume a
   dense layout.
 
+A latent (MLA) pool keeps one vector per token and layer and no V: its view is
+``[num_blocks, block_size, head_dim]`` (head_dim = latent width + rotary width, 576 for
+DeepSeek-V3), the paged cache FlashMLA and FlashInfer's MLA kernels read.
+
 8-bit pools (fp8_e4m3, int8) are viewed as their raw bytes (uint8 / int8); their scales live in
 the pool's side region (see docs/ARCHITECTURE.md).
 """
@@ -48,7 +52,9 @@ def _as(view: PoolView, framework: str) -> Any:
 def kv_cache_view(conn: Connection, layer: int, framework: Framework = "torch") -> Any:
     """Layer `layer` of the pool as one tensor ``[2, num_pages, tokens_per_page, kv_heads,
     head_dim]``: ``t[0, p, i, h, d]`` is K of token i of page p, head h, element d; ``t[1]`` is V.
-    Writing to it writes the pool. framework: "torch" (any pool), "numpy" (host pools), "view"."""
+    A latent pool's is ``[num_pages, tokens_per_page, head_dim]``: ``t[p, i, d]`` is element d of
+    token i's vector. Writing to it writes the pool. framework: "torch" (any pool), "numpy" (host
+    pools), "view"."""
     pool = conn.pool
     g = pool.geometry
     if not 0 <= layer < g.layers:
@@ -56,6 +62,16 @@ def kv_cache_view(conn: Connection, layer: int, framework: Framework = "torch") 
     dtype = element_dtype(conn)
     size = _SIZE[dtype]
     pages, tokens, heads, dim = pool.num_pages, g.tokens_per_page, g.kv_heads, g.head_dim
+    if g.kind == "latent":
+        # One plane per layer, kv_heads 1: a page's tokens are dim apart in both layouts.
+        shape = (pages, tokens, dim)
+        if pool.layout == "layer_major":
+            strides = (tokens * dim, dim, 1)
+            offset = layer * pool.layer_stride
+        else:
+            strides = (pool.page_stride // size, dim, 1)
+            offset = layer * tokens * dim * size
+        return _as(conn.view(dtype, shape, strides, offset), framework)
     shape = (2, pages, tokens, heads, dim)
     if pool.layout == "layer_major":
         plane = pages * tokens * heads * dim
