@@ -126,6 +126,22 @@ constexpr uint64_t pool_bytes_for_tokens(const Geometry& g, uint64_t tokens) {
   return pages_for_tokens(g, tokens) * (page_data_bytes(g) + page_scale_bytes(g));
 }
 
+// The first block a sequence still reads when it resumes after n ≥ 1 cached blocks of
+// tokens_per_page tokens (its next query sits at position p = n · T): full and latent attention
+// read every earlier key (0); a sliding window of W keys reads keys [p − W + 1, p), from the
+// block holding p − W + 1; chunked attention of C reads the current chunk, from the block
+// holding p − p mod C. At most n − 1: a hit always includes its last block, which the query at
+// p needs whenever it sees any earlier key (and which keeps a hit from holding no page at all).
+constexpr uint64_t first_needed_block(const Geometry& g, uint64_t n) {
+  if (n == 0) return 0;
+  const uint64_t p = n * g.tokens_per_page;
+  uint64_t first_key = 0;
+  if (g.kind == AttentionKind::sliding && p + 1 > g.window) first_key = p + 1 - g.window;
+  if (g.kind == AttentionKind::chunked && g.window != 0) first_key = p - p % g.window;
+  const uint64_t block = first_key / g.tokens_per_page;
+  return block < n - 1 ? block : n - 1;
+}
+
 // Page-major element offsets inside one page (in units of the KV dtype), for kernels and tests.
 // K of (layer, head, token, dim) and V of the same (a latent pool's V is its K); token <
 // tokens_per_page.

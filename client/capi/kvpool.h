@@ -105,13 +105,17 @@ int kvpool_set_hints(kvpool_conn* c, const kvpool_hints* hints);
 int kvpool_alloc(kvpool_conn* c, uint32_t n, kvpool_page_id* out /* n */);
 int kvpool_retain(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
 int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
-/* *hits pages of the longest cached prefix of chain, each now held, into out (room for n). */
+/* *hits pages of the longest cached prefix of chain, each now held, into out (room for n). On a
+ * sliding or chunked pool the prefix may skip blocks that no query resuming after it reads (those
+ * before the window of its last block): their entries are KVPOOL_NO_PAGE, and hold nothing. */
+#define KVPOOL_NO_PAGE 0xFFFFFFFFu
 int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
                   uint32_t* hits);
 /* The same, and tiers[i] (room for n) says which tier served hit i: KVPOOL_TIER_DEVICE, or
  * KVPOOL_TIER_HOST for a block the daemon promoted from the pool's host tier into out[i]. */
 #define KVPOOL_TIER_DEVICE 0
 #define KVPOOL_TIER_HOST 1
+#define KVPOOL_TIER_NONE 255 /* a KVPOOL_NO_PAGE entry */
 int kvpool_lookup_with_tiers(kvpool_conn* c, const kvpool_hash* chain, size_t n,
                              kvpool_page_id* out, uint8_t* tiers, uint32_t* hits);
 int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,

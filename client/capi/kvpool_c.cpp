@@ -17,6 +17,10 @@ struct kvpool_conn {
 namespace {
 
 static_assert(sizeof(kvpool_hash) == sizeof(kvpool::BlockHash));
+static_assert(KVPOOL_NO_PAGE == kvpool::kNoPage);
+static_assert(KVPOOL_TIER_DEVICE == kvpool::wire::kTierDevice &&
+              KVPOOL_TIER_HOST == kvpool::wire::kTierHost &&
+              KVPOOL_TIER_NONE == kvpool::wire::kTierNone);
 
 template <typename T>
 int fail(kvpool_conn* c, const kvpool::client::Result<T>& r) {

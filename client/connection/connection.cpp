@@ -274,7 +274,9 @@ bool Connection::names_unmapped_page(const wire::Reply& reply) const {
     return std::any_of(a->pages.begin(), a->pages.end(), [n](PageId p) { return p >= n; });
   }
   if (const auto* l = std::get_if<wire::LookupReply>(&reply)) {
-    return std::any_of(l->pages.begin(), l->pages.end(), [n](PageId p) { return p >= n; });
+    // kNoPage: a block before a sliding window's hit, no page at all.
+    return std::any_of(l->pages.begin(), l->pages.end(),
+                       [n](PageId p) { return p >= n && p != kNoPage; });
   }
   if (const auto* p = std::get_if<wire::PublishReply>(&reply)) {
     return std::any_of(p->results.begin(), p->results.end(),

@@ -96,10 +96,13 @@ class Connection {
   // from the end. Head first, the first eviction takes block 0 and leaves every block behind it
   // unreachable by lookup until they are evicted too.
   Result<Ok> release(std::span<const PageId> pages);
-  // The pages of the longest cached prefix of `chain`, each now held by this session.
+  // The pages of the longest cached prefix of `chain`, each now held by this session. On a
+  // sliding or chunked pool the prefix may skip blocks that no query resuming after it reads
+  // (core::PagePool::lookup_window): their entries are kNoPage.
   Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain, const PageHints& hints = {});
-  // The same, with the tier that served each hit (wire::kTierDevice, or wire::kTierHost for a
-  // block the daemon promoted from the pool's host tier into the page before answering).
+  // The same, with the tier that served each hit (wire::kTierDevice, wire::kTierHost for a
+  // block the daemon promoted from the pool's host tier into the page before answering, or
+  // wire::kTierNone for a kNoPage entry).
   Result<wire::LookupReply> lookup_with_tiers(std::span<const BlockHash> chain,
                                               const PageHints& hints = {});
   Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items,

@@ -28,10 +28,11 @@ PageHints hints_of(const py::object& priority, uint32_t pin_ttl_ms) {
   return PageHints{priority_of(priority), pin_ttl_ms};
 }
 
+// Page ids as Python ints; kNoPage (a lookup's block before a sliding window's hit) as None.
 py::list to_list(const std::vector<PageId>& pages) {
   py::list out(pages.size());
   for (size_t i = 0; i < pages.size(); ++i)
-    out[i] = py::int_(pages[i]);
+    out[i] = pages[i] == kNoPage ? py::object(py::none()) : py::object(py::int_(pages[i]));
   return out;
 }
 
@@ -178,7 +179,9 @@ void bind_connection(py::module_& m) {
           },
           py::arg("chain"), py::kw_only(), py::arg("priority") = py::none(),
           py::arg("pin_ttl_ms") = 0,
-          "The pages of the longest cached prefix of chain, each now held by this session.")
+          "The pages of the longest cached prefix of chain, each now held by this session. On a "
+          "sliding or chunked pool the prefix may skip blocks no resumed query reads (before "
+          "the window of its last block): those entries are None.")
       .def(
           "lookup_with_tiers",
           [](PyConnection& c, const std::vector<BlockHash>& chain, const py::object& priority,
@@ -188,13 +191,16 @@ void bind_connection(py::module_& m) {
                 c.call([&](client::Connection& k) { return k.lookup_with_tiers(chain, h); });
             py::list tiers;
             for (const uint8_t t : r.tiers)
-              tiers.append(t == wire::kTierHost ? "host" : "device");
+              tiers.append(t == wire::kTierHost   ? "host"
+                           : t == wire::kTierNone ? "none"
+                                                  : "device");
             return py::make_tuple(to_list(r.pages), tiers);
           },
           py::arg("chain"), py::kw_only(), py::arg("priority") = py::none(),
           py::arg("pin_ttl_ms") = 0,
-          "As lookup, and which tier served each hit: (pages, tiers), a tier being \"device\" "
-          "or \"host\" (a block the daemon promoted from the pool's host tier into the page).")
+          "As lookup, and which tier served each hit: (pages, tiers), a tier being \"device\", "
+          "\"host\" (a block the daemon promoted from the pool's host tier into the page) or "
+          "\"none\" (a None page: a block before a sliding window's hit).")
       .def(
           "publish",
           [](PyConnection& c, const Pages& pages, const std::vector<BlockHash>& hashes,

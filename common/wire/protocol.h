@@ -97,8 +97,9 @@ inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // 3: the layout byte in the hello reply; 4: the tier of each lookup hit; 5: the pool counter
 // table's values in the stats reply; 6: the daemon counter table's values after them, the
 // reply's nine fixed counters gone (the pool table carries them); 7: the attention kind and
-// window of the pool's geometry in PoolInfo.
-inline constexpr uint16_t kProtocolVersion = 7;
+// window of the pool's geometry in PoolInfo; 8: a lookup on a sliding or chunked pool may answer
+// kNoPage (tier kTierNone) for blocks before the window its hit needs.
+inline constexpr uint16_t kProtocolVersion = 8;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -351,9 +352,12 @@ struct ReleaseReply {
 // Where a lookup hit was found (LookupReply::tiers).
 inline constexpr uint8_t kTierDevice = 0;  // the pool itself
 inline constexpr uint8_t kTierHost = 1;    // the pool's host tier, promoted for this lookup
+// No page: a block before the window a sliding or chunked pool's hit needs, which the caller
+// does not read (PagePool::lookup_window); its page is kNoPage.
+inline constexpr uint8_t kTierNone = 0xFF;
 
 struct LookupReply {
-  std::vector<PageId> pages;   // the hits, in chain order
+  std::vector<PageId> pages;   // the hits, in chain order (kNoPage: not needed, kTierNone)
   std::vector<uint8_t> tiers;  // one per hit: kTierDevice or kTierHost
   friend bool operator==(const LookupReply&, const LookupReply&) = default;
 };

@@ -418,9 +418,17 @@ bool get_body(Reader& r, LookupReply& m) {
   m.tiers.resize(m.pages.size());
   for (size_t i = 0; i < m.pages.size(); ++i) {
     m.tiers[i] = static_cast<uint8_t>(p[i]);
-    if (m.tiers[i] > kTierHost) {
+    if (m.tiers[i] > kTierHost && m.tiers[i] != kTierNone) {
       r.fail(m.tiers[i], "lookup hit " + std::to_string(i) + ": tier " +
                              std::to_string(m.tiers[i]) + " is not a known tier");
+      return false;
+    }
+    // A block with no page (before a sliding window's hit) is tier none, and only it.
+    if ((m.tiers[i] == kTierNone) != (m.pages[i] == kNoPage)) {
+      r.fail(m.pages[i], "lookup hit " + std::to_string(i) + ": page " +
+                             std::to_string(m.pages[i]) + " with tier " +
+                             std::to_string(m.tiers[i]) +
+                             " (kNoPage goes with tier none, 255, and only it)");
       return false;
     }
   }

@@ -85,6 +85,7 @@
 #include <vector>
 
 #include "common/block_hash.h"
+#include "common/geometry.h"
 #include "common/status.h"
 #include "daemon/core/eviction_policy.h"
 #include "daemon/core/index_observer.h"
@@ -193,6 +194,18 @@ class PagePool {
   Status lookup(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
                 std::span<PageId> out, uint32_t& hits, uint32_t new_pages_allowed = kUnlimited,
                 const CallHints& hints = {});
+  // As lookup(), for a pool whose queries see only a window of keys (`geometry` sliding or
+  // chunked; any other kind is lookup() itself): a sequence resuming after n cached blocks reads
+  // only blocks [first_needed_block(geometry, n), n) (common/geometry.h), so the answer is the
+  // longest n for which those are cached, whether or not earlier blocks are. When that n is the
+  // contiguous prefix's, it is lookup()'s answer exactly; otherwise out[0, f) = kNoPage (f the
+  // first needed block), blocks [f, n) are retained as lookup() retains them (quota, hints and
+  // pins included), and hits = n. A window whose pages would pass `new_pages_allowed`, or that
+  // names one page twice, is not taken: the contiguous prefix answers. Counted as one lookup of
+  // chain.size() blocks with n − f hits. Cost: one index probe per block of the chain.
+  Status lookup_window(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
+                       const Geometry& geometry, std::span<PageId> out, uint32_t& hits,
+                       uint32_t new_pages_allowed = kUnlimited, const CallHints& hints = {});
   // Publishes each (page, hash) under `ns`. The owner must hold the page, and a page may appear
   // once per call. Publishing the hash a page already carries is a no-op answered `stored`.
   // quota_exceeded when the duplicates would hand the owner more than `new_pages_allowed`

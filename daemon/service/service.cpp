@@ -281,11 +281,15 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
   l.pages.resize(r.chain.size());
   uint32_t hits = 0;
   const Namespace ns = s.tenant + 1;
-  const Status st = s.pool->pages().lookup(s.owner, ns, r.chain, l.pages, hits,
-                                           access_.new_pages_allowed(s), hints.value());
+  // On a sliding or chunked pool a hit may skip blocks no resumed query reads (kNoPage).
+  const Status st =
+      s.pool->pages().lookup_window(s.owner, ns, r.chain, s.pool->config().geometry, l.pages, hits,
+                                    access_.new_pages_allowed(s), hints.value());
   if (!st.ok()) return access_.hint_error(s, st);
   access_.refresh_held(s);
-  l.tiers.assign(hits, wire::kTierDevice);
+  l.tiers.resize(hits);
+  for (uint32_t i = 0; i < hits; ++i)
+    l.tiers[i] = l.pages[i] == kNoPage ? wire::kTierNone : wire::kTierDevice;
   // The device tier missed at `hits`: the host tier may hold the run that follows. The reply
   // waits for the promotion's copies (handle() runs them, here or off the loop).
   const auto rest = std::span(r.chain).subspan(hits);

@@ -6,6 +6,7 @@ namespace kvpool::daemon {
 
 void PrefixStats::hit(std::span<const PageId> chain_hits, uint32_t now) {
   for (size_t i = 0; i < chain_hits.size(); ++i) {
+    if (chain_hits[i] == kNoPage) continue;  // a block before a sliding window's hit
     Counters& c = pages_[chain_hits[i]];
     if (c.hits != UINT32_MAX) ++c.hits;
     c.depth = static_cast<uint32_t>(std::min<size_t>(i, kUnknownDepth - 1));

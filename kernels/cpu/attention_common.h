@@ -311,9 +311,12 @@ inline std::string check_layout(const PagedKv& kv, uint64_t num_pages) {
   return {};
 }
 
-// Checks sequence s's context length and the block-table entries that its tokens use.
+// Checks sequence s's context length and the block-table entries that its tokens from
+// `first_key` on use: the kernels read no key before the first one the mask lets a query see, so
+// entries before its page may be anything (kNoPage after a sliding pool's window hit).
 inline std::string check_sequence(const PageId* block_tables, uint32_t stride, uint32_t s,
-                                  uint32_t ctx, uint32_t tokens_per_page, uint32_t num_pages) {
+                                  uint32_t ctx, uint32_t tokens_per_page, uint32_t num_pages,
+                                  uint32_t first_key = 0) {
   const std::string name = "[" + std::to_string(s) + "]";
   if (ctx == 0) return "context_lens" + name + " is 0";
   const uint64_t pages = (uint64_t{ctx} + tokens_per_page - 1) / tokens_per_page;
@@ -322,7 +325,7 @@ inline std::string check_sequence(const PageId* block_tables, uint32_t stride, u
            " pages, more than block_table_stride " + std::to_string(stride);
   }
   const PageId* row = block_tables + size_t{s} * stride;
-  for (uint64_t i = 0; i < pages; ++i) {
+  for (uint64_t i = first_key / tokens_per_page; i < pages; ++i) {
     if (row[i] >= num_pages) {
       return "block_tables" + name + "[" + std::to_string(i) + "] = " + std::to_string(row[i]) +
              " is not below num_pages " + std::to_string(num_pages);

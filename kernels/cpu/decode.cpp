@@ -391,8 +391,9 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
   uint32_t max_span = 0;
   for (uint32_t s = 0; s < args.num_seqs; ++s) {
     const uint32_t ctx = args.context_lens[s];
-    if (std::string e = detail::check_sequence(args.block_tables, args.block_table_stride, s, ctx,
-                                               g.tokens_per_page, num_pages);
+    if (std::string e = detail::check_sequence(
+            args.block_tables, args.block_table_stride, s, ctx, g.tokens_per_page, num_pages,
+            ctx == 0 ? 0 : first_visible_key(args.mask, ctx - 1));
         !e.empty()) {
       return e;
     }

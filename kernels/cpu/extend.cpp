@@ -160,11 +160,7 @@ std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads)
   const Geometry& g = args.kv.geometry;
   for (uint32_t s = 0; s < args.num_seqs; ++s) {
     const uint32_t ctx = args.context_lens[s];
-    if (std::string e = detail::check_sequence(args.block_tables, args.block_table_stride, s, ctx,
-                                               g.tokens_per_page, num_pages);
-        !e.empty()) {
-      return e;
-    }
+    if (ctx == 0) return "context_lens[" + std::to_string(s) + "] is 0";
     const std::string next = "q_offsets[" + std::to_string(s + 1) + "]";
     if (args.q_offsets[s + 1] < args.q_offsets[s]) {
       return next + " is below q_offsets[" + std::to_string(s) + "]";
@@ -173,6 +169,14 @@ std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads)
       return next + " − q_offsets[" + std::to_string(s) +
              "] = " + std::to_string(args.q_offsets[s + 1] - args.q_offsets[s]) +
              " new tokens exceed context_lens[" + std::to_string(s) + "] = " + std::to_string(ctx);
+    }
+    // The keys the sequence's first new token sees start the block-table entries read.
+    const uint32_t first_pos = ctx - (args.q_offsets[s + 1] - args.q_offsets[s]);
+    if (std::string e = detail::check_sequence(args.block_tables, args.block_table_stride, s, ctx,
+                                               g.tokens_per_page, num_pages,
+                                               first_visible_key(args.mask, first_pos));
+        !e.empty()) {
+      return e;
     }
   }
   if (args.q_offsets[args.num_seqs] == 0) return {};  // no new tokens at all

@@ -219,3 +219,26 @@ def test_event_stream_reports_stored_blocks(daemon, conn):
     assert [e.hash for e in seen] == chain
     assert [e.page for e in seen] == pages
     conn.release(pages)
+
+
+def test_a_sliding_pool_hit_skips_blocks_before_the_window():
+    """Window 6 over 4-token blocks: a hit of 4 blocks needs blocks 2 and 3 only (the next query,
+    at 16, sees keys 11..16), so with blocks 0 and 1 evicted it is still a hit, None before."""
+    from conftest import pool_config
+    from kvpool.local_daemon import LocalDaemon
+
+    config = pool_config(pages=8).replace("dtype: fp16}", "dtype: fp16, kind: sliding, window: 6}")
+    with LocalDaemon(config) as d:
+        c = kvpool.attach(d.socket)
+        chain = chain_of(c, list(range(16)))
+        pages = c.alloc(4)
+        c.publish(pages, chain)
+        c.release(pages)  # head first: the head is evicted first
+        assert c.evict(2) == 2
+        found, tiers = c.lookup_with_tiers(chain)
+        assert found == [None, None, pages[2], pages[3]]
+        assert tiers == ["none", "none", "device", "device"]
+        assert c.stats()["session_held_pages"] == 2
+        c.release([p for p in found if p is not None])
+        assert c.lookup(chain[:2]) == []  # a hit of 1 or 2 blocks needs block 0
+        c.close()

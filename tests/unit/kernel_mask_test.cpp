@@ -205,6 +205,78 @@ TEST_P(MaskedAttention, ExtendMatchesTheReference) {
   expect_within(tally);
 }
 
+// Block-table entries before the page of the first key a call reads may be anything (kNoPage
+// after a sliding pool's window hit): the same call with them blanked gives the same bits.
+TEST_P(MaskedAttention, EntriesBeforeTheWindowAreNeverRead) {
+  const MaskCase& c = GetParam();
+  MaskBatch b(c);
+  const auto num_seqs = static_cast<uint32_t>(b.ctx.size());
+  std::vector<uint32_t> q_offsets{0};
+  for (auto [prefix, n_new] : c.seqs)
+    q_offsets.push_back(q_offsets.back() + n_new);
+  const uint32_t hq = c.kv_heads * c.group;
+  const std::vector<float> sinks = test::random_normal(b.pool.rng(), hq, 2.0f);
+  const std::vector<float> q =
+      test::random_normal(b.pool.rng(), size_t{q_offsets.back()} * hq * c.d, 2.0f);
+  // Blanks entries [0, first_key / T) of each sequence, first_key from `first_pos(s)`.
+  auto blanked = [&](auto first_pos) {
+    std::vector<PageId> t = b.tables;
+    for (uint32_t s = 0; s < num_seqs; ++s) {
+      const uint32_t first = first_key_by_definition(c, first_pos(s));
+      for (uint32_t i = 0; i < first / c.t_page; ++i)
+        t[size_t{s} * b.stride + i] = kNoPage;
+    }
+    return t;
+  };
+  DecodeArgs a;
+  a.kv = b.pool.kv();
+  a.layer = kLayer;
+  a.num_seqs = num_seqs;
+  a.num_q_heads = hq;
+  a.q = q.data();
+  a.block_table_stride = b.stride;
+  a.context_lens = b.ctx.data();
+  a.scale = 0.1f;
+  a.mask = mask(sinks);
+  std::vector<float> whole(size_t{num_seqs} * hq * c.d), holes(whole.size());
+  a.block_tables = b.tables.data();
+  a.out = whole.data();
+  ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), 2), "");
+  const std::vector<PageId> decode_table = blanked([&](uint32_t s) { return b.ctx[s] - 1; });
+  a.block_tables = decode_table.data();
+  a.out = holes.data();
+  ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), 2), "");
+  EXPECT_EQ(holes, whole);
+
+  ExtendArgs e;
+  e.kv = b.pool.kv();
+  e.layer = kLayer;
+  e.num_seqs = num_seqs;
+  e.num_q_heads = hq;
+  e.q = q.data();
+  e.q_offsets = q_offsets.data();
+  e.block_table_stride = b.stride;
+  e.context_lens = b.ctx.data();
+  e.scale = 0.1f;
+  e.mask = mask(sinks);
+  std::vector<float> ext_whole(size_t{q_offsets.back()} * hq * c.d), ext_holes(ext_whole.size());
+  e.block_tables = b.tables.data();
+  e.out = ext_whole.data();
+  ASSERT_EQ(cpu::extend(e, b.pool.num_pages(), 2), "");
+  const std::vector<PageId> extend_table =
+      blanked([&](uint32_t s) { return b.ctx[s] - (q_offsets[s + 1] - q_offsets[s]); });
+  e.block_tables = extend_table.data();
+  e.out = ext_holes.data();
+  ASSERT_EQ(cpu::extend(e, b.pool.num_pages(), 2), "");
+  EXPECT_EQ(ext_holes, ext_whole);
+  // An entry the call does read is still checked.
+  std::vector<PageId> bad = b.tables;
+  bad[size_t{b.stride} * 0 + (b.ctx[0] - 1) / c.t_page] = kNoPage;
+  a.block_tables = bad.data();
+  EXPECT_NE(cpu::decode(a, b.pool.num_pages(), 2).find("is not below num_pages"),
+            std::string::npos);
+}
+
 constexpr KvLayout kPage = KvLayout::page_major;
 constexpr KvLayout kLayerMajor = KvLayout::layer_major;
 

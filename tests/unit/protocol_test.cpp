@@ -553,6 +553,19 @@ TEST(ProtocolRoundTrip, LookupReplyRefusesAnUnknownTier) {
   const auto d = decode_reply(decode_header(plain).value(), exact(payload_of(plain)));
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(std::get<LookupReply>(d.value()).tiers, (std::vector<uint8_t>{0, 0}));
+  // A hole (a block before a sliding window's hit) is kNoPage with tier none, both or neither.
+  const Bytes hole = encode(7, Reply{LookupReply{{kNoPage, 5}, {kTierNone, kTierDevice}}});
+  const auto ok = decode_reply(decode_header(hole).value(), exact(payload_of(hole)));
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(std::get<LookupReply>(ok.value()).pages, (std::vector<PageId>{kNoPage, 5}));
+  for (const LookupReply& bad : {LookupReply{{kNoPage, 5}, {kTierDevice, kTierDevice}},
+                                 LookupReply{{4, 5}, {kTierNone, kTierDevice}}}) {
+    const Bytes f = encode(7, Reply{bad});
+    const auto e = decode_reply(decode_header(f).value(), exact(payload_of(f)));
+    ASSERT_TRUE(fails_with(Errc::malformed_frame, e));
+    EXPECT_NE(e.error().message.find("goes with tier none"), std::string::npos)
+        << e.error().message;
+  }
 }
 
 TEST(ProtocolRoundTrip, EncodeAppendsWholeFrames) {
@@ -595,7 +608,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                7,    0,                               // version
+                                8,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -626,9 +639,9 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
                          .u32(8)
                          .u32(128)
                          .u32(16)
-                         .u8(2)  // fp8_e4m3
-                         .u8(0)  // page_major
-                         .u8(0)  // attention kind full
+                         .u8(2)   // fp8_e4m3
+                         .u8(0)   // page_major
+                         .u8(0)   // attention kind full
                          .u32(0)  // no window
                          .u32(4096)
                          .u64(2ull << 20)
@@ -782,7 +795,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 7, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 8, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -803,8 +816,8 @@ TEST(ProtocolHeader, BadMagic) {
 TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
   // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
-  // counter list; 6: before the attention kind in PoolInfo.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 8, 0x100, 0xffff};
+  // counter list; 6: before the attention kind in PoolInfo; 7: before lookups with holes.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
