@@ -13,8 +13,8 @@
 // head's tokens are head_dim elements apart in page_major and kv_heads · head_dim in
 // layer_major. 8-bit pools (int8, fp8_e4m3) keep one float scale per (page, layer, KV head, K|V)
 // in a side region, scales[scale_index(geometry, p, layer, head, is_v)] =
-// scales[((p · layers + layer) · kv_heads + head) · 2 + (0 for K, 1 for V)], in both layouts; a
-// stored element x̂ stands for x̂ · scale.
+// scales[((p · layers + layer) · kv_heads + head) · 2 + (0 for K, 1 for V)] (a latent pool: · 1,
+// its one scale for both), in both layouts; a stored element x̂ stands for x̂ · scale.
 // Latent (MLA) pools hold one vector of head_dim elements per token and layer and no V plane
 // (common/geometry.h): the attention kernels read its first value_dim elements as the value row
 // (the latent c), the whole vector as the key ([c, k_rope]), so scores = q·[c, k_rope] =

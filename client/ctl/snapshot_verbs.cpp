@@ -111,7 +111,9 @@ int status_verb(const Globals& g) {
               display_text(backend).c_str(),
               f.tenant.empty() ? "" : (", tenant " + display_text(f.tenant)).c_str());
   const std::string attention =
-      p.window == 0 ? "" : ", " + kind_text(p.kind) + " window " + std::to_string(p.window);
+      p.window != 0 ? ", " + kind_text(p.kind) + " window " + std::to_string(p.window)
+      : p.kind != 0 ? ", " + kind_text(p.kind)
+                    : "";
   std::printf("  geometry  %u layers x %u KV heads x head dim %u, %u tokens/page, %s, %s%s\n",
               p.layers, p.kv_heads, p.head_dim, p.tokens_per_page, dtype_text(p.dtype).c_str(),
               layout_text(p.layout).c_str(), attention.c_str());

@@ -3,7 +3,7 @@
 // the copies that move blocks between the tiers.
 //
 // A slot holds one page packed: the page's runs in the pool memory (page_chunks: one run in
-// page_major, 2 · layers in layer_major) back to back, then its scales (8-bit pools), so
+// page_major, kv_planes · layers in layer_major) back to back, then its scales (8-bit pools), so
 // slot_bytes = page_data_bytes + page_scale_bytes whatever the layout. Demotion copies a page's
 // runs into its slot; promotion copies them back into a newly allocated page; bytes and scales
 // come back exactly as they went.

@@ -102,9 +102,9 @@ class PoolMemory {
   // One descriptor per segment, sent with the hello reply; empty when the backend hands memory
   // over another way. Owned by this object.
   virtual const std::vector<int>& fds() const = 0;
-  // Copies pages (all layers, K and V, and their scales) src[i] → dst[i] on the daemon's own
-  // stream and waits for the copy; `args.kv` is filled in by the caller from base(). Returns ""
-  // or the error text.
+  // Copies pages (all layers, K and V or a latent pool's vectors, and their scales) src[i] → dst[i]
+  // on the daemon's own stream and waits for the copy; `args.kv` is filled in by the caller from
+  // base(). Returns "" or the error text.
   virtual std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) = 0;
 
   // Elastic pools (see above); a fixed pool answers false, its bytes, and refuses to resize.

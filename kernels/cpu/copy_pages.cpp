@@ -1,8 +1,9 @@
-// Copy-pages on the CPU: src[i] → dst[i] for every pair, the whole page (all layers, K and V) and,
-// for 8-bit pools, its 2 · layers · kv_heads scales (kernels/paged_kv.h). A page is the runs of
-// page_chunks: in page_major one run of page_data_bytes from base + page · page_stride (the
-// padding up to page_stride is not part of a page), in layer_major 2 · layers runs of
-// tokens_per_page · kv_heads · head_dim elements, one in each K and V plane.
+// Copy-pages on the CPU: src[i] → dst[i] for every pair, the whole page (all layers, K and V or a
+// latent pool's vectors) and, for 8-bit pools, its kv_planes · layers · kv_heads scales
+// (kernels/paged_kv.h). A page is the runs of page_chunks: in page_major one run of
+// page_data_bytes from base + page · page_stride (the padding up to page_stride is not part of a
+// page), in layer_major kv_planes · layers runs of tokens_per_page · kv_heads · head_dim
+// elements, one in each plane.
 //
 // The whole list is validated before anything is copied, so an error changes nothing: every id
 // below num_pages, destinations distinct, and no page both a source and a destination. A source

@@ -22,7 +22,8 @@
 // Instruction sets (kernels_cpu.h, Isa). A block's four inner loops (K/V row conversion, the
 // group's scores, the softmax block update, the P·V accumulation) come from a BlockOps table
 // picked once per call: the baseline one (portable C++; online_softmax.h's softmax_block_scores)
-// or the AVX2 + FMA + F16C one (attention_avx2.h, when the CPU has it and head_dim % 8 == 0).
+// or the AVX2 + FMA + F16C one (attention_avx2.h, when the CPU has it and head_dim and the value
+// width are multiples of 8).
 // The rest (chunking, prefetching, the merge) is the same code.
 //
 // Latent (MLA) pools. A latent pool is MQA over one vector per token (kernels/paged_kv.h): the
@@ -280,8 +281,9 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
     }
     NextPage next = upcoming_page(a, strides, table, it.head, heads, t0 + kPrefetchPages * t_page,
                                   end, row_bytes);
-    const uint64_t phases =
-        uint64_t{kPrefetchPhases} * heads * ((in_page - skip + kBlock - 1) / kBlock);
+    // A latent block has no V rows to convert: one prefetch call fewer.
+    const uint64_t phases = uint64_t{latent ? kPrefetchPhases - 1 : kPrefetchPhases} * heads *
+                            ((in_page - skip + kBlock - 1) / kBlock);
     next.per_call = (next.runs * next.bytes / kCacheLine + phases - 1) / phases;
     for (uint32_t hh = 0; hh < heads; ++hh) {
       const HeadTile tile =

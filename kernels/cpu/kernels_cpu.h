@@ -10,7 +10,8 @@
 // Instruction sets: decode runs its inner loops either as portable C++ (`baseline`: what the
 // compiler vectorises for the build's target, SSE2 on x86-64) or with AVX2 + FMA + F16C (`avx2`,
 // x86-64 only), chosen per call at run time, so one binary serves old and new CPUs. `automatic`
-// takes avx2 when the CPU supports it and head_dim is a multiple of 8, else baseline; the others
+// takes avx2 when the CPU supports it and head_dim (and a latent pool's value_dim) is a multiple
+// of 8, else baseline; the others
 // force one (tests and benchmarks compare them; forcing one the CPU or head_dim cannot run is an
 // error). Both agree with each other to fp32 rounding, not bit for bit; each is deterministic.
 #pragma once

@@ -207,6 +207,10 @@ std::string check_args(const DecodeArgs& a) {
   if (g.kind == AttentionKind::latent) {
     return "decode: latent (MLA) pools run on the CPU kernels only so far";
   }
+  if (a.value_dim != 0 && a.value_dim != g.head_dim) {
+    return "decode: value_dim " + std::to_string(a.value_dim) + " on a pool whose value rows are " +
+           "head_dim " + std::to_string(g.head_dim) + " wide";
+  }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     return "decode: head_dim must be 64, 128 or 256";
   }

@@ -168,6 +168,10 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   if (g.kind == AttentionKind::latent) {
     return "extend: latent (MLA) pools run on the CPU kernels only so far";
   }
+  if (a.value_dim != 0 && a.value_dim != g.head_dim) {
+    return "extend: value_dim " + std::to_string(a.value_dim) + " on a pool whose value rows are " +
+           "head_dim " + std::to_string(g.head_dim) + " wide";
+  }
   if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
     return "extend: head_dim must be 64, 128 or 256";
   }

@@ -150,7 +150,7 @@ __device__ __forceinline__ void issue_tile(unsigned char* buffer, const PagedKv&
       const float* src = kv.scales;
       if (valid) {
         const uint64_t page = table[t / g.tokens_per_page];
-        src = kv.scales + ((page * g.layers + layer) * g.kv_heads + kvh) * 2;
+        src = kv.scales + scale_index(g, page, layer, kvh, false);  // then V's (a K/V pool)
       }
       cp_async_8(buffer + S::kScaleOffset + r * 8, src, valid);
     }

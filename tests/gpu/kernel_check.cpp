@@ -113,7 +113,7 @@ class Matrix {
   Matrix(KernelTarget& t, bool verbose) : t_(t), verbose_(verbose) {}
 
   void run_case(const Case& c);
-  void run_append_case(KvDtype dtype, KvLayout layout);
+  void run_append_case(KvDtype dtype, KvLayout layout, bool latent);
   int failures() const { return failures_; }
   int comparisons() const { return comparisons_; }
 
@@ -303,9 +303,11 @@ void Matrix::run_case(const Case& c) {
 }
 
 // The target's append writes the same values the CPU append does (compared dequantised); then
-// the target's copy-pages copies what the CPU one does.
-void Matrix::run_append_case(KvDtype dtype, KvLayout layout) {
-  const Geometry g{2, 2, 128, 16, dtype};
+// the target's copy-pages copies what the CPU one does. `latent`: DeepSeek-V3's MLA vector (one
+// 576-value row per token and layer, no V).
+void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent) {
+  const Geometry g = latent ? Geometry{2, 1, 576, 16, dtype, AttentionKind::latent, 0}
+                            : Geometry{2, 2, 128, 16, dtype};
   const uint32_t pages = 8;
   HostPool cpu_pool;
   cpu_pool.g = g;
@@ -313,10 +315,11 @@ void Matrix::run_append_case(KvDtype dtype, KvLayout layout) {
   cpu_pool.num_pages = pages;
   cpu_pool.stride = page_data_bytes(g);
   cpu_pool.mem.assign(pages * cpu_pool.stride, std::byte{0});
-  if (dtype_is_quantized(dtype)) cpu_pool.scales.assign(pages * 2 * 2 * 2, 0.0f);
-  const std::string what = std::string(layout_name(layout)) + " " + std::string(dtype_name(dtype));
+  cpu_pool.scales.assign(pages * page_scale_bytes(g) / sizeof(float), 0.0f);
+  const std::string what = std::string(layout_name(layout)) + " " + std::string(dtype_name(dtype)) +
+                           (latent ? " latent" : "");
   const uint32_t n = 40;
-  std::vector<float> k(n * 2 * 128), v(k.size());
+  std::vector<float> k(size_t{n} * g.kv_heads * g.head_dim), v(latent ? 0 : k.size());
   std::normal_distribution<float> nd(0.0f, 1.0f);
   for (auto& x : k)
     x = nd(rng_) * (1.0f + float(&x - k.data()) / float(k.size()) * 4.0f);
@@ -325,7 +328,7 @@ void Matrix::run_append_case(KvDtype dtype, KvLayout layout) {
   std::vector<int64_t> slots(n);
   for (uint32_t t = 0; t < n; ++t)
     slots[t] = t == 7 ? -1 : int64_t(3 * 16 + t);
-  AppendArgs a{cpu_pool.view(), 1, n, k.data(), v.data(), slots.data()};
+  AppendArgs a{cpu_pool.view(), 1, n, k.data(), latent ? nullptr : v.data(), slots.data()};
   if (const std::string e = cpu::append_kv(a, pages); !e.empty())
     return error("reference append " + what, e);
 
@@ -336,7 +339,7 @@ void Matrix::run_append_case(KvDtype dtype, KvLayout layout) {
   d.kv.base = buf.put(zero);
   d.kv.scales = zero_scales.empty() ? nullptr : buf.put(zero_scales);
   d.k = buf.put(k);
-  d.v = buf.put(v);
+  d.v = latent ? nullptr : buf.put(v);
   d.slots = buf.put(slots);
   std::string err = buf.error();
   if (err.empty()) err = t_.append_kv(d, pages);
@@ -541,8 +544,10 @@ int run_kernel_matrix(KernelTarget& target, bool verbose, const MatrixSelection&
   }
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp16, KvDtype::fp8_e4m3, KvDtype::int8}) {
     if (!wanted(dt)) continue;
-    for (KvLayout layout : {KvLayout::page_major, KvLayout::layer_major})
-      m.run_append_case(dt, layout);
+    for (KvLayout layout : {KvLayout::page_major, KvLayout::layer_major}) {
+      m.run_append_case(dt, layout, false);
+      m.run_append_case(dt, layout, true);
+    }
   }
   if (m.failures() == 0) {
     std::printf("GPU TESTS PASSED: %d comparisons\n", m.comparisons());

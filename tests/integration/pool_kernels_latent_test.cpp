@@ -64,6 +64,17 @@ void write_tokens(PoolKernels& k, const SequenceCache& seq, uint32_t from, uint3
   }
 }
 
+// The bytes of one page (its page_chunks runs) in the attached host pool.
+std::vector<std::byte> page_bytes(const PoolKernels& k, PageId page) {
+  const kernels::PagedKv kv = k.paged_kv();
+  const kernels::PageChunks c = kernels::page_chunks(kv);
+  const auto* base = static_cast<const std::byte*>(kv.base) + uint64_t{page} * c.page;
+  std::vector<std::byte> out;
+  for (uint32_t i = 0; i < c.chunks; ++i)
+    out.insert(out.end(), base + i * c.chunk, base + i * c.chunk + c.chunk_bytes);
+  return out;
+}
+
 // Decode of layer 1 for the query at position kPrompt − 1 with kHeads heads, value_dim kLatent.
 std::vector<float> decode(PoolKernels& k, const SequenceCache& seq, const std::vector<float>& q) {
   const uint32_t ctx = seq.tokens();
@@ -114,7 +125,9 @@ TEST_P(PoolKernelsLatent, APrefixWrittenByOneWorkerDecodesTheSameInAnother) {
   bad.k = row;
   bad.v = row;
   bad.slots = &slot;
+  const std::vector<std::byte> before = page_bytes(ka, seq_a.slot(0).page);
   EXPECT_NE(ka.append_kv(bad).find("v is given for a latent pool"), std::string::npos);
+  EXPECT_EQ(page_bytes(ka, seq_a.slot(0).page), before);
 
   PoolKernels kb(b);
   SequenceCache seq_b(b, hasher, root);

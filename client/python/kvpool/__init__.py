@@ -12,6 +12,7 @@ copy as numpy arrays (host pools) or torch tensors (any pool, through DLPack)::
     fresh = conn.alloc(len(chain) - len(cached))     # pages for the rest: write K/V, then
     conn.publish(fresh, chain[len(cached):])         # name them so every worker finds them
     k_cache, v_cache = kvpool.kv_cache_view(conn, layer=0)   # vLLM's per-layer shape
+    # (a latent / MLA pool: one [num_blocks, block_size, head_dim] tensor, FlashMLA's)
 
 Errors the daemon reports raise kvpool.Error (code, name, message).
 """
