@@ -13,9 +13,8 @@
 // sliding or chunked pool a caller's mask with no window and no chunk gets the pool's, one that
 // names the pool's own is accepted, and one that names another is refused; sinks are the
 // caller's to give. On a latent (MLA) pool append takes k only and decode and extend take the
-// caller's value_dim (the latent width). The CUDA kernels take no mask and no latent pool yet,
-// so on a GPU pool of kind sliding, chunked or latent decode and extend are refused (with the
-// CUDA kernels' message) until they do.
+// caller's value_dim (the latent width). The CUDA kernels take no latent pool yet, so on a GPU
+// pool of kind latent decode and extend are refused (with the CUDA kernels' message).
 //
 // Error policy: each call returns "" or a message naming the bad argument or the failed launch;
 // a pool on a GPU in a build without CUDA is refused. Thread-safety: one thread at a time.

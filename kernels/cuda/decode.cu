@@ -1,9 +1,13 @@
 // Paged-attention decode on the GPU (design summary in kernels_cuda.h).
 //
-// One CTA (4 warps) per (split chunk, KV head, sequence) serves that KV head's whole query group
-// over tokens [chunk · split, min(ctx, (chunk + 1) · split)). The chunk streams through shared
-// memory in tiles with a 3-stage cp.async pipeline (kv_tile.cuh: stream_tiles), so the loads of
-// the next two tiles are in flight while the CTA computes on the current one.
+// One CTA (4 warps) per (split chunk, KV head, group slice, sequence) serves up to kG (≤ 8) query
+// heads of that KV head's group (a group wider than 8 takes ceil(group / 8) slices, each reading
+// the chunk's K/V) over tokens [chunk · split, min(ctx, (chunk + 1) · split)), from the first key
+// the mask lets the query see (AttentionMask: a sliding window or an attention chunk; a split
+// chunk wholly before it streams nothing and weighs nothing in the merge). Sinks join the
+// denominator once, where acc / l is written (here or in merge_chunks). The chunk streams through
+// shared memory in tiles with a 3-stage cp.async pipeline (kv_tile.cuh: stream_tiles), so the loads
+// of the next two tiles are in flight while the CTA computes on the current one.
 //
 // Compute on a tile. Each warp is kRowsPerWarp lane groups of kLanesPerRow = D / 8 lanes; a lane
 // holds 8 elements of every query row of the group (pre-scaled by args.scale; heads past the
@@ -64,21 +68,25 @@ __global__ void __launch_bounds__(kThreads, 2)
   auto* smem = reinterpret_cast<unsigned char*>(smem_u4);
 
   const uint32_t chunk = blockIdx.x;
-  const uint32_t kvh = blockIdx.y;
+  const int full_group = static_cast<int>(a.num_q_heads / a.kv.geometry.kv_heads);
+  const int slices = (full_group + kG - 1) / kG;
+  const uint32_t kvh = blockIdx.y / static_cast<uint32_t>(slices);
+  const int slice = static_cast<int>(blockIdx.y % static_cast<uint32_t>(slices));
+  const int group = min(kG, full_group - slice * kG);  // this CTA's query heads
   const uint32_t seq = blockIdx.z;
-  const int group = static_cast<int>(a.num_q_heads / a.kv.geometry.kv_heads);
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int lane_group = lane / S::kLanesPerRow;
   const int col = lane % S::kLanesPerRow;  // this lane's 8 elements: [col · 8, col · 8 + 8)
   const uint32_t ctx = a.context_lens[seq];
-  const uint32_t begin = chunk * split;
-  const uint32_t end = min(ctx, begin + split);
+  const uint32_t begin = max(chunk * split, first_visible_key(a.mask, ctx - 1));
+  const uint32_t end = min(ctx, chunk * split + split);
 
   float q[kG][8];
   float acc[kG][8];
   SoftmaxStats st[kG];
-  const uint64_t row0 = uint64_t(seq) * a.num_q_heads + uint64_t(kvh) * group;
+  const uint64_t row0 =
+      uint64_t(seq) * a.num_q_heads + uint64_t(kvh) * full_group + uint64_t(slice) * kG;
 #pragma unroll
   for (int h = 0; h < kG; ++h) {
 #pragma unroll
@@ -167,7 +175,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       softmax_merge(total, &total_acc, s_st[w * kG + h], &s_acc[(w * kG + h) * D + d], 1);
     const uint64_t row = row0 + h;
     if (num_chunks == 1) {
-      a.out[row * D + d] = total_acc / total.l;
+      const float sink =
+          a.mask.sinks != nullptr ? expf(a.mask.sinks[row % a.num_q_heads] - total.m) : 0.0f;
+      a.out[row * D + d] = total_acc / (total.l + sink);
     } else {
       ws_acc[(row * num_chunks + chunk) * D + d] = total_acc;
       if (d == 0) ws_stats[row * num_chunks + chunk] = make_float2(total.m, total.l);
@@ -176,8 +186,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 }
 
 // Combines the chunk states of one (sequence, query head) row in chunk order; head_dim threads.
+// sinks (or null): the row's query head's sink joins the denominator.
 __global__ void merge_chunks(uint32_t num_chunks, uint32_t head_dim, const float* ws_acc,
-                             const float2* ws_stats, float* out) {
+                             const float2* ws_stats, const float* sinks, uint32_t num_q_heads,
+                             float* out) {
   const uint64_t row = blockIdx.x;
   const uint32_t d = threadIdx.x;
   SoftmaxStats total;
@@ -189,7 +201,8 @@ __global__ void merge_chunks(uint32_t num_chunks, uint32_t head_dim, const float
     part.l = m_l.y;
     softmax_merge(total, &total_acc, part, &ws_acc[(row * num_chunks + c) * head_dim + d], 1);
   }
-  out[row * head_dim + d] = total_acc / total.l;
+  const float sink = sinks != nullptr ? expf(sinks[row % num_q_heads] - total.m) : 0.0f;
+  out[row * head_dim + d] = total_acc / (total.l + sink);
 }
 
 std::string check_args(const DecodeArgs& a) {
@@ -199,11 +212,12 @@ std::string check_args(const DecodeArgs& a) {
   if (a.num_q_heads == 0 || a.num_q_heads % g.kv_heads != 0) {
     return "decode: num_q_heads must be a positive multiple of kv_heads";
   }
-  if (a.num_q_heads / g.kv_heads > kMaxGroup) return "decode: more than 8 query heads per KV head";
-  if (!mask_is_none(a.mask)) {
-    return "decode: sliding windows, chunked attention and sinks (mask) run on the CPU kernels "
-           "only so far";
+  // Groups wider than kMaxGroup run in slices of it, one CTA row each (grid.y ≤ 65535).
+  const uint64_t slices = (a.num_q_heads / g.kv_heads + kMaxGroup - 1) / kMaxGroup;
+  if (uint64_t{g.kv_heads} * slices > 65535) {
+    return "decode: kv_heads × ceil(group / 8) exceeds the grid's 65535";
   }
+  if (a.mask.window_left < -1) return "decode: mask.window_left is below -1";
   if (g.kind == AttentionKind::latent) {
     return "decode: latent (MLA) pools run on the CPU kernels only so far";
   }
@@ -273,7 +287,9 @@ std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void
                        ? reinterpret_cast<float2*>(ws_acc + rows * chunks * a.kv.geometry.head_dim)
                        : nullptr;
   auto s = static_cast<cudaStream_t>(stream);
-  const dim3 grid(chunks, a.kv.geometry.kv_heads, a.num_seqs);
+  const uint32_t group = a.num_q_heads / a.kv.geometry.kv_heads;
+  const uint32_t slices = group <= kMaxGroup ? 1 : (group + kMaxGroup - 1) / kMaxGroup;
+  const dim3 grid(chunks, a.kv.geometry.kv_heads * slices, a.num_seqs);
   cudaError_t err = cudaSuccess;
   dispatch_dtype(a.kv.geometry.dtype, [&](auto dt) {
     dispatch_head_dim(a.kv.geometry.head_dim, [&](auto d) {
@@ -293,7 +309,7 @@ std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void
   if (err != cudaSuccess) return std::string("decode: ") + cudaGetErrorString(err);
   if (chunks > 1) {
     merge_chunks<<<static_cast<unsigned>(rows), a.kv.geometry.head_dim, 0, s>>>(
-        chunks, a.kv.geometry.head_dim, ws_acc, ws_stats, a.out);
+        chunks, a.kv.geometry.head_dim, ws_acc, ws_stats, a.mask.sinks, a.num_q_heads, a.out);
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return std::string("decode: launch failed: ") + cudaGetErrorString(err);

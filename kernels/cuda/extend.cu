@@ -3,27 +3,31 @@
 // kernels_cuda.h).
 //
 // Tiling. The new tokens of all sequences are numbered 0 .. total_new − 1 (q_offsets order). CTA
-// (x, kvh) takes the query tile of rows [x · rows, (x + 1) · rows) for the whole query group of
-// KV head kvh: rows · group ≤ kQueryVectors query vectors (row, head), rows = kQueryVectors /
-// group. A query vector lives in one lane group (kLanesPerRow lanes, 8 elements of q and of the
-// accumulator per lane), kSlots of them per lane group:
-//   query vector qv = (slot · kWarps + warp) · kRowsPerWarp + lane_group,  row qv / group,
-//   head qv % group;
+// (x, y) takes the query tile of rows [x · rows, (x + 1) · rows) for `heads` query heads of one
+// KV head's group: kvh = y / slices, heads [slice · heads, ...) with slice = y % slices; heads =
+// min(group, kQueryVectors), so a group wider than a CTA's query vectors (Falcon's 71 at head dim
+// 256) takes several slices, each streaming the K/V. rows · heads ≤ kQueryVectors query vectors
+// (row, head), rows = kQueryVectors / heads. A query vector lives in one lane group (kLanesPerRow
+// lanes, 8 elements of q and of the accumulator per lane), kSlots of them per lane group:
+//   query vector qv = (slot · kWarps + warp) · kRowsPerWarp + lane_group,  row qv / heads,
+//   head slice · heads + qv % heads (inactive past the group);
 // slots past rows · group or outside the current sequence segment are inactive (q = 0, every
 // score −inf, nothing written). The tile's rows belong to one or more sequences; each sequence
-// segment [seg, seg_end) is processed in turn: its keys [0, last position + 1) stream through
+// segment [seg, seg_end) is processed in turn: its keys [f, last position + 1) stream through
 // shared memory once (kv_tile.cuh: stream_tiles, 3-stage cp.async pipeline) and every lane
 // group uses every key of every K/V tile for all its slots, so each K/V row is read from global
-// memory once per CTA instead of once per (token, head).
+// memory once per CTA instead of once per (token, head); f is the first key the segment's first
+// row sees through the mask (AttentionMask), and a later row's own first key masks the rest.
 //
 // Per tile, in blocks of kSub keys: scores = group_sum of the lane dots, masked to −inf unless
-// the slot is active and key ≤ the slot's position (causal; positions past the sequence's keys
-// are zero-filled in shared memory and also past every position); softmax_block_scores
-// (online_softmax.h) per slot; then acc · corr + Σ p · v with the same keys' V rows. At the end of
-// a segment each active slot writes acc / l.
+// the slot is active and the slot's first visible key ≤ key ≤ its position (causal; positions
+// past the sequence's keys are zero-filled in shared memory and also past every position);
+// softmax_block_scores (online_softmax.h) per slot; then acc · corr + Σ p · v with the same keys'
+// V rows. At the end of a segment each active slot writes acc / l (l + e^{sink − m} with sinks).
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/dtype_load.cuh"
@@ -48,12 +52,14 @@ struct ExtendShape : TileShape<DT, D> {
 
 template <KvDtype DT, int D>
 __global__ void __launch_bounds__(kThreads, 2)
-    extend_kernel(ExtendArgs a, uint32_t total_new, uint32_t rows_per_cta) {
+    extend_kernel(ExtendArgs a, uint32_t total_new, uint32_t rows_per_cta, uint32_t heads,
+                  uint32_t slices) {
   using S = ExtendShape<DT, D>;
   extern __shared__ uint4 smem_u4[];
   auto* smem = reinterpret_cast<unsigned char*>(smem_u4);
 
-  const uint32_t kvh = blockIdx.y;
+  const uint32_t kvh = blockIdx.y / slices;
+  const uint32_t head0 = (blockIdx.y % slices) * heads;  // this CTA's first head of the group
   const uint32_t group = a.num_q_heads / a.kv.geometry.kv_heads;
   const uint32_t r0 = blockIdx.x * rows_per_cta;
   const uint32_t r1 = min(total_new, r0 + rows_per_cta);
@@ -86,14 +92,17 @@ __global__ void __launch_bounds__(kThreads, 2)
     SoftmaxStats st[kSlots];
     bool active[kSlots];
     uint32_t pos[kSlots];
+    uint32_t first_key[kSlots];
     uint64_t out_row[kSlots];
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
       const auto qv = static_cast<uint32_t>((slot * kWarps + warp) * S::kRowsPerWarp + lane_group);
-      const uint32_t row = r0 + qv / group;
-      active[slot] = qv < rows_per_cta * group && row >= seg && row < seg_end;
+      const uint32_t row = r0 + qv / heads;
+      const uint32_t head = head0 + qv % heads;
+      active[slot] = qv < rows_per_cta * heads && head < group && row >= seg && row < seg_end;
       pos[slot] = first_pos + (row - q_begin);
-      out_row[slot] = uint64_t(row) * a.num_q_heads + uint64_t(kvh) * group + qv % group;
+      first_key[slot] = first_visible_key(a.mask, pos[slot]);
+      out_row[slot] = uint64_t(row) * a.num_q_heads + uint64_t(kvh) * group + head;
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         q[slot][e] = active[slot] ? a.q[out_row[slot] * D + col * 8 + e] * a.scale : 0.0f;
@@ -103,49 +112,56 @@ __global__ void __launch_bounds__(kThreads, 2)
 
     const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
     const uint32_t keys = first_pos + (seg_end - q_begin);  // the segment's last row sees these
-    stream_tiles<DT, D>(smem, a.kv, table, a.layer, kvh, 0, keys,
-                        [&](const unsigned char* tile, uint32_t tile_start) {
+    const uint32_t seg_first = first_visible_key(a.mask, first_pos + (seg - q_begin));
+    stream_tiles<DT, D>(
+        smem, a.kv, table, a.layer, kvh, seg_first, keys,
+        [&](const unsigned char* tile, uint32_t tile_start) {
 #pragma unroll 1
-                          for (int k0 = 0; k0 < S::kTile; k0 += kSub) {
-                            float s[kSlots][kSub];
+          for (int k0 = 0; k0 < S::kTile; k0 += kSub) {
+            float s[kSlots][kSub];
 #pragma unroll
-                            for (int b = 0; b < kSub; ++b) {
-                              float k[8];
-                              tile_row8<DT, D>(tile, 0, k0 + b, col, k);
-                              const uint32_t key = tile_start + static_cast<uint32_t>(k0 + b);
+            for (int b = 0; b < kSub; ++b) {
+              float k[8];
+              tile_row8<DT, D>(tile, 0, k0 + b, col, k);
+              const uint32_t key = tile_start + static_cast<uint32_t>(k0 + b);
 #pragma unroll
-                              for (int slot = 0; slot < kSlots; ++slot) {
-                                const float score = group_sum<S::kLanesPerRow>(dot8(q[slot], k));
-                                s[slot][b] = active[slot] && key <= pos[slot] ? score : -INFINITY;
-                              }
-                            }
+              for (int slot = 0; slot < kSlots; ++slot) {
+                const float score = group_sum<S::kLanesPerRow>(dot8(q[slot], k));
+                s[slot][b] =
+                    active[slot] && key >= first_key[slot] && key <= pos[slot] ? score : -INFINITY;
+              }
+            }
 #pragma unroll
-                            for (int slot = 0; slot < kSlots; ++slot) {
-                              const float corr = softmax_block_scores(st[slot], s[slot], kSub);
+            for (int slot = 0; slot < kSlots; ++slot) {
+              const float corr = softmax_block_scores(st[slot], s[slot], kSub);
 #pragma unroll
-                              for (int e = 0; e < 8; ++e)
-                                acc[slot][e] *= corr;
-                            }
+              for (int e = 0; e < 8; ++e)
+                acc[slot][e] *= corr;
+            }
 #pragma unroll
-                            for (int b = 0; b < kSub; ++b) {
-                              float v[8];
-                              tile_row8<DT, D>(tile, 1, k0 + b, col, v);
+            for (int b = 0; b < kSub; ++b) {
+              float v[8];
+              tile_row8<DT, D>(tile, 1, k0 + b, col, v);
 #pragma unroll
-                              for (int slot = 0; slot < kSlots; ++slot) {
+              for (int slot = 0; slot < kSlots; ++slot) {
 #pragma unroll
-                                for (int e = 0; e < 8; ++e)
-                                  acc[slot][e] = fmaf(s[slot][b], v[e], acc[slot][e]);
-                              }
-                            }
-                          }
-                        });
+                for (int e = 0; e < 8; ++e)
+                  acc[slot][e] = fmaf(s[slot][b], v[e], acc[slot][e]);
+              }
+            }
+          }
+        });
 
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
       if (!active[slot]) continue;
+      const float den =
+          st[slot].l + (a.mask.sinks != nullptr
+                            ? expf(a.mask.sinks[out_row[slot] % a.num_q_heads] - st[slot].m)
+                            : 0.0f);
 #pragma unroll
       for (int e = 0; e < 8; ++e)
-        a.out[out_row[slot] * D + col * 8 + e] = acc[slot][e] / st[slot].l;
+        a.out[out_row[slot] * D + col * 8 + e] = acc[slot][e] / den;
     }
     seg = seg_end;
   }
@@ -160,11 +176,7 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   if (a.num_q_heads == 0 || a.num_q_heads % g.kv_heads != 0) {
     return "extend: num_q_heads must be a positive multiple of kv_heads";
   }
-  if (a.num_q_heads / g.kv_heads > kMaxGroup) return "extend: more than 8 query heads per KV head";
-  if (!mask_is_none(a.mask)) {
-    return "extend: sliding windows, chunked attention and sinks (mask) run on the CPU kernels "
-           "only so far";
-  }
+  if (a.mask.window_left < -1) return "extend: mask.window_left is below -1";
   if (g.kind == AttentionKind::latent) {
     return "extend: latent (MLA) pools run on the CPU kernels only so far";
   }
@@ -192,11 +204,19 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
       constexpr KvDtype kDt = decltype(dt)::value;
       constexpr int kD = decltype(d)::value;
       constexpr int kSmem = ExtendShape<kDt, kD>::kPipelineBytes;
-      const uint32_t rows = ExtendShape<kDt, kD>::kQueryVectors / group;
-      const dim3 grid((total_new_tokens + rows - 1) / rows, g.kv_heads);
+      const uint32_t vectors = ExtendShape<kDt, kD>::kQueryVectors;
+      const uint32_t heads = std::min(group, vectors);  // query heads per CTA
+      const uint32_t slices = (group + heads - 1) / heads;
+      const uint32_t rows = vectors / heads;
+      if (uint64_t{g.kv_heads} * slices > 65535) {
+        err = cudaErrorInvalidConfiguration;
+        return;
+      }
+      const dim3 grid((total_new_tokens + rows - 1) / rows, g.kv_heads * slices);
       err = allow_dynamic_smem<extend_kernel<kDt, kD>, kSmem>();
       if (err == cudaSuccess) {
-        extend_kernel<kDt, kD><<<grid, kThreads, kSmem, s>>>(a, total_new_tokens, rows);
+        extend_kernel<kDt, kD>
+            <<<grid, kThreads, kSmem, s>>>(a, total_new_tokens, rows, heads, slices);
       }
     });
   });

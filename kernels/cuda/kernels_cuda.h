@@ -6,26 +6,30 @@
 // the host; page ids and lengths in device arrays are the caller's contract, as for any kernel.
 //
 // Design (sm_90a plus PTX):
-//   decode   one CTA (4 warps) per (split chunk, KV head, sequence), serving that head's whole
-//            query group. The chunk's K and V rows stream through shared memory in tiles of
-//            16 KiB (K + V) with a 3-stage cp.async pipeline (kv_tile.cuh): two tiles in flight
-//            while the CTA computes on a third; positions past the chunk are zero-filled, never
-//            read. Lane groups of D/8 lanes (8 elements per lane) take different rows of a tile,
-//            score them against every query head of the group, and keep per-head online-softmax
-//            states updated once per 4 rows (online_softmax.h: softmax_block_scores); lane
-//            groups and warps merge with softmax_merge. With more than one chunk the chunk
-//            states go to a workspace and a merge kernel combines them in chunk order.
-//   extend   one CTA per (tile of new tokens, KV head): 16 to 64 query vectors (token, head of
-//            the group) held by its lane groups, K/V tiles streamed once per CTA through the same
-//            pipeline and used by all of them, causal mask per query row, online softmax per row.
+//   decode   one CTA (4 warps) per (split chunk, KV head × group slice, sequence), serving up to
+//            8 query heads of that KV head's group. The chunk's K and V rows stream through shared
+//            memory in tiles of 16 KiB (K + V) with a 3-stage cp.async pipeline (kv_tile.cuh): two
+//            tiles in flight while the CTA computes on a third; positions past the chunk are
+//            zero-filled, never read. Lane groups of D/8 lanes (8 elements per lane) take different
+//            rows of a tile, score them against every query head of the group, and keep per-head
+//            online-softmax states updated once per 4 rows (online_softmax.h:
+//            softmax_block_scores); lane groups and warps merge with softmax_merge. With more than
+//            one chunk the chunk states go to a workspace and a merge kernel combines them in chunk
+//            order.
+//   extend   one CTA per (tile of new tokens, KV head, slice of its query group): 16 to 64 query
+//            vectors (token, head of the group) held by its lane groups, K/V tiles streamed once
+//            per CTA through the same pipeline and used by all of them, causal mask (and the
+//            AttentionMask's window or chunk) per query row, online softmax per row.
 //   append   16-bit pools: one block per token, converting and storing rows; 8-bit pools: one block
 //            per (KV head, K|V) walking the tokens in order, so a page's scale rules hold.
 //   copy     one block per (source, destination) pair, 16-byte vector copies.
 // Instantiated for head dims 64, 128, 256 and the four KV dtypes; decode also for query-group
-// buckets 1, 4, 8 (a group of 2 or 3 runs in bucket 4 with zero query rows for the rest). The
-// group is at most kMaxGroup. decode and extend need kv.base and kv.page_stride to be multiples
-// of 16 bytes and kv.scales of 8 (their 16-byte row copies); so does append_kv into a 16-bit pool
-// (its 16-byte stores). Each is checked before the launch and named in the error.
+// buckets 1, 4, 8 (a group of 2 or 3 runs in bucket 4 with zero query rows for the rest; a
+// group wider than kMaxGroup runs in slices of 8, one CTA each, every slice reading the chunk's
+// K/V). Sliding windows, chunks and sinks (AttentionMask) are taken by decode and extend; latent
+// (MLA) pools are not (the CPU kernels run them). decode and extend need kv.base and kv.page_stride
+// to be multiples of 16 bytes and kv.scales of 8 (their 16-byte row copies); so does append_kv into
+// a 16-bit pool (its 16-byte stores). Each is checked before the launch and named in the error.
 #pragma once
 
 #include <cstddef>

@@ -41,6 +41,10 @@ struct Case {
   std::vector<uint32_t> contexts;
   std::vector<uint32_t> splits;  // decode split_tokens to run: 0 = planned, 1 << 20 = no split
   KvLayout layout = KvLayout::page_major;
+  // AttentionMask: a sliding window (window_left ≥ 0), an attention chunk, per-head sinks.
+  int32_t window_left = -1;
+  uint32_t chunk = 0;
+  bool sinks = false;
 };
 
 // Target memory freed at scope exit; each put/get records the first error.
@@ -136,12 +140,16 @@ class Matrix {
 };
 
 std::string describe(const Case& c) {
-  char buf[160];
+  char buf[200];
   std::snprintf(buf, sizeof buf, "%-11s %-9s D=%-3u group=%u T=%-2u seqs=%zu",
                 std::string(layout_name(c.layout)).c_str(),
                 std::string(dtype_name(c.dtype)).c_str(), c.head_dim, c.group, c.tpp,
                 c.contexts.size());
-  return buf;
+  std::string out = buf;
+  if (c.window_left >= 0) out += " window_left=" + std::to_string(c.window_left);
+  if (c.chunk != 0) out += " chunk=" + std::to_string(c.chunk);
+  if (c.sinks) out += " sinks";
+  return out;
 }
 
 void Matrix::expect_close(const char* what, const Case& c, uint32_t detail, const std::string& err,
@@ -225,6 +233,9 @@ void Matrix::run_case(const Case& c) {
   for (auto& x : q)
     x = nd(rng_);
   std::vector<float> want(q.size()), got(q.size());
+  std::vector<float> sinks(q_heads);
+  for (auto& x : sinks)
+    x = nd(rng_) * 2.0f;
   DecodeArgs a;
   a.kv = p.view();
   a.layer = layer;
@@ -236,6 +247,7 @@ void Matrix::run_case(const Case& c) {
   a.block_table_stride = blocks;
   a.context_lens = c.contexts.data();
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
+  a.mask = AttentionMask{c.window_left, c.chunk, c.sinks ? sinks.data() : nullptr};
   if (const std::string e = cpu::decode(a, p.num_pages); !e.empty())
     return error("reference decode " + describe(c), e);
 
@@ -247,6 +259,7 @@ void Matrix::run_case(const Case& c) {
   d.q = buf.put(q);
   d.block_tables = buf.put(tables);
   d.context_lens = buf.put(c.contexts);
+  if (c.sinks) d.mask.sinks = buf.put(sinks);
   if (!buf.error().empty()) return error("upload " + describe(c), buf.error());
   for (uint32_t split : c.splits) {
     d.split_tokens = split;
@@ -280,7 +293,7 @@ void Matrix::run_case(const Case& c) {
       x = nd(rng_);
     std::vector<float> ewant(eq.size()), egot(eq.size(), std::nanf(""));
     ExtendArgs e{p.view(),       layer,         nseq,   q_heads,           eq.data(), ewant.data(),
-                 offsets.data(), tables.data(), blocks, c.contexts.data(), a.scale,   {}};
+                 offsets.data(), tables.data(), blocks, c.contexts.data(), a.scale,   a.mask};
     if (const std::string err = cpu::extend(e, p.num_pages); !err.empty())
       return error("reference extend " + describe(c), err);
     TargetBuffers run(t_);
@@ -291,6 +304,7 @@ void Matrix::run_case(const Case& c) {
     ed.q_offsets = run.put(offsets);
     ed.block_tables = d.block_tables;
     ed.context_lens = d.context_lens;
+    ed.mask.sinks = d.mask.sinks;
     std::string err = run.error();
     if (err.empty()) err = t_.extend(ed, offsets.back(), p.num_pages);
     if (err.empty()) err = t_.synchronize();
@@ -428,6 +442,17 @@ std::vector<Case> matrix_cases() {
       }
     }
     cases.push_back({dt, 128, 3, 8, {9, 2049}, {8, 0}, KvLayout::layer_major});
+    // Attention shapes: groups wider than a CTA's 8 heads (Qwen3-235B's 16, Falcon-7B's 71),
+    // sliding windows ending inside a page and wider than the context, chunks, sinks, in both
+    // layouts and with splits before the window.
+    cases.push_back({dt, 128, 16, 16, {1, 40, 700}, {0, 64, kNoSplit}});
+    cases.push_back({dt, 64, 71, 16, {3, 90}, {0, kNoSplit}, KvLayout::layer_major});
+    cases.push_back(
+        {dt, 128, 4, 16, {1, 20, 33, 600, 3000}, {0, 64, kNoSplit}, KvLayout::page_major, 19});
+    cases.push_back({dt, 64, 8, 8, {5, 1000}, {16, 0}, KvLayout::layer_major, 4095});
+    cases.push_back({dt, 256, 2, 32, {31, 500}, {0, kNoSplit}, KvLayout::page_major, -1, 64});
+    cases.push_back({dt, 128, 8, 16, {7, 130, 2000}, {32, 0}, KvLayout::layer_major, 127, 0, true});
+    cases.push_back({dt, 64, 1, 16, {1, 77}, {0}, KvLayout::page_major, -1, 0, true});
   }
   return cases;
 }

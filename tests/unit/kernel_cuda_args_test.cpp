@@ -52,7 +52,9 @@ TEST(CudaKernelArgs, DecodeAndExtendNeed16ByteAlignment) {
   EXPECT_NE(cuda::extend(e, 1, nullptr).find("multiples of 16 bytes"), std::string::npos);
 }
 
-TEST(CudaKernelArgs, MasksAreRefusedUntilTheCudaKernelsRunThem) {
+// The CUDA kernels take masks and wide groups; a bad window, a value width they would ignore and
+// a latent pool (whose attention runs on the CPU kernels) are refused before any launch.
+TEST(CudaKernelArgs, LatentPoolsAndBadMaskFieldsAreRefused) {
   const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
   const float q = 0;
   float out = 0;
@@ -68,12 +70,22 @@ TEST(CudaKernelArgs, MasksAreRefusedUntilTheCudaKernelsRunThem) {
   d.block_tables = &table;
   d.block_table_stride = 1;
   d.context_lens = &len;
-  d.mask.window_left = 127;
-  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("run on the CPU kernels only"),
-            std::string::npos);
+  d.mask.window_left = -2;
+  EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr), "decode: mask.window_left is below -1");
   ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}};
-  e.mask.chunk = 8192;
-  EXPECT_NE(cuda::extend(e, 1, nullptr).find("run on the CPU kernels only"), std::string::npos);
+  e.mask.window_left = -5;
+  EXPECT_EQ(cuda::extend(e, 1, nullptr), "extend: mask.window_left is below -1");
+  d.mask.window_left = -1;
+  d.value_dim = 64;
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("value_dim 64"), std::string::npos);
+  d.value_dim = 0;
+  d.kv.geometry = Geometry{2, 1, 576, 64, KvDtype::bf16, AttentionKind::latent, 0};
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("latent (MLA) pools run on the CPU"),
+            std::string::npos);
+  e.mask.window_left = -1;
+  e.kv.geometry = d.kv.geometry;
+  EXPECT_NE(cuda::extend(e, 1, nullptr).find("latent (MLA) pools run on the CPU"),
+            std::string::npos);
 }
 
 }  // namespace
