@@ -149,6 +149,8 @@ def geometry_problems(socket):
                     if getattr(g, key) != value]
         if g.dtype not in ("fp16", "bf16"):
             problems.append(f"dtype {g.dtype} (needs fp16 or bf16)")
+        if g.kind != "full":
+            problems.append(f"kind {g.kind} (the toy model attends to every token: needs full)")
         return problems
     finally:
         conn.close()

@@ -88,10 +88,15 @@ bool work(const Trace& trace, const DaemonReplayOptions& o, uint32_t index, Work
       fail(w, "lookup: " + hits.error().message);
       return false;
     }
-    held = std::move(hits.value());
+    // A sliding or chunked pool may answer kNoPage before its window: no page, nothing held.
+    const size_t answered = hits.value().size();
+    held.clear();
+    for (const PageId p : hits.value()) {
+      if (p != kNoPage) held.push_back(p);
+    }
     w.hit_pages += held.size();
     w.page_ops += chain.size();
-    for (size_t i = held.size(); i < chain.size(); ++i) {
+    for (size_t i = answered; i < chain.size(); ++i) {
       t0 = Clock::now();
       auto one = c.lookup(std::span(chain).subspan(i, 1));
       record(w, kLookup, t0);

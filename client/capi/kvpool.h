@@ -107,7 +107,9 @@ int kvpool_retain(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
 int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
 /* *hits pages of the longest cached prefix of chain, each now held, into out (room for n). On a
  * sliding or chunked pool the prefix may skip blocks that no query resuming after it reads (those
- * before the window of its last block): their entries are KVPOOL_NO_PAGE, and hold nothing. */
+ * before the window of its last block): their entries are KVPOOL_NO_PAGE, and hold nothing. Such
+ * a hit of *hits blocks serves a sequence resuming at token *hits · tokens_per_page exactly; one
+ * resuming earlier must look up the shorter chain. */
 #define KVPOOL_NO_PAGE 0xFFFFFFFFu
 int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
                   uint32_t* hits);

@@ -98,7 +98,9 @@ class Connection {
   Result<Ok> release(std::span<const PageId> pages);
   // The pages of the longest cached prefix of `chain`, each now held by this session. On a
   // sliding or chunked pool the prefix may skip blocks that no query resuming after it reads
-  // (core::PagePool::lookup_window): their entries are kNoPage.
+  // (core::PagePool::lookup_window): their entries are kNoPage. Such a hit of n blocks serves a
+  // sequence resuming at token n · tokens_per_page exactly: one that resumes earlier (to recompute
+  // the last token, say) needs blocks before the window and must look up the shorter chain.
   Result<std::vector<PageId>> lookup(std::span<const BlockHash> chain, const PageHints& hints = {});
   // The same, with the tier that served each hit (wire::kTierDevice, wire::kTierHost for a
   // block the daemon promoted from the pool's host tier into the page before answering, or

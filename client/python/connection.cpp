@@ -181,7 +181,8 @@ void bind_connection(py::module_& m) {
           py::arg("pin_ttl_ms") = 0,
           "The pages of the longest cached prefix of chain, each now held by this session. On a "
           "sliding or chunked pool the prefix may skip blocks no resumed query reads (before "
-          "the window of its last block): those entries are None.")
+          "the window of its last block): those entries are None, and the hit serves a sequence "
+          "resuming right after it (one resuming earlier looks up the shorter chain).")
       .def(
           "lookup_with_tiers",
           [](PyConnection& c, const std::vector<BlockHash>& chain, const py::object& priority,

@@ -60,10 +60,6 @@ std::string PoolKernels::decode(kernels::DecodeArgs args, uint32_t max_context, 
   if (std::string e = pool_mask(args.mask); !e.empty()) return e;
   if (device_ < 0) return kernels::cpu::decode(args, connection_.pool().num_pages);
 #ifdef KVPOOL_WITH_CUDA
-  if (args.kv.geometry.kind == AttentionKind::latent) {
-    // Before any workspace is sized for a 576-wide head the kernels then refuse.
-    return "decode: latent (MLA) pools run on the CPU kernels only so far";
-  }
   cudaSetDevice(device_);
   const size_t need = kernels::cuda::decode_workspace_bytes(args, max_context, sm_count_);
   if (need > workspace_bytes_) {

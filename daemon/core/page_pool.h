@@ -198,11 +198,12 @@ class PagePool {
   // chunked; any other kind is lookup() itself): a sequence resuming after n cached blocks reads
   // only blocks [first_needed_block(geometry, n), n) (common/geometry.h), so the answer is the
   // longest n for which those are cached, whether or not earlier blocks are. When that n is the
-  // contiguous prefix's, it is lookup()'s answer exactly; otherwise out[0, f) = kNoPage (f the
-  // first needed block), blocks [f, n) are retained as lookup() retains them (quota, hints and
-  // pins included), and hits = n. A window whose pages would pass `new_pages_allowed`, or that
-  // names one page twice, is not taken: the contiguous prefix answers. Counted as one lookup of
-  // chain.size() blocks with n − f hits. Cost: one index probe per block of the chain.
+  // contiguous prefix's (for a chain that names no hash twice), it is lookup()'s answer exactly;
+  // otherwise out[0, f) = kNoPage (f the first needed block), blocks [f, n) are retained as
+  // lookup() retains them (quota, hints and pins included), and hits = n. A window whose pages
+  // would pass `new_pages_allowed`, or that names one page twice, is not taken: the contiguous
+  // prefix answers. Counted as one lookup of chain.size() blocks with n − f hits. Cost: one index
+  // probe per block of the chain.
   Status lookup_window(OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
                        const Geometry& geometry, std::span<PageId> out, uint32_t& hits,
                        uint32_t new_pages_allowed = kUnlimited, const CallHints& hints = {});

@@ -4,16 +4,18 @@
 // kernels/online_softmax.h, split-KV merged as on the GPU, quantisation of kernels/kv_dtype.h.
 // Work is spread over `threads` std::threads (0 = std::thread::hardware_concurrency()).
 // Preconditions (checked, returning an error message; empty string = ok): geometry valid,
-// num_q_heads a positive multiple of kv_heads, layer < layers, every page id in a block table
-// or copy list below `num_pages`, context lengths ≥ 1 and within the block table.
+// num_q_heads a positive multiple of kv_heads, layer < layers, every page id a call reads below
+// `num_pages` (block-table entries from the page of the first key the mask lets a query see;
+// earlier ones are never read and may be kNoPage; every id of a copy list), context lengths ≥ 1
+// and within the block table.
 //
 // Instruction sets: decode runs its inner loops either as portable C++ (`baseline`: what the
 // compiler vectorises for the build's target, SSE2 on x86-64) or with AVX2 + FMA + F16C (`avx2`,
 // x86-64 only), chosen per call at run time, so one binary serves old and new CPUs. `automatic`
 // takes avx2 when the CPU supports it and head_dim (and a latent pool's value_dim) is a multiple
-// of 8, else baseline; the others
-// force one (tests and benchmarks compare them; forcing one the CPU or head_dim cannot run is an
-// error). Both agree with each other to fp32 rounding, not bit for bit; each is deterministic.
+// of 8, else baseline; the others force one (tests and benchmarks compare them; forcing one the
+// CPU or head_dim cannot run is an error). Both agree with each other to fp32 rounding, not bit for
+// bit; each is deterministic.
 #pragma once
 
 #include <cstdint>

@@ -218,9 +218,6 @@ std::string check_args(const DecodeArgs& a) {
     return "decode: kv_heads × ceil(group / 8) exceeds the grid's 65535";
   }
   if (a.mask.window_left < -1) return "decode: mask.window_left is below -1";
-  if (g.kind == AttentionKind::latent) {
-    return "decode: latent (MLA) pools run on the CPU kernels only so far";
-  }
   if (a.value_dim != 0 && a.value_dim != g.head_dim) {
     return "decode: value_dim " + std::to_string(a.value_dim) + " on a pool whose value rows are " +
            "head_dim " + std::to_string(g.head_dim) + " wide";
@@ -262,6 +259,7 @@ uint32_t decode_split_tokens(const DecodeArgs& a, uint32_t max_context, int sm_c
 }
 
 size_t decode_workspace_bytes(const DecodeArgs& a, uint32_t max_context, int sm_count) {
+  if (a.kv.geometry.kind == AttentionKind::latent) return 0;  // latent.cu splits nothing
   const uint32_t split = decode_split_tokens(a, max_context, sm_count);
   const uint32_t chunks = (max_context + split - 1) / split;
   if (chunks <= 1) return 0;
@@ -271,6 +269,7 @@ size_t decode_workspace_bytes(const DecodeArgs& a, uint32_t max_context, int sm_
 
 std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void* workspace,
                    size_t workspace_bytes, void* stream) {
+  if (a.kv.geometry.kind == AttentionKind::latent) return latent_decode(a, stream);
   if (std::string e = check_args(a); !e.empty()) return e;
   if (a.num_seqs == 0) return {};
   if (max_context == 0) return "decode: max_context must be at least 1";

@@ -5,10 +5,11 @@
 // Tiling. The new tokens of all sequences are numbered 0 .. total_new − 1 (q_offsets order). CTA
 // (x, y) takes the query tile of rows [x · rows, (x + 1) · rows) for `heads` query heads of one
 // KV head's group: kvh = y / slices, heads [slice · heads, ...) with slice = y % slices; heads =
-// min(group, kQueryVectors), so a group wider than a CTA's query vectors (Falcon's 71 at head dim
-// 256) takes several slices, each streaming the K/V. rows · heads ≤ kQueryVectors query vectors
-// (row, head), rows = kQueryVectors / heads. A query vector lives in one lane group (kLanesPerRow
-// lanes, 8 elements of q and of the accumulator per lane), kSlots of them per lane group:
+// ceil(group / slices) with slices = ceil(group / kQueryVectors), so a group wider than a CTA's
+// query vectors (Falcon's 71 at head dim 64) takes several even slices, each streaming the K/V.
+// rows · heads ≤ kQueryVectors query vectors (row, head), rows = kQueryVectors / heads. A query
+// vector lives in one lane group (kLanesPerRow lanes, 8 elements of q and of the accumulator per
+// lane), kSlots of them per lane group:
 //   query vector qv = (slot · kWarps + warp) · kRowsPerWarp + lane_group,  row qv / heads,
 //   head slice · heads + qv % heads (inactive past the group);
 // slots past rows · group or outside the current sequence segment are inactive (q = 0, every
@@ -27,7 +28,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cmath>
 
 #include "kernels/cuda/dtype_load.cuh"
@@ -171,15 +171,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream) {
   const Geometry& g = a.kv.geometry;
+  if (g.kind == AttentionKind::latent) return latent_extend(a, total_new_tokens, stream);
   if (!validate(g).empty()) return "extend: " + validate(g);
   if (a.layer >= g.layers) return "extend: layer out of range";
   if (a.num_q_heads == 0 || a.num_q_heads % g.kv_heads != 0) {
     return "extend: num_q_heads must be a positive multiple of kv_heads";
   }
   if (a.mask.window_left < -1) return "extend: mask.window_left is below -1";
-  if (g.kind == AttentionKind::latent) {
-    return "extend: latent (MLA) pools run on the CPU kernels only so far";
-  }
   if (a.value_dim != 0 && a.value_dim != g.head_dim) {
     return "extend: value_dim " + std::to_string(a.value_dim) + " on a pool whose value rows are " +
            "head_dim " + std::to_string(g.head_dim) + " wide";
@@ -197,6 +195,10 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   }
   if (std::string e = check_tile_alignment(a.kv, "extend"); !e.empty()) return e;
   const uint32_t group = a.num_q_heads / g.kv_heads;
+  // Slices of at least 16 query vectors (the smallest CTA's): grid.y stays within 65535.
+  if (uint64_t{g.kv_heads} * ((group + 15) / 16) > 65535) {
+    return "extend: kv_heads × ceil(group / 16) exceeds the grid's 65535";
+  }
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;
   dispatch_dtype(g.dtype, [&](auto dt) {
@@ -204,14 +206,12 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
       constexpr KvDtype kDt = decltype(dt)::value;
       constexpr int kD = decltype(d)::value;
       constexpr int kSmem = ExtendShape<kDt, kD>::kPipelineBytes;
+      // Query heads per CTA: the group in as few slices of a CTA's query vectors as it takes,
+      // evened out (71 at 64 vectors: two slices of 36, not 64 + 7).
       const uint32_t vectors = ExtendShape<kDt, kD>::kQueryVectors;
-      const uint32_t heads = std::min(group, vectors);  // query heads per CTA
-      const uint32_t slices = (group + heads - 1) / heads;
+      const uint32_t slices = (group + vectors - 1) / vectors;
+      const uint32_t heads = (group + slices - 1) / slices;
       const uint32_t rows = vectors / heads;
-      if (uint64_t{g.kv_heads} * slices > 65535) {
-        err = cudaErrorInvalidConfiguration;
-        return;
-      }
       const dim3 grid((total_new_tokens + rows - 1) / rows, g.kv_heads * slices);
       err = allow_dynamic_smem<extend_kernel<kDt, kD>, kSmem>();
       if (err == cudaSuccess) {

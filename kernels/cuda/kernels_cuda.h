@@ -27,9 +27,10 @@
 // buckets 1, 4, 8 (a group of 2 or 3 runs in bucket 4 with zero query rows for the rest; a
 // group wider than kMaxGroup runs in slices of 8, one CTA each, every slice reading the chunk's
 // K/V). Sliding windows, chunks and sinks (AttentionMask) are taken by decode and extend; latent
-// (MLA) pools are not (the CPU kernels run them). decode and extend need kv.base and kv.page_stride
-// to be multiples of 16 bytes and kv.scales of 8 (their 16-byte row copies); so does append_kv into
-// a 16-bit pool (its 16-byte stores). Each is checked before the launch and named in the error.
+// (MLA) pools go to latent.cu's plain kernel (one CTA per query token and 16 heads). decode and
+// extend need kv.base and kv.page_stride to be multiples of 16 bytes and kv.scales of 8 (their
+// 16-byte row copies); so does append_kv into a 16-bit pool (its 16-byte stores). Each is checked
+// before the launch and named in the error.
 #pragma once
 
 #include <cstddef>
@@ -53,6 +54,10 @@ std::string decode(const DecodeArgs& args, uint32_t max_context, int sm_count, v
                    size_t workspace_bytes, void* stream);
 std::string extend(const ExtendArgs& args, uint32_t total_new_tokens, void* stream);
 std::string append_kv(const AppendArgs& args, void* stream);
+// decode and extend over a latent (MLA) pool (latent.cu); decode() and extend() call them for
+// such a pool, so callers need not.
+std::string latent_decode(const DecodeArgs& args, void* stream);
+std::string latent_extend(const ExtendArgs& args, uint32_t total_new_tokens, void* stream);
 std::string copy_pages(const CopyPagesArgs& args, void* stream);
 
 }  // namespace kvpool::kernels::cuda

@@ -45,7 +45,16 @@ struct Case {
   int32_t window_left = -1;
   uint32_t chunk = 0;
   bool sinks = false;
+  // A latent (MLA) pool: one head_dim vector per token (kv_heads 1, `group` query heads), value
+  // rows its first value_dim elements.
+  uint32_t value_dim = 0;
+  bool latent() const { return value_dim != 0; }
 };
+
+// Elements of one output row.
+uint32_t out_width(const Case& c) {
+  return c.latent() ? c.value_dim : c.head_dim;
+}
 
 // Target memory freed at scope exit; each put/get records the first error.
 class TargetBuffers {
@@ -149,6 +158,7 @@ std::string describe(const Case& c) {
   if (c.window_left >= 0) out += " window_left=" + std::to_string(c.window_left);
   if (c.chunk != 0) out += " chunk=" + std::to_string(c.chunk);
   if (c.sinks) out += " sinks";
+  if (c.latent()) out += " latent value_dim=" + std::to_string(c.value_dim);
   return out;
 }
 
@@ -161,7 +171,7 @@ void Matrix::expect_close(const char* what, const Case& c, uint32_t detail, cons
   // Each output row (one query head of one token) against its own range: fp32 accumulation on
   // both sides in a different order, a few ulps of that row's values. A row of a short context
   // (whose output is close to one V row) does not widen the bound of a long one.
-  const size_t row = c.head_dim;
+  const size_t row = out_width(c);
   double worst = 0;  // max |err| / bound over the rows; ≤ 1 passes
   double worst_abs = 0;
   for (size_t r = 0; r + row <= want.size(); r += row) {
@@ -187,10 +197,12 @@ void Matrix::expect_close(const char* what, const Case& c, uint32_t detail, cons
 // cached prefix (the last min(ctx, 5) tokens new) and without one (every token new where ctx ≤
 // 300, else the last 70), each against the CPU kernels on the same pool.
 void Matrix::run_case(const Case& c) {
-  const uint32_t kv_heads = 2;
+  const uint32_t kv_heads = c.latent() ? 1 : 2;
   const uint32_t layer = 1;
   const uint32_t q_heads = kv_heads * c.group;
-  const Geometry g{2, kv_heads, c.head_dim, c.tpp, c.dtype};
+  const Geometry g = c.latent()
+                         ? Geometry{2, 1, c.head_dim, c.tpp, c.dtype, AttentionKind::latent, 0}
+                         : Geometry{2, kv_heads, c.head_dim, c.tpp, c.dtype};
   uint32_t blocks = 0;
   uint32_t max_ctx = 0;
   for (uint32_t ctx : c.contexts) {
@@ -207,7 +219,7 @@ void Matrix::run_case(const Case& c) {
   const uint16_t nan = kernels::test::nan_bits(g.dtype);  // the slots no token uses
   for (size_t i = 0; i < p.mem.size(); i += dtype_bytes(g.dtype))
     std::memcpy(&p.mem[i], &nan, dtype_bytes(g.dtype));
-  if (dtype_is_quantized(g.dtype)) p.scales.assign(p.num_pages * 2 * 2 * kv_heads, std::nanf(""));
+  p.scales.assign(p.num_pages * page_scale_bytes(g) / sizeof(float), std::nanf(""));
   std::vector<PageId> perm(p.num_pages);
   std::iota(perm.begin(), perm.end(), 0u);
   std::shuffle(perm.begin(), perm.end(), rng_);
@@ -224,7 +236,7 @@ void Matrix::run_case(const Case& c) {
       for (auto& x : v)
         x = nd(rng_);
       const int64_t slot = int64_t(tables[s * blocks + t / c.tpp]) * c.tpp + t % c.tpp;
-      AppendArgs a{p.view(), layer, 1, k.data(), v.data(), &slot};
+      AppendArgs a{p.view(), layer, 1, k.data(), c.latent() ? nullptr : v.data(), &slot};
       if (const std::string e = cpu::append_kv(a, p.num_pages); !e.empty())
         return error("fill " + describe(c), e);
     }
@@ -232,7 +244,7 @@ void Matrix::run_case(const Case& c) {
   std::vector<float> q(size_t(nseq) * q_heads * c.head_dim);
   for (auto& x : q)
     x = nd(rng_);
-  std::vector<float> want(q.size()), got(q.size());
+  std::vector<float> want(size_t(nseq) * q_heads * out_width(c)), got(want.size());
   std::vector<float> sinks(q_heads);
   for (auto& x : sinks)
     x = nd(rng_) * 2.0f;
@@ -248,6 +260,7 @@ void Matrix::run_case(const Case& c) {
   a.context_lens = c.contexts.data();
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
   a.mask = AttentionMask{c.window_left, c.chunk, c.sinks ? sinks.data() : nullptr};
+  a.value_dim = c.value_dim;
   if (const std::string e = cpu::decode(a, p.num_pages); !e.empty())
     return error("reference decode " + describe(c), e);
 
@@ -291,9 +304,11 @@ void Matrix::run_case(const Case& c) {
     std::vector<float> eq(size_t(offsets.back()) * q_heads * c.head_dim);
     for (auto& x : eq)
       x = nd(rng_);
-    std::vector<float> ewant(eq.size()), egot(eq.size(), std::nanf(""));
-    ExtendArgs e{p.view(),       layer,         nseq,   q_heads,           eq.data(), ewant.data(),
-                 offsets.data(), tables.data(), blocks, c.contexts.data(), a.scale,   a.mask};
+    std::vector<float> ewant(size_t(offsets.back()) * q_heads * out_width(c));
+    std::vector<float> egot(ewant.size(), std::nanf(""));
+    ExtendArgs e{p.view(),     layer,          nseq,          q_heads, eq.data(),
+                 ewant.data(), offsets.data(), tables.data(), blocks,  c.contexts.data(),
+                 a.scale,      a.mask,         c.value_dim};
     if (const std::string err = cpu::extend(e, p.num_pages); !err.empty())
       return error("reference extend " + describe(c), err);
     TargetBuffers run(t_);
@@ -453,6 +468,17 @@ std::vector<Case> matrix_cases() {
     cases.push_back({dt, 256, 2, 32, {31, 500}, {0, kNoSplit}, KvLayout::page_major, -1, 64});
     cases.push_back({dt, 128, 8, 16, {7, 130, 2000}, {32, 0}, KvLayout::layer_major, 127, 0, true});
     cases.push_back({dt, 64, 1, 16, {1, 77}, {0}, KvLayout::page_major, -1, 0, true});
+    // Wide groups with the mask: decode in 3 slices and extend in 2 with a window, sinks and
+    // split chunks wholly before the window; Falcon's 71 with a window and a chunk, split.
+    cases.push_back(
+        {dt, 256, 24, 16, {1, 40, 700}, {0, 64, kNoSplit}, KvLayout::page_major, 19, 0, true});
+    cases.push_back({dt, 64, 71, 16, {90, 600}, {64}, KvLayout::layer_major, 200, 64, true});
+    // Latent (MLA) pools: DeepSeek-V3's 576 = 512 + 64 with 16 and 128 query heads (one GPU at
+    // TP 8, all), 64-token pages as FlashMLA pages them, both layouts; a small one with a window.
+    cases.push_back(
+        {dt, 576, 16, 64, {1, 63, 64, 65, 700}, {0}, KvLayout::page_major, -1, 0, false, 512});
+    cases.push_back({dt, 576, 128, 64, {5, 300}, {0}, KvLayout::layer_major, -1, 0, false, 512});
+    cases.push_back({dt, 64, 3, 16, {9, 200}, {0}, KvLayout::page_major, 20, 0, true, 48});
   }
   return cases;
 }

@@ -52,9 +52,10 @@ TEST(CudaKernelArgs, DecodeAndExtendNeed16ByteAlignment) {
   EXPECT_NE(cuda::extend(e, 1, nullptr).find("multiples of 16 bytes"), std::string::npos);
 }
 
-// The CUDA kernels take masks and wide groups; a bad window, a value width they would ignore and
-// a latent pool (whose attention runs on the CPU kernels) are refused before any launch.
-TEST(CudaKernelArgs, LatentPoolsAndBadMaskFieldsAreRefused) {
+// The CUDA kernels take masks, wide groups and latent pools; a bad window, a value width a K/V
+// pool would ignore, and a latent vector or value width past what latent.cu holds are refused
+// before any launch.
+TEST(CudaKernelArgs, BadMaskFieldsAndLatentShapesAreRefused) {
   const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
   const float q = 0;
   float out = 0;
@@ -79,13 +80,18 @@ TEST(CudaKernelArgs, LatentPoolsAndBadMaskFieldsAreRefused) {
   d.value_dim = 64;
   EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("value_dim 64"), std::string::npos);
   d.value_dim = 0;
-  d.kv.geometry = Geometry{2, 1, 576, 64, KvDtype::bf16, AttentionKind::latent, 0};
-  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("latent (MLA) pools run on the CPU"),
+  d.kv.geometry = Geometry{2, 1, 640, 64, KvDtype::bf16, AttentionKind::latent, 0};
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("exceeds the 576"),
             std::string::npos);
+  d.kv.geometry.head_dim = 576;
+  d.value_dim = 600;
+  EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr),
+            "decode: value_dim 600 exceeds the latent vector's head_dim 576");
+  EXPECT_EQ(cuda::decode_workspace_bytes(d, 1 << 16, 132), 0u);  // latent decode splits nothing
   e.mask.window_left = -1;
   e.kv.geometry = d.kv.geometry;
-  EXPECT_NE(cuda::extend(e, 1, nullptr).find("latent (MLA) pools run on the CPU"),
-            std::string::npos);
+  e.kv.geometry.dtype = KvDtype::int8;  // no scales
+  EXPECT_EQ(cuda::extend(e, 1, nullptr), "extend: an 8-bit pool needs its scales");
 }
 
 }  // namespace

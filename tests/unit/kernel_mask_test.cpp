@@ -269,12 +269,27 @@ TEST_P(MaskedAttention, EntriesBeforeTheWindowAreNeverRead) {
   e.out = ext_holes.data();
   ASSERT_EQ(cpu::extend(e, b.pool.num_pages(), 2), "");
   EXPECT_EQ(ext_holes, ext_whole);
-  // An entry the call does read is still checked.
-  std::vector<PageId> bad = b.tables;
-  bad[size_t{b.stride} * 0 + (b.ctx[0] - 1) / c.t_page] = kNoPage;
-  a.block_tables = bad.data();
-  EXPECT_NE(cpu::decode(a, b.pool.num_pages(), 2).find("is not below num_pages"),
-            std::string::npos);
+  // An entry the call does read is still checked: the page of the first visible key (the
+  // boundary) and the last page, in decode and extend.
+  const uint32_t first_decode = first_key_by_definition(c, b.ctx[0] - 1);
+  const uint32_t n_new0 = q_offsets[1] - q_offsets[0];
+  const uint32_t first_extend = first_key_by_definition(c, b.ctx[0] - n_new0);
+  for (const uint32_t page : {first_decode / c.t_page, (b.ctx[0] - 1) / c.t_page}) {
+    std::vector<PageId> bad = b.tables;
+    bad[page] = kNoPage;
+    a.block_tables = bad.data();
+    EXPECT_NE(cpu::decode(a, b.pool.num_pages(), 2).find("is not below num_pages"),
+              std::string::npos)
+        << "decode, page " << page;
+  }
+  for (const uint32_t page : {first_extend / c.t_page, (b.ctx[0] - 1) / c.t_page}) {
+    std::vector<PageId> bad = b.tables;
+    bad[page] = kNoPage;
+    e.block_tables = bad.data();
+    EXPECT_NE(cpu::extend(e, b.pool.num_pages(), 2).find("is not below num_pages"),
+              std::string::npos)
+        << "extend, page " << page;
+  }
 }
 
 constexpr KvLayout kPage = KvLayout::page_major;

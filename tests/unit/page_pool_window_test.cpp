@@ -5,6 +5,7 @@
 // exactly the retained pages and count one lookup.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -161,6 +162,54 @@ TEST(LookupWindowQuota, AWindowPastTheQuotaFallsBackToThePrefix) {
   EXPECT_EQ(more.hits, 8u);
   EXPECT_EQ(more.pages[7], c.page_of[7]);
   EXPECT_EQ(c.pool.check_invariants(), "");
+}
+
+// Pins on a window hit: within the account's limit the window's pages are pinned; past it the
+// call fails and the pool is as it was (the references the pre-scan promised were never taken).
+TEST(LookupWindowPins, APinPastTheLimitChangesNothing) {
+  Cached c({3, 4, 5, 6, 7});
+  const Geometry g = geometry(AttentionKind::sliding, 10);
+  const OwnerId b = c.pool.open_owner();
+  const std::vector<BlockHash> ch = chain();
+  std::vector<PageId> out(ch.size(), 7777);
+  uint32_t hits = 0;
+  CallHints pin;
+  pin.hints.pin_ttl_ms = 60'000;
+  pin.pin_limit = 2;  // the window needs three pages
+  const PoolStats before = c.pool.stats();
+  EXPECT_EQ(c.pool.lookup_window(b, kNs, ch, g, out, hits, PagePool::kUnlimited, pin).code(),
+            Errc::pin_limit_exceeded);
+  EXPECT_EQ(hits, 0u);
+  EXPECT_EQ(c.pool.stats().in_use, before.in_use);
+  EXPECT_EQ(c.pool.stats().counters.lookups, before.counters.lookups);
+  pin.pin_limit = 3;
+  ASSERT_TRUE(c.pool.lookup_window(b, kNs, ch, g, out, hits, PagePool::kUnlimited, pin).ok());
+  EXPECT_EQ(hits, 8u);
+  EXPECT_EQ(c.pool.stats().in_use, 3u);
+  EXPECT_EQ(c.pool.check_invariants(), "");
+}
+
+// A chain naming one hash twice (only a broken or hostile client sends one) is answered without
+// harm: each page answered holds one reference per time the answer names it, as lookup()'s does.
+TEST(LookupWindowPins, AChainNamingAHashTwiceIsAnsweredSafely) {
+  for (const uint32_t twice : {1u, 5u, 6u}) {
+    Cached c({0, 1, 3, 4, 5, 6, 7});
+    const Geometry g = geometry(AttentionKind::sliding, 10);
+    const OwnerId b = c.pool.open_owner();
+    std::vector<BlockHash> ch = chain();
+    ch[twice + 1] = ch[twice];
+    std::vector<PageId> out(ch.size(), 7777);
+    uint32_t hits = 0;
+    ASSERT_TRUE(c.pool.lookup_window(b, kNs, ch, g, out, hits).ok());
+    std::map<PageId, uint32_t> named;
+    for (uint32_t i = 0; i < hits; ++i) {
+      if (out[i] != kNoPage) ++named[out[i]];
+    }
+    for (const auto& [page, n] : named)
+      EXPECT_EQ(c.pool.held(b, page), n) << "block " << twice << " twice, page " << page;
+    EXPECT_EQ(c.pool.stats().in_use, named.size());
+    EXPECT_EQ(c.pool.check_invariants(), "");
+  }
 }
 
 // The rule itself (common/geometry.h).
