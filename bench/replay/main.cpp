@@ -34,7 +34,8 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
       "\"reused_pages\":%llu,\"allocated_pages\":%llu,\"evicted_pages\":%llu,"
       "\"alloc_failures\":%llu,\"distinct_blocks\":%llu,\"seconds\":%.6f,"
       "\"requests_per_second\":%.1f,\"ns_per_page_op\":%.2f,\"host_blocks\":%u,"
-      "\"host_hit_pages\":%llu,\"host_reused_pages\":%llu,\"demoted_pages\":%llu}\n",
+      "\"host_hit_pages\":%llu,\"host_reused_pages\":%llu,\"demoted_pages\":%llu,"
+      "\"window_skipped_pages\":%llu}\n",
       r.capacity_blocks, r.capacity_pages, r.policy.c_str(), r.page_tokens, r.hit_rate(),
       static_cast<unsigned long long>(r.requests),
       static_cast<unsigned long long>(trace.total_blocks), static_cast<unsigned long long>(r.pages),
@@ -46,7 +47,8 @@ void print_json(const kvpool::bench::ReplayResult& r, const kvpool::bench::Trace
       double(r.requests) / r.seconds, 1e9 * r.seconds / double(r.page_ops), r.host_blocks,
       static_cast<unsigned long long>(r.host_hit_pages),
       static_cast<unsigned long long>(r.host_reused_pages),
-      static_cast<unsigned long long>(r.demoted_pages));
+      static_cast<unsigned long long>(r.demoted_pages),
+      static_cast<unsigned long long>(r.window_skipped_pages));
 }
 
 void print_latency(const char* op, const kvpool::bench::LatencySummary& l) {
@@ -165,6 +167,15 @@ int run(int argc, char** argv) {
                "With --daemon: let the workers run freely instead of in trace order (throughput; "
                "the hit rate then differs slightly from the sequential one)");
   app.add_option("--limit", limit, "Replay only the first N requests of the trace");
+  uint32_t window_tokens = 0;
+  bool prefix_lookup = false;
+  app.add_option("--window", window_tokens,
+                 "Replay a sliding-window model of this many tokens: the worker lets go of the "
+                 "pages before the window first, and lookups need only the window's pages "
+                 "(0 = full attention)")
+      ->capture_default_str();
+  app.add_flag("--prefix-lookup", prefix_lookup,
+               "With --window: plain prefix lookups (every page from the first), the baseline");
   CLI11_PARSE(app, argc, argv);
 
   std::vector<uint32_t> caps;
@@ -231,6 +242,8 @@ int run(int argc, char** argv) {
       opt.policy = policy;
       opt.page_tokens = page_tokens;
       opt.host_blocks = host_blocks;
+      opt.window_tokens = window_tokens;
+      opt.window_lookup = !prefix_lookup;
       opt.pin_limit_pages = static_cast<uint32_t>(
           pin_share * double(cap) * double(kvpool::bench::kTraceBlockTokens / page_tokens));
       if (tty) {

@@ -124,6 +124,11 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
     return mover.finish_promotion(owner, kNs, rest, out);
   };
 
+  const bool windowed = options.window_tokens != 0;
+  // What lookup_window and the release order need of a sliding model: pages and the window.
+  const Geometry window_geometry{
+      1, 1, 1, options.page_tokens, KvDtype::fp16, AttentionKind::sliding, options.window_tokens};
+  std::vector<PageId> release_order;
   std::vector<BlockHash> chain;
   std::vector<PageId> pages;
   std::vector<PageId> found;
@@ -155,12 +160,28 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
     };
 
     // 1. The longest cached prefix: the system prompt's pages, then the rest, each with its own
-    // hints (chained hashes make two lookups one).
+    // hints (chained hashes make two lookups one). A windowed model: one lookup of the chain.
     uint32_t hits = 0;
-    expect_ok(lookup_hinted(pool, owner, kNs, std::span(chain).first(system_pages), found, hits,
-                            hints_at(0)),
-              "lookup");
-    if (hits == system_pages && system_pages < n) {
+    if (windowed) {
+      core::CallHints h = hints_at(0);
+      auto look = [&] {
+        return options.window_lookup
+                   ? pool.lookup_window(owner, kNs, chain, window_geometry, found, hits,
+                                        core::PagePool::kUnlimited, h)
+                   : pool.lookup(owner, kNs, chain, found, hits, core::PagePool::kUnlimited, h);
+      };
+      Status s = look();
+      if (s.code() == Errc::pin_limit_exceeded) {  // as lookup_hinted: again without the pin
+        h.hints.pin_ttl_ms = 0;
+        s = look();
+      }
+      expect_ok(s, "lookup");
+    } else {
+      expect_ok(lookup_hinted(pool, owner, kNs, std::span(chain).first(system_pages), found, hits,
+                              hints_at(0)),
+                "lookup");
+    }
+    if (!windowed && hits == system_pages && system_pages < n) {
       uint32_t more = 0;
       expect_ok(lookup_hinted(pool, owner, kNs, std::span(chain).subspan(system_pages),
                               std::span(found).subspan(system_pages), more, hints_at(n - 1)),
@@ -173,10 +194,15 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
       res.host_hit_pages += promoted;
       hits += promoted;
     }
-    std::copy_n(found.begin(), hits, pages.begin());
-    for (uint32_t k = 0; k < hits; ++k)
-      position[k] = k;
-    size_t held = hits;
+    size_t held = 0;
+    for (uint32_t k = 0; k < hits; ++k) {
+      if (found[k] == core::kNoPage) {  // before a window hit's window
+        ++res.window_skipped_pages;
+        continue;
+      }
+      position[held] = k;
+      pages[held++] = found[k];
+    }
     res.hit_pages += hits;
     res.page_ops += n;
 
@@ -225,8 +251,15 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
         offline->set_next_use(pages[k], (when << 24) | position[k]);
       }
     }
-    std::reverse(pages.begin(), pages.begin() + static_cast<std::ptrdiff_t>(held));
-    expect_ok(pool.release(owner, std::span(pages).first(held)), "release");
+    // Last first; a windowed worker has let go of the pages before the window already.
+    release_order.clear();
+    const uint64_t dropped = windowed ? first_needed_block(window_geometry, n) : 0;
+    for (const bool before_window : {true, false}) {
+      for (size_t k = held; k-- > 0;) {
+        if ((position[k] < dropped) == before_window) release_order.push_back(pages[k]);
+      }
+    }
+    expect_ok(pool.release(owner, release_order), "release");
     res.page_ops += held;
     ++res.requests;
     res.pages += n;

@@ -16,6 +16,11 @@
 // tier next: a run of consecutive host hits is promoted (device pages allocated, the hashes
 // published on them, the slots freed) and counted as hits (step 1) or reuses (step 2), as the
 // daemon's lookup does. Only bookkeeping is replayed; no bytes move.
+// With a sliding window (window_tokens > 0), step 1 is one lookup of the whole chain,
+// PagePool::lookup_window, which needs only the pages the window covers at the hit point (the
+// pages before it are hits that hold nothing), or the plain prefix lookup (window_lookup false,
+// the baseline); step 3 releases the pages wholly before the window first (tail first among
+// them, as SequenceCache lets them go while the sequence grows), then the rest.
 #pragma once
 
 #include <cstdint>
@@ -43,6 +48,9 @@ struct ReplayOptions {
   std::function<void(size_t, size_t)> progress;
   // PoolOptions::expensive_checks for the replay's pool (KVPOOL_EXPENSIVE_CHECKS builds only).
   bool expensive_checks = true;
+  // A sliding-window model's window in tokens (0: full attention; file comment).
+  uint32_t window_tokens = 0;
+  bool window_lookup = true;  // with a window: lookup_window (false: the plain prefix lookup)
 };
 
 struct ReplayResult {
@@ -60,9 +68,10 @@ struct ReplayResult {
   uint64_t page_ops = 0;        // page-level core operations performed
   uint64_t pins_refused = 0;    // allocs whose pin passed pin_limit_pages
   uint32_t host_blocks = 0;
-  uint64_t host_hit_pages = 0;     // of hit_pages, served by the host tier (promoted)
-  uint64_t host_reused_pages = 0;  // of reused_pages, served by the host tier
-  uint64_t demoted_pages = 0;      // pages the device tier evicted into the host tier
+  uint64_t host_hit_pages = 0;        // of hit_pages, served by the host tier (promoted)
+  uint64_t host_reused_pages = 0;     // of reused_pages, served by the host tier
+  uint64_t demoted_pages = 0;         // pages the device tier evicted into the host tier
+  uint64_t window_skipped_pages = 0;  // of hit_pages, before a window hit's window: no page
   double seconds = 0;
   double hit_rate() const { return pages == 0 ? 0.0 : double(hit_pages) / double(pages); }
 };

@@ -237,6 +237,24 @@ std::string check_latent(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads
   return {};
 }
 
+// The kernel's arguments from a decode's or an extend's (q_offsets null for a decode).
+template <typename Args>
+LatentCall call_of(const Args& a, const uint32_t* q_offsets) {
+  return LatentCall{a.kv,
+                    a.layer,
+                    a.num_seqs,
+                    a.num_q_heads,
+                    a.q,
+                    a.out,
+                    q_offsets,
+                    a.block_tables,
+                    a.block_table_stride,
+                    a.context_lens,
+                    a.scale,
+                    a.mask,
+                    value_width(a.kv.geometry, a.value_dim)};
+}
+
 std::string launch(const LatentCall& c, uint32_t query_tokens, void* stream, const char* kernel) {
   const size_t smem = latent_smem_bytes(c.kv.geometry.head_dim);
   cudaError_t err = allow_dynamic_smem<latent_kernel, kMaxLatentSmem>();
@@ -262,20 +280,7 @@ std::string latent_decode(const DecodeArgs& a, void* stream) {
       a.context_lens == nullptr || a.kv.base == nullptr) {
     return "decode: a device pointer is null";
   }
-  const LatentCall c{a.kv,
-                     a.layer,
-                     a.num_seqs,
-                     a.num_q_heads,
-                     a.q,
-                     a.out,
-                     nullptr,
-                     a.block_tables,
-                     a.block_table_stride,
-                     a.context_lens,
-                     a.scale,
-                     a.mask,
-                     value_width(a.kv.geometry, a.value_dim)};
-  return launch(c, a.num_seqs, stream, "decode");
+  return launch(call_of(a, nullptr), a.num_seqs, stream, "decode");
 }
 
 std::string latent_extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream) {
@@ -288,20 +293,7 @@ std::string latent_extend(const ExtendArgs& a, uint32_t total_new_tokens, void* 
       a.context_lens == nullptr || a.kv.base == nullptr) {
     return "extend: a device pointer is null";
   }
-  const LatentCall c{a.kv,
-                     a.layer,
-                     a.num_seqs,
-                     a.num_q_heads,
-                     a.q,
-                     a.out,
-                     a.q_offsets,
-                     a.block_tables,
-                     a.block_table_stride,
-                     a.context_lens,
-                     a.scale,
-                     a.mask,
-                     value_width(a.kv.geometry, a.value_dim)};
-  return launch(c, total_new_tokens, stream, "extend");
+  return launch(call_of(a, a.q_offsets), total_new_tokens, stream, "extend");
 }
 
 }  // namespace kvpool::kernels::cuda

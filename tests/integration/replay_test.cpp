@@ -105,6 +105,36 @@ TEST(Replay, CapacityBelowARequestCountsFailedAllocations) {
   EXPECT_EQ(r.alloc_failures, 1u);
 }
 
+// A sliding-window model (window 4096 tokens = 8 blocks): request A (20 blocks) lets go of
+// blocks 0..11 first, tail first, so B's 16 new blocks evict 11..4 under LRU. A's prompt again:
+// the prefix lookup finds blocks 0..3; the window lookup finds the window 12..19 at hit point 20
+// and skips 0..11 (held: 8 pages).
+TEST(Replay, AWindowLookupHitsPastAnEvictedHead) {
+  Trace t;
+  auto add = [&t](uint64_t from, uint64_t n) {
+    TraceRequest r;
+    for (uint64_t i = 0; i < n; ++i)
+      r.hash_ids.push_back(from + i);
+    t.total_blocks += n;
+    t.requests.push_back(r);
+  };
+  add(0, 20);
+  add(100, 16);
+  add(0, 20);
+  ReplayOptions o;
+  o.capacity_blocks = 28;
+  o.window_tokens = 4096;
+  const ReplayResult window = replay(t, o);
+  EXPECT_EQ(window.hit_pages, 20u);
+  EXPECT_EQ(window.window_skipped_pages, 12u);
+  EXPECT_EQ(window.allocated_pages, 36u);
+  o.window_lookup = false;
+  const ReplayResult prefix = replay(t, o);
+  EXPECT_EQ(prefix.hit_pages, 4u);
+  EXPECT_EQ(prefix.window_skipped_pages, 0u);
+  EXPECT_EQ(prefix.allocated_pages, 36u + 16u);  // blocks 4..19 again
+}
+
 // The reference figures of ../shared/data/README.md (LRU, one page per block).
 TEST(Replay, MooncakeTraceMatchesReferenceLruFigures) {
   if (!std::filesystem::exists(KVPOOL_TRACE_FILE)) {
