@@ -42,9 +42,11 @@ constexpr int kLanesPerHead = kLatentThreads / kHeads;  // 16 threads accumulate
 constexpr uint32_t kMaxLatentDim = 576;                 // DeepSeek-V3: 512 latent + 64 rotary
 constexpr int kMaxAccPerThread = (kMaxLatentDim + kLanesPerHead - 1) / kLanesPerHead;  // 36
 
-// Dynamic shared memory for head_dim d: the query rows, a key tile, probabilities, states.
+// Dynamic shared memory for head_dim d: the query rows, a key tile (rows d + 1 floats apart, so
+// the 16 keys a warp's score threads read at one element fall in different banks), the
+// probabilities and the softmax states.
 constexpr size_t latent_smem_bytes(uint32_t d) {
-  return (size_t{kHeads} * d + size_t{kKeys} * d + size_t{kHeads} * kKeys + 3 * kHeads) *
+  return (size_t{kHeads} * d + size_t{kKeys} * (d + 1) + size_t{kHeads} * kKeys + 3 * kHeads) *
          sizeof(float);
 }
 constexpr int kMaxLatentSmem = static_cast<int>(latent_smem_bytes(kMaxLatentDim));
@@ -85,8 +87,9 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
   const uint32_t d = g.head_dim;
   const uint32_t dv = a.value_dim;
   float* q_s = smem;                  // [kHeads][d]
-  float* k_s = q_s + kHeads * d;      // [kKeys][d]
-  float* p_s = k_s + kKeys * d;       // [kHeads][kKeys]
+  const uint32_t ks = d + 1;          // k_s's row stride (latent_smem_bytes)
+  float* k_s = q_s + kHeads * d;      // [kKeys][ks]
+  float* p_s = k_s + kKeys * ks;      // [kHeads][kKeys]
   float* m_s = p_s + kHeads * kKeys;  // [kHeads]
   float* l_s = m_s + kHeads;          // [kHeads]
   float* corr_s = l_s + kHeads;       // [kHeads]
@@ -96,6 +99,7 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
   uint32_t seq = r;
   uint32_t pos = 0;
   if (a.q_offsets == nullptr) {
+    if (a.context_lens[seq] == 0) return;  // no query (the CPU kernels refuse it); whole CTA
     pos = a.context_lens[seq] - 1;
   } else {
     uint32_t lo = 0;
@@ -110,6 +114,7 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
     }
     seq = lo;
     const uint32_t n_new = a.q_offsets[seq + 1] - a.q_offsets[seq];
+    if (a.context_lens[seq] < n_new) return;  // a broken sequence (the CPU kernels refuse it)
     pos = a.context_lens[seq] - n_new + (r - a.q_offsets[seq]);
   }
   const uint32_t head0 = blockIdx.y * kHeads;
@@ -139,15 +144,15 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
   const uint32_t first = first_visible_key(a.mask, pos);
   __syncthreads();
 
-  for (uint32_t t0 = first; t0 <= pos; t0 += kKeys) {
-    const int n = static_cast<int>(min(uint32_t(kKeys), pos + 1 - t0));
+  for (uint64_t t0 = first; t0 <= pos; t0 += kKeys) {
+    const int n = static_cast<int>(min(uint64_t(kKeys), pos + 1 - t0));
     // 1. The tile's keys, converted.
     for (uint32_t i = threadIdx.x; i < uint32_t(n) * d; i += kLatentThreads) {
-      const uint32_t t = t0 + i / d;
+      const auto t = static_cast<uint32_t>(t0 + i / d);
       const PageId page = table[t / g.tokens_per_page];
       const float scale = quantized ? a.kv.scales[scale_index(g, page, a.layer, 0, false)] : 1.0f;
       const uint64_t at = st.row(page, a.layer, 0, t % g.tokens_per_page, 0) + (i % d) * elem;
-      k_s[i] = load_elem(g.dtype, base + at, scale);
+      k_s[(i / d) * ks + i % d] = load_elem(g.dtype, base + at, scale);
     }
     __syncthreads();
     // 2. Scores of every (head, key) pair.
@@ -158,7 +163,7 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
       if (h < heads && j < n) {
         s = 0.0f;
         for (uint32_t e = 0; e < d; ++e)
-          s = fmaf(q_s[h * d + e], k_s[j * d + e], s);
+          s = fmaf(q_s[h * d + e], k_s[j * ks + e], s);
       }
       p_s[i] = s;
     }
@@ -190,7 +195,7 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
         if (x >= dv) break;
         float v = acc[i] * corr;
         for (int j = 0; j < n; ++j)
-          v = fmaf(p_s[my_head * kKeys + j], k_s[j * d + x], v);
+          v = fmaf(p_s[my_head * kKeys + j], k_s[j * ks + x], v);
         acc[i] = v;
       }
     }
@@ -233,7 +238,22 @@ std::string check_latent(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads
   if (kv.layout == KvLayout::layer_major && kv.num_pages == 0) {
     return k + ": a layer_major pool needs kv.num_pages";
   }
-  if ((num_q_heads + kHeads - 1) / kHeads > 65535) return k + ": too many query heads";
+  if ((uint64_t{num_q_heads} + kHeads - 1) / kHeads > 65535) return k + ": too many query heads";
+  // What the element loads assume: aligned elements and scales, pages that do not overlap.
+  const uint32_t b = dtype_bytes(g.dtype);
+  if (reinterpret_cast<uintptr_t>(kv.base) % b != 0 ||
+      reinterpret_cast<uintptr_t>(kv.scales) % sizeof(float) != 0) {
+    return k + ": kv.base must be aligned to the dtype's " + std::to_string(b) +
+           " bytes and kv.scales to 4";
+  }
+  if (kv.layout == KvLayout::page_major &&
+      (kv.page_stride < page_data_bytes(g) || kv.page_stride % b != 0)) {
+    return k + ": kv.page_stride " + std::to_string(kv.page_stride) +
+           " is below the page's data bytes or not a multiple of the dtype's size";
+  }
+  if (kv.layout != KvLayout::page_major && kv.layout != KvLayout::layer_major) {
+    return k + ": kv.layout is not a KvLayout";
+  }
   return {};
 }
 
@@ -256,10 +276,14 @@ LatentCall call_of(const Args& a, const uint32_t* q_offsets) {
 }
 
 std::string launch(const LatentCall& c, uint32_t query_tokens, void* stream, const char* kernel) {
+  if (query_tokens > 0x7fffffffu) {
+    return std::string(kernel) + ": more than 2^31 - 1 query tokens in one call";
+  }
   const size_t smem = latent_smem_bytes(c.kv.geometry.head_dim);
   cudaError_t err = allow_dynamic_smem<latent_kernel, kMaxLatentSmem>();
   if (err == cudaSuccess) {
-    const dim3 grid(query_tokens, (c.num_q_heads + kHeads - 1) / kHeads);
+    const dim3 grid(query_tokens,
+                    static_cast<uint32_t>((uint64_t{c.num_q_heads} + kHeads - 1) / kHeads));
     latent_kernel<<<grid, kLatentThreads, smem, static_cast<cudaStream_t>(stream)>>>(c);
     err = cudaGetLastError();
   }

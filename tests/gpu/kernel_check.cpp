@@ -479,6 +479,8 @@ std::vector<Case> matrix_cases() {
         {dt, 576, 16, 64, {1, 63, 64, 65, 700}, {0}, KvLayout::page_major, -1, 0, false, 512});
     cases.push_back({dt, 576, 128, 64, {5, 300}, {0}, KvLayout::layer_major, -1, 0, false, 512});
     cases.push_back({dt, 64, 3, 16, {9, 200}, {0}, KvLayout::page_major, 20, 0, true, 48});
+    // A partial last slice of 16 heads (40 = 16 + 16 + 8) with a chunk and sinks.
+    cases.push_back({dt, 576, 40, 64, {70, 300}, {0}, KvLayout::layer_major, -1, 128, true, 512});
   }
   return cases;
 }

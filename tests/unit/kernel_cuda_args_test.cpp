@@ -88,6 +88,15 @@ TEST(CudaKernelArgs, BadMaskFieldsAndLatentShapesAreRefused) {
   EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr),
             "decode: value_dim 600 exceeds the latent vector's head_dim 576");
   EXPECT_EQ(cuda::decode_workspace_bytes(d, 1 << 16, 132), 0u);  // latent decode splits nothing
+  d.value_dim = 512;
+  d.kv.base = reinterpret_cast<void*>(uintptr_t{0x10001});  // not 2-byte aligned for bf16
+  d.kv.page_stride = page_data_bytes(d.kv.geometry);
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("must be aligned"),
+            std::string::npos);
+  d.kv.base = reinterpret_cast<void*>(uintptr_t{0x10000});
+  d.kv.page_stride = 64;  // pages would overlap
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("kv.page_stride 64"),
+            std::string::npos);
   e.mask.window_left = -1;
   e.kv.geometry = d.kv.geometry;
   e.kv.geometry.dtype = KvDtype::int8;  // no scales
