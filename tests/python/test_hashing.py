@@ -163,3 +163,72 @@ def test_a_latent_geometry_keeps_one_vector_per_token():
     assert mla.kind == "latent"
     assert mla.page_data_bytes == 61 * 576 * 64 * 2
     assert kv.page_data_bytes == 2 * mla.page_data_bytes
+
+
+VECTORS = os.path.join(os.path.dirname(__file__), "..", "data", "block_hash_vectors.json")
+DTYPES = {"fp16": 0, "bf16": 1, "fp8_e4m3": 2, "int8": 3}
+KINDS = {"full": 0, "sliding": 1, "chunked": 2, "latent": 3}
+
+
+def spec_root(r):
+    """docs/BLOCK_HASH.md's root, from the text alone (hashlib, not kvpool)."""
+    import hashlib
+    import struct
+
+    def field(s):
+        return struct.pack("<I", len(s)) + s
+
+    message = (b"R" + field(r["model"].encode())
+               + struct.pack("<5I", r["layers"], r["kv_heads"], r["head_dim"],
+                             r["tokens_per_page"], DTYPES[r["dtype"]])
+               + field(r["adapter"].encode()) + field(r["salt"].encode()))
+    if r["kind"] != "full":
+        message += struct.pack("<2I", KINDS[r["kind"]], r["window"])
+    return message, hashlib.sha256(message).digest()[:16]
+
+
+def spec_block(parent, tokens, extra):
+    import hashlib
+    import struct
+
+    message = (b"B" + parent + struct.pack(f"<I{len(tokens)}I", len(tokens), *tokens)
+               + struct.pack("<I", len(extra)) + extra)
+    return message, hashlib.sha256(message).digest()[:16]
+
+
+def test_the_documented_vectors_hold_in_python_c_and_the_spec(libkvpool):
+    import json
+
+    with open(VECTORS) as f:
+        vectors = json.load(f)
+    hasher = kvpool.BlockHasher()
+    for r in vectors["roots"]:
+        message, digest = spec_root(r)
+        assert message.hex() == r["message"] and digest.hex() == r["hash"], r["model"]
+        g = kvpool.Geometry(r["layers"], r["kv_heads"], r["head_dim"], r["tokens_per_page"],
+                            r["dtype"], kind=r["kind"], window=r["window"])
+        assert hasher.root(r["model"], g, r["adapter"], r["salt"]).hex() == r["hash"]
+        out = CHash()
+        c_geometry = CGeometry(r["layers"], r["kv_heads"], r["head_dim"], r["tokens_per_page"],
+                               DTYPES[r["dtype"]])
+        assert libkvpool.kvpool_hash_root_attention(
+            r["model"].encode(), ctypes.byref(c_geometry), KINDS[r["kind"]], r["window"],
+            r["adapter"].encode(), r["salt"].encode(), ctypes.byref(out)) == 0
+        assert kvpool.BlockHash(out.lo, out.hi).hex() == r["hash"]
+    for b in vectors["blocks"]:
+        parent, extra = bytes.fromhex(b["parent"]), bytes.fromhex(b["extra"])
+        message, digest = spec_block(parent, b["tokens"], extra)
+        assert message.hex() == b["message"] and digest.hex() == b["hash"]
+        p = kvpool.BlockHash(int.from_bytes(parent[:8], "little"),
+                             int.from_bytes(parent[8:], "little"))
+        assert hasher.block(p, b["tokens"], extra).hex() == b["hash"]
+        c_parent, out = CHash(p.lo, p.hi), CHash()
+        c_tokens = (ctypes.c_uint32 * len(b["tokens"]))(*b["tokens"])
+        assert libkvpool.kvpool_hash_block(ctypes.byref(c_parent), c_tokens, len(b["tokens"]),
+                                           extra or None, len(extra), ctypes.byref(out)) == 0
+        assert kvpool.BlockHash(out.lo, out.hi).hex() == b["hash"]
+    # The chain of vectors 0..2 is BlockHasher.chain's over tokens 0..47.
+    root = kvpool.BlockHash(*(int.from_bytes(bytes.fromhex(vectors["roots"][0]["hash"])[i:i + 8],
+                                             "little") for i in (0, 8)))
+    assert [h.hex() for h in hasher.chain(root, list(range(48)), 16)] == \
+        [b["hash"] for b in vectors["blocks"][:3]]

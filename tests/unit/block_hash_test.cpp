@@ -4,10 +4,13 @@
 #include <openssl/evp.h>
 
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace kvpool {
 namespace {
@@ -181,6 +184,43 @@ TEST(BlockHash, HexIsLittleEndianBytes) {
   EXPECT_EQ(to_hex(BlockHash{0x0123456789abcdefull, 0x1ull}),
             "efcdab8967452301"
             "0100000000000000");
+}
+
+// The test vectors of docs/BLOCK_HASH.md (tests/data/block_hash_vectors.json, computed from the
+// spec with Python's hashlib, not with this code): roots of every attention kind, with and
+// without adapter and salt, a chain, extra keys and the largest token id.
+TEST(BlockHashSpec, TheDocumentedVectorsHold) {
+  std::ifstream in(std::string(KVPOOL_TEST_DATA) + "/block_hash_vectors.json");
+  ASSERT_TRUE(in) << "tests/data/block_hash_vectors.json";
+  const nlohmann::json v = nlohmann::json::parse(in);
+  BlockHasher hasher;
+  ASSERT_EQ(v["roots"].size(), 5u);
+  for (const auto& r : v["roots"]) {
+    Geometry g{r["layers"].get<uint32_t>(), r["kv_heads"].get<uint32_t>(),
+               r["head_dim"].get<uint32_t>(), r["tokens_per_page"].get<uint32_t>(),
+               *parse_dtype(r["dtype"].get<std::string>())};
+    g.kind = *parse_attention_kind(r["kind"].get<std::string>());
+    g.window = r["window"].get<uint32_t>();
+    // ModelIdentity holds views: the strings live here.
+    const std::string model = r["model"], adapter = r["adapter"], salt = r["salt"];
+    const ModelIdentity id{model, g, adapter, salt};
+    EXPECT_EQ(to_hex(hasher.root(id)), r["hash"].get<std::string>()) << id.model_id;
+  }
+  ASSERT_EQ(v["blocks"].size(), 5u);
+  for (const auto& b : v["blocks"]) {
+    const std::string parent_hex = b["parent"];
+    BlockHash parent;
+    for (size_t i = 0; i < 16; ++i) {
+      const auto byte = static_cast<uint64_t>(std::stoul(parent_hex.substr(2 * i, 2), nullptr, 16));
+      (i < 8 ? parent.lo : parent.hi) |= byte << (8 * (i % 8));
+    }
+    const std::vector<uint32_t> tokens = b["tokens"].get<std::vector<uint32_t>>();
+    const std::string extra_hex = b["extra"];
+    std::vector<std::byte> extra;
+    for (size_t i = 0; i < extra_hex.size(); i += 2)
+      extra.push_back(static_cast<std::byte>(std::stoul(extra_hex.substr(i, 2), nullptr, 16)));
+    EXPECT_EQ(to_hex(hasher.block(parent, tokens, extra)), b["hash"].get<std::string>());
+  }
 }
 
 }  // namespace
