@@ -43,13 +43,6 @@ std::string duration_text(double ns) {
   return buf;
 }
 
-std::string hash_hex(const BlockHash& h) {
-  char buf[33];
-  std::snprintf(buf, sizeof buf, "%016llx%016llx", static_cast<unsigned long long>(h.hi),
-                static_cast<unsigned long long>(h.lo));
-  return buf;
-}
-
 std::unique_ptr<client::Connection> connect(const Globals& g) {
   auto c =
       client::Connection::attach(g.socket, "kvpoolctl", g.pool, client::Connection::Memory::none);

@@ -38,8 +38,6 @@ std::string bytes_text(uint64_t b, bool raw);
 std::string count_text(uint64_t n, bool raw);
 // A duration in ns as "850 ns", "12.3 us", "4.56 ms", "1.20 s".
 std::string duration_text(double ns);
-// A block hash as 32 hex digits, high word first.
-std::string hash_hex(const BlockHash& h);
 
 // Connects (hello to g.pool), or prints why not and returns null.
 std::unique_ptr<client::Connection> connect(const Globals& g);

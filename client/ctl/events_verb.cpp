@@ -4,6 +4,7 @@
 
 #include "client/connection/event_stream.h"
 #include "client/ctl/common.h"
+#include "common/block_hash.h"
 
 namespace kvpool::ctl {
 
@@ -41,7 +42,7 @@ void print_json(const wire::Event& e, const std::string& pool) {
           "{\"schema\":%d,\"seq\":%llu,\"type\":\"%s\",\"pool\":\"%s\",\"tenant\":\"%s\","
           "\"hash\":\"%s\",\"page\":%u%s}\n",
           kSchema, seq, wire::event_kind_name(e.kind), pool.c_str(), json_escape(e.tenant).c_str(),
-          hash_hex(e.hash).c_str(), e.page, cause.c_str());
+          to_hex(e.hash).c_str(), e.page, cause.c_str());
     }
   }
 }
@@ -63,7 +64,7 @@ void print_text(const wire::Event& e) {
       break;
     default:
       std::printf("seq %-8llu %-8s block %s  page %u  tenant %s%s\n", seq,
-                  wire::event_kind_name(e.kind), hash_hex(e.hash).c_str(), e.page, tenant.c_str(),
+                  wire::event_kind_name(e.kind), to_hex(e.hash).c_str(), e.page, tenant.c_str(),
                   e.kind == wire::Event::kRemoved
                       ? (std::string("  (") + wire::event_cause_name(e.cause) + ")").c_str()
                       : "");

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "client/ctl/common.h"
+#include "common/block_hash.h"
 
 namespace kvpool::ctl {
 
@@ -165,7 +166,7 @@ int prefixes_verb(const Globals& g, uint32_t limit) {
           "%s{\"hash\":\"%s\",\"page\":%u,\"hits\":%u,\"hit_tokens\":%llu,\"depth\":%s,"
           "\"prefix_blocks\":%s,\"prefix_tokens\":%s,\"state\":\"%s\",\"age_s\":%u,"
           "\"idle_s\":%s,\"tenant\":\"%s\"}",
-          i == 0 ? "" : ",", hash_hex(e.hash).c_str(), e.page, e.hits,
+          i == 0 ? "" : ",", to_hex(e.hash).c_str(), e.page, e.hits,
           static_cast<unsigned long long>(hit_tokens), depth.c_str(), blocks.c_str(),
           tokens.c_str(), e.state == wire::PagesReply::kCached ? "cached" : "in_use", e.age_s,
           idle.c_str(), json_escape(e.tenant).c_str());
@@ -187,7 +188,7 @@ int prefixes_verb(const Globals& g, uint32_t limit) {
                 known ? std::to_string(e.depth).c_str() : "-",
                 known ? count_text((uint64_t{e.depth} + 1) * t, g.raw).c_str() : "-",
                 e.state == wire::PagesReply::kCached ? "cached" : "in use", e.age_s, last.c_str(),
-                hash_hex(e.hash).substr(0, 16).c_str(), display_text(e.tenant).c_str());
+                to_hex(e.hash).substr(0, 16).c_str(), display_text(e.tenant).c_str());
   }
   return 0;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "client/connection/connection.h"
+#include "common/block_hash.h"
 #include "tests/integration/ctl_helpers.h"
 
 namespace kvpool::testing {
@@ -92,10 +93,7 @@ TEST(OpsCtl, PrefixesCountTheHitsAWorkerMade) {
   const uint64_t hits[] = {4, 3, 2};
   for (size_t i = 0; i < 3; ++i) {
     const auto& e = j["prefixes"][i];
-    char hex[33];
-    std::snprintf(hex, sizeof hex, "%016llx%016llx", static_cast<unsigned long long>(H(i).hi),
-                  static_cast<unsigned long long>(H(i).lo));
-    EXPECT_EQ(e["hash"], hex);
+    EXPECT_EQ(e["hash"], to_hex(H(i)));  // docs/BLOCK_HASH.md's rendering
     EXPECT_EQ(e["page"], pages.value()[i]);
     EXPECT_EQ(e["hits"], hits[i]);
     EXPECT_EQ(e["hit_tokens"], hits[i] * 16);
@@ -111,9 +109,7 @@ TEST(OpsCtl, PrefixesCountTheHitsAWorkerMade) {
   std::string out;
   ASSERT_EQ(ctl(d, "prefixes", out), 0) << out;
   EXPECT_NE(out.find("3 block(s) indexed"), std::string::npos) << out;
-  char short_hex[17];
-  std::snprintf(short_hex, sizeof short_hex, "%016llx", static_cast<unsigned long long>(H(0).hi));
-  EXPECT_NE(out.find(short_hex), std::string::npos) << out;
+  EXPECT_NE(out.find(to_hex(H(0)).substr(0, 16)), std::string::npos) << out;
   EXPECT_EQ(ctl(d, "prefixes --limit 0", out), 2);
 
   // Another tenant sees none of these blocks (read-only: no admin rights needed, none given).
