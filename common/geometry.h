@@ -126,19 +126,23 @@ constexpr uint64_t pool_bytes_for_tokens(const Geometry& g, uint64_t tokens) {
   return pages_for_tokens(g, tokens) * (page_data_bytes(g) + page_scale_bytes(g));
 }
 
+// The first key a query at position p sees under the geometry's attention kind: 0 for full and
+// latent attention; p − W + 1 for a sliding window of W keys (0 while p < W); p − p mod C, the
+// start of its chunk, for chunked attention of C. (The kernels take the same rule as an
+// AttentionMask: kernels/paged_kv.h, geometry_mask and first_visible_key.)
+constexpr uint64_t first_visible_token(const Geometry& g, uint64_t p) {
+  if (g.kind == AttentionKind::sliding && p + 1 > g.window) return p + 1 - g.window;
+  if (g.kind == AttentionKind::chunked && g.window != 0) return p - p % g.window;
+  return 0;
+}
+
 // The first block a sequence still reads when it resumes after n ≥ 1 cached blocks of
-// tokens_per_page tokens (its next query sits at position p = n · T): full and latent attention
-// read every earlier key (0); a sliding window of W keys reads keys [p − W + 1, p), from the
-// block holding p − W + 1; chunked attention of C reads the current chunk, from the block
-// holding p − p mod C. At most n − 1: a hit always includes its last block, which the query at
-// p needs whenever it sees any earlier key (and which keeps a hit from holding no page at all).
+// tokens_per_page tokens: the block holding the first key its next query (at p = n · T) sees.
+// At most n − 1: a hit always includes its last block, which the query at p needs whenever it
+// sees any earlier key (and which keeps a hit from holding no page at all).
 constexpr uint64_t first_needed_block(const Geometry& g, uint64_t n) {
   if (n == 0) return 0;
-  const uint64_t p = n * g.tokens_per_page;
-  uint64_t first_key = 0;
-  if (g.kind == AttentionKind::sliding && p + 1 > g.window) first_key = p + 1 - g.window;
-  if (g.kind == AttentionKind::chunked && g.window != 0) first_key = p - p % g.window;
-  const uint64_t block = first_key / g.tokens_per_page;
+  const uint64_t block = first_visible_token(g, n * g.tokens_per_page) / g.tokens_per_page;
   return block < n - 1 ? block : n - 1;
 }
 

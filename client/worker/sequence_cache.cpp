@@ -5,12 +5,7 @@
 namespace kvpool::client {
 
 SequenceCache::SequenceCache(Connection& conn, BlockHasher& hasher, const BlockHash& root)
-    : conn_(conn),
-      hasher_(hasher),
-      root_(root),
-      tpp_(conn.pool().geometry.tokens_per_page),
-      kind_(conn.pool().geometry.kind),
-      window_(conn.pool().geometry.window) {}
+    : conn_(conn), hasher_(hasher), root_(root), tpp_(conn.pool().geometry.tokens_per_page) {}
 
 SequenceCache::~SequenceCache() {
   (void)release();
@@ -145,20 +140,13 @@ Result<Ok> SequenceCache::apply_window(uint32_t window) {
 }
 
 uint32_t SequenceCache::first_visible() const {
-  const uint32_t next = tokens();  // the next query's position
-  if (window_ == 0) return 0;      // a geometry that passed validate() has none: full
-  switch (kind_) {
-    case AttentionKind::sliding:
-      return next >= window_ ? next - window_ + 1 : 0;
-    case AttentionKind::chunked:
-      return next - next % window_;
-    default:
-      return 0;
-  }
+  // The next query sits at position tokens(); the result is at most that.
+  return static_cast<uint32_t>(first_visible_token(conn_.pool().geometry, tokens()));
 }
 
 Result<Ok> SequenceCache::release_out_of_window() {
-  if (kind_ != AttentionKind::sliding && kind_ != AttentionKind::chunked) return Ok{};
+  const AttentionKind kind = conn_.pool().geometry.kind;
+  if (kind != AttentionKind::sliding && kind != AttentionKind::chunked) return Ok{};
   const uint32_t gone = std::min(first_visible() / tpp_, published_);  // whole published blocks
   std::vector<PageId> drop;
   for (uint32_t b = gone; b-- > 0;) {  // tail first

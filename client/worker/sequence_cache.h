@@ -102,8 +102,6 @@ class SequenceCache {
   BlockHasher& hasher_;
   BlockHash root_;
   uint32_t tpp_;
-  AttentionKind kind_;
-  uint32_t window_;  // tokens of the sliding window or attention chunk; 0 for full
   std::vector<uint32_t> tokens_;
   std::vector<PageId> pages_;
   std::vector<BlockHash> hashes_;  // one per full block

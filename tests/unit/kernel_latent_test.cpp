@@ -122,17 +122,8 @@ TEST_P(LatentAttention, DecodeMatchesTheReference) {
       SCOPED_TRACE(std::string(cpu::isa_name(isa)) + ", split_tokens " + std::to_string(split));
       // One guard row past the output: value_dim-wide rows must not spill into it.
       std::vector<float> out((rows + 1) * dv, std::nanf(""));
-      DecodeArgs a;
-      a.kv = b.pool.kv();
-      a.layer = kLayer;
-      a.num_seqs = num_seqs;
-      a.num_q_heads = c.q_heads;
-      a.q = q.data();
-      a.out = out.data();
-      a.block_tables = b.tables.data();
-      a.block_table_stride = b.stride;
-      a.context_lens = b.ctx.data();
-      a.scale = scale;
+      DecodeArgs a = test::decode_args(b.pool, kLayer, c.q_heads, b.tables, b.stride, b.ctx,
+                                       q.data(), out.data(), scale);
       a.split_tokens = split;
       a.value_dim = c.value_dim;  // 0 in one case: head_dim
       ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), 2, isa), "");
@@ -160,18 +151,8 @@ TEST_P(LatentAttention, ExtendMatchesTheReference) {
   const std::vector<float> q = test::random_normal(b.pool.rng(), rows * c.d, 1.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   std::vector<float> out((rows + 1) * dv, std::nanf(""));
-  ExtendArgs a;
-  a.kv = b.pool.kv();
-  a.layer = kLayer;
-  a.num_seqs = num_seqs;
-  a.num_q_heads = c.q_heads;
-  a.q = q.data();
-  a.out = out.data();
-  a.q_offsets = q_offsets.data();
-  a.block_tables = b.tables.data();
-  a.block_table_stride = b.stride;
-  a.context_lens = b.ctx.data();
-  a.scale = scale;
+  ExtendArgs a = test::extend_args(b.pool, kLayer, c.q_heads, b.tables, b.stride, b.ctx, q_offsets,
+                                   q.data(), out.data(), scale);
   a.value_dim = c.value_dim;  // 0 in one case: head_dim
   ASSERT_EQ(cpu::extend(a, b.pool.num_pages(), 2), "");
 

@@ -136,17 +136,8 @@ TEST_P(MaskedAttention, DecodeMatchesTheReference) {
     for (uint32_t split : {0u, c.t_page, 3 * c.t_page, 1u << 20}) {
       SCOPED_TRACE(std::string(cpu::isa_name(isa)) + ", split_tokens " + std::to_string(split));
       std::vector<float> out(rows * c.d, std::nanf(""));
-      DecodeArgs a;
-      a.kv = b.pool.kv();
-      a.layer = kLayer;
-      a.num_seqs = num_seqs;
-      a.num_q_heads = hq;
-      a.q = q.data();
-      a.out = out.data();
-      a.block_tables = b.tables.data();
-      a.block_table_stride = b.stride;
-      a.context_lens = b.ctx.data();
-      a.scale = scale;
+      DecodeArgs a = test::decode_args(b.pool, kLayer, hq, b.tables, b.stride, b.ctx, q.data(),
+                                       out.data(), scale);
       a.split_tokens = split;
       a.mask = mask(sinks);
       ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), 2, isa), "");
@@ -172,18 +163,8 @@ TEST_P(MaskedAttention, ExtendMatchesTheReference) {
   const std::vector<float> sinks = test::random_normal(b.pool.rng(), hq, 2.0f);
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   std::vector<float> out(rows * c.d, std::nanf(""));
-  ExtendArgs a;
-  a.kv = b.pool.kv();
-  a.layer = kLayer;
-  a.num_seqs = num_seqs;
-  a.num_q_heads = hq;
-  a.q = q.data();
-  a.out = out.data();
-  a.q_offsets = q_offsets.data();
-  a.block_tables = b.tables.data();
-  a.block_table_stride = b.stride;
-  a.context_lens = b.ctx.data();
-  a.scale = scale;
+  ExtendArgs a = test::extend_args(b.pool, kLayer, hq, b.tables, b.stride, b.ctx, q_offsets,
+                                   q.data(), out.data(), scale);
   a.mask = mask(sinks);
   ASSERT_EQ(cpu::extend(a, b.pool.num_pages(), 2), "");
 
@@ -228,19 +209,10 @@ TEST_P(MaskedAttention, EntriesBeforeTheWindowAreNeverRead) {
     }
     return t;
   };
-  DecodeArgs a;
-  a.kv = b.pool.kv();
-  a.layer = kLayer;
-  a.num_seqs = num_seqs;
-  a.num_q_heads = hq;
-  a.q = q.data();
-  a.block_table_stride = b.stride;
-  a.context_lens = b.ctx.data();
-  a.scale = 0.1f;
-  a.mask = mask(sinks);
   std::vector<float> whole(size_t{num_seqs} * hq * c.d), holes(whole.size());
-  a.block_tables = b.tables.data();
-  a.out = whole.data();
+  DecodeArgs a = test::decode_args(b.pool, kLayer, hq, b.tables, b.stride, b.ctx, q.data(),
+                                   whole.data(), 0.1f);
+  a.mask = mask(sinks);
   ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), 2), "");
   const std::vector<PageId> decode_table = blanked([&](uint32_t s) { return b.ctx[s] - 1; });
   a.block_tables = decode_table.data();
@@ -248,20 +220,10 @@ TEST_P(MaskedAttention, EntriesBeforeTheWindowAreNeverRead) {
   ASSERT_EQ(cpu::decode(a, b.pool.num_pages(), 2), "");
   EXPECT_EQ(holes, whole);
 
-  ExtendArgs e;
-  e.kv = b.pool.kv();
-  e.layer = kLayer;
-  e.num_seqs = num_seqs;
-  e.num_q_heads = hq;
-  e.q = q.data();
-  e.q_offsets = q_offsets.data();
-  e.block_table_stride = b.stride;
-  e.context_lens = b.ctx.data();
-  e.scale = 0.1f;
-  e.mask = mask(sinks);
   std::vector<float> ext_whole(size_t{q_offsets.back()} * hq * c.d), ext_holes(ext_whole.size());
-  e.block_tables = b.tables.data();
-  e.out = ext_whole.data();
+  ExtendArgs e = test::extend_args(b.pool, kLayer, hq, b.tables, b.stride, b.ctx, q_offsets,
+                                   q.data(), ext_whole.data(), 0.1f);
+  e.mask = mask(sinks);
   ASSERT_EQ(cpu::extend(e, b.pool.num_pages(), 2), "");
   const std::vector<PageId> extend_table =
       blanked([&](uint32_t s) { return b.ctx[s] - (q_offsets[s + 1] - q_offsets[s]); });

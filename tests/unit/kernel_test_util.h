@@ -289,6 +289,47 @@ inline void reference_attention(const float* q, const float* k, const float* v, 
   }
 }
 
+// Decode arguments over sequences held in `pool`: the fields every test sets alike (sequence
+// count from ctx); split_tokens, mask and value_dim stay the caller's.
+inline DecodeArgs decode_args(TestPool& pool, uint32_t layer, uint32_t num_q_heads,
+                              const std::vector<PageId>& tables, uint32_t stride,
+                              const std::vector<uint32_t>& ctx, const float* q, float* out,
+                              float scale) {
+  DecodeArgs a;
+  a.kv = pool.kv();
+  a.layer = layer;
+  a.num_seqs = static_cast<uint32_t>(ctx.size());
+  a.num_q_heads = num_q_heads;
+  a.q = q;
+  a.out = out;
+  a.block_tables = tables.data();
+  a.block_table_stride = stride;
+  a.context_lens = ctx.data();
+  a.scale = scale;
+  return a;
+}
+
+// The same for extend, with the new tokens' offsets.
+inline ExtendArgs extend_args(TestPool& pool, uint32_t layer, uint32_t num_q_heads,
+                              const std::vector<PageId>& tables, uint32_t stride,
+                              const std::vector<uint32_t>& ctx,
+                              const std::vector<uint32_t>& q_offsets, const float* q, float* out,
+                              float scale) {
+  ExtendArgs a;
+  a.kv = pool.kv();
+  a.layer = layer;
+  a.num_seqs = static_cast<uint32_t>(ctx.size());
+  a.num_q_heads = num_q_heads;
+  a.q = q;
+  a.out = out;
+  a.q_offsets = q_offsets.data();
+  a.block_tables = tables.data();
+  a.block_table_stride = stride;
+  a.context_lens = ctx.data();
+  a.scale = scale;
+  return a;
+}
+
 // Accumulates, over a whole output, the kernel's and the naive fp32 method's largest error
 // against fp64, the largest |v| seen and the non-finite kernel outputs.
 struct ErrorTally {
