@@ -110,8 +110,8 @@ std::string default_socket_path() {
 
 Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket_path,
                                                        const std::string& worker_name,
-                                                       const std::string& pool_name,
-                                                       Memory memory) {
+                                                       const std::string& pool_name, Memory memory,
+                                                       uint64_t link_session) {
   if (worker_name.size() > wire::kMaxNameBytes || pool_name.size() > wire::kMaxNameBytes) {
     return error(Errc::invalid_argument, "worker and pool names are limited to " +
                                              std::to_string(wire::kMaxNameBytes) + " bytes");
@@ -143,7 +143,7 @@ Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket
   std::unique_ptr<Connection> c(new Connection(fd));
   c->out_.clear();
   const uint32_t id = c->next_id_++;
-  wire::encode_request(id, wire::HelloRequest{worker_name, pool_name}, c->out_);
+  wire::encode_request(id, wire::HelloRequest{worker_name, pool_name, link_session}, c->out_);
   std::vector<int> fds;
   auto reply = c->round_trip(id, &fds);
   auto hello = expect<wire::HelloReply>(std::move(reply));
@@ -444,6 +444,21 @@ Result<wire::LookupReply> Connection::lookup_with_tiers(std::span<const BlockHas
   if (!r.ok()) return r.error();
   if (r.value().pages.size() > chain.size()) {
     return broken(error(Errc::malformed_frame, "lookup reply with more hits than hashes"));
+  }
+  return std::move(r.value());
+}
+
+Result<wire::GroupLookupReply> Connection::lookup_groups(std::span<const BlockHash> chain,
+                                                         const PageHints& hints) {
+  auto r = expect<wire::GroupLookupReply>(
+      call(wire::GroupLookupRequest{{chain.begin(), chain.end()}, hints}));
+  if (!r.ok()) return r.error();
+  if (r.value().hits() > chain.size() || r.value().groups.size() != pool_.groups.size()) {
+    return broken(error(Errc::malformed_frame,
+                        "lookup_groups reply with " + std::to_string(r.value().hits()) +
+                            " hits of " + std::to_string(r.value().groups.size()) + " groups for " +
+                            std::to_string(chain.size()) + " hashes of " +
+                            std::to_string(pool_.groups.size()) + " groups"));
   }
   return std::move(r.value());
 }

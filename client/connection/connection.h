@@ -57,10 +57,13 @@ class Connection {
   // Memory::none is for tools that only talk to the daemon (kvpoolctl, observers): the pool's
   // memory is not mapped (no GPU context is made for a GPU pool), base() is null.
   enum class Memory { map, none };
+  // `link_session`: for a group of a hybrid model, a session of this process attached to
+  // another group of the model, which this one joins (ModelConnection does this); 0: none.
   static Result<std::unique_ptr<Connection>> attach(const std::string& socket_path,
                                                     const std::string& worker_name,
                                                     const std::string& pool_name = "",
-                                                    Memory memory = Memory::map);
+                                                    Memory memory = Memory::map,
+                                                    uint64_t link_session = 0);
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -107,6 +110,11 @@ class Connection {
   // wire::kTierNone for a kNoPage entry).
   Result<wire::LookupReply> lookup_with_tiers(std::span<const BlockHash> chain,
                                               const PageHints& hints = {});
+  // A hybrid model's lookup (on a session linked to every group's, see ModelConnection): per
+  // group, the pages of the longest hit every group can serve, each held by that group's
+  // session; kNoPage where a group's window does not need the block.
+  Result<wire::GroupLookupReply> lookup_groups(std::span<const BlockHash> chain,
+                                               const PageHints& hints = {});
   Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items,
                                              const PageHints& hints = {});
   Result<wire::StatsReply> stats();
@@ -143,6 +151,9 @@ class Connection {
   // For engines to call when idle, so a shrink's memory is released without waiting for their
   // next request.
   Result<bool> poll_notices();
+  // Asks for the segments now and maps what is new (a page another session's reply named, say:
+  // ModelConnection). Returns whether the mapping changed.
+  Result<bool> sync_segments() { return sync(); }
 
   // One request, one reply (the typed calls above use it). Notices read on the way are acted on
   // (the mapping synced) before it returns.

@@ -10,6 +10,8 @@
 // Request payloads (all integers little-endian; "string" = u32 length + bytes; "hash" = u64 lo,
 // u64 hi):
 //   hello    string worker_name, string pool_name          (≤ kMaxNameBytes each)
+//            [u64 link_session]   (a session of the same process attached to another group of
+//            the same hybrid model, which this one joins; absent, never 0, when there is none)
 //   alloc    u32 count                                [hints]
 //   retain   u32 n, n × u32 page                       [hints]
 //   release  u32 n, n × u32 page
@@ -26,6 +28,7 @@
 //   reload    (empty)                                      (admin)
 //   subscribe u64 from_seq                                 (0 = new events only)
 //   snapshot  (empty)
+//   lookup_groups  u32 n, n × hash                     [hints]   (a hybrid model's sessions)
 // [hints]: when the request's first u32 (count or n) has kHintsFlag set, the payload ends with
 // u8 priority (a Priority, 0..kMaxPriority), u32 pin_ttl_ms: the client's PageHints for the pages
 // the call leaves it holding (common/types.h). A client sets the flag only when its hints say
@@ -41,7 +44,8 @@
 //            u32 num_pages, u64 page_stride, u64 segment_bytes, string pool_name, string
 //            backend, string tenant, i32 device, 16 bytes device uuid, u64 reserved_bytes, u64
 //            scales_offset, u32 max_pages, u32 epoch, u32 n ≤ kMaxSegments, n × (u64 offset, u64
-//            bytes, u32 m ≤ kMaxHandleBytes, m bytes handle)) —
+//            bytes, u32 m ≤ kMaxHandleBytes, m bytes handle), string model, u32 group, u32 g
+//            ≤ kMaxGroups, g × string group name) — model "" and g = 0 for a plain pool;
 //            descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment, in segment
 //            order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
 //   alloc    u32 n, n × u32 page
@@ -68,6 +72,8 @@
 //   snapshot  u32 layout_version, u32 n, n bytes       — common/stats_layout.h, as in the segment
 //   segments  PoolInfo as in hello (its fds with it)
 //   resize    u32 pages
+//   lookup_groups  u32 hits, u32 g, g × (hits × u32 page, hits × u8 tier)  — per group of the
+//            model in order, the pages of the one hybrid hit (kNoPage/kTierNone: not needed)
 // After a subscribe reply the daemon pushes, on the same connection and with the subscribe's
 // request id, frames of opcode event_batch | kReplyBit (never a request, never answered):
 //   event_batch  u16 status (ok), u32 n, n × (u64 seq, u8 kind, u8 cause, u32 page, u64 count,
@@ -98,8 +104,9 @@ inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // table's values in the stats reply; 6: the daemon counter table's values after them, the
 // reply's nine fixed counters gone (the pool table carries them); 7: the attention kind and
 // window of the pool's geometry in PoolInfo; 8: a lookup on a sliding or chunked pool may answer
-// kNoPage (tier kTierNone) for blocks before the window its hit needs.
-inline constexpr uint16_t kProtocolVersion = 8;
+// kNoPage (tier kTierNone) for blocks before the window its hit needs; 9: hybrid models (the
+// model and groups in PoolInfo, hello's link_session, lookup_groups).
+inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -114,6 +121,7 @@ inline constexpr uint64_t kMaxCopyBytes = uint64_t{1} << 30;
 inline constexpr uint32_t kMaxPrefixes = 10000;          // entries in one prefixes reply
 inline constexpr uint32_t kMaxMessageBytes = 64u << 10;  // free text in a reply (reload)
 inline constexpr uint32_t kMaxRestartKeys = 64;
+inline constexpr uint32_t kMaxGroups = 8;  // KV groups of one hybrid model
 
 // The opcode table: one row per request, and the only list of them. Columns: the name (the
 // Opcode, the Service's handler, the text in errors and logs), the wire number (never reused;
@@ -147,7 +155,9 @@ inline constexpr bool kBeforeHello = false;
   X(snapshot, 23, SnapshotRequest, SnapshotReply, kAnyPeer, kAttached)               \
   /* elastic pools: the pool's PoolInfo with every segment's descriptor; a resize */ \
   X(segments, 25, SegmentsRequest, SegmentsReply, kAnyPeer, kAttached)               \
-  X(resize, 26, ResizeRequest, ResizeReply, kAdminOnly, kAttached)
+  X(resize, 26, ResizeRequest, ResizeReply, kAdminOnly, kAttached)                   \
+  /* hybrid models: one lookup over every group */                                   \
+  X(lookup_groups, 28, GroupLookupRequest, GroupLookupReply, kAnyPeer, kAttached)
 
 enum class Opcode : uint16_t {
 #define KVPOOL_OPCODE_ENUM(name, number, ...) name = number,
@@ -203,6 +213,10 @@ class Result {
 struct HelloRequest {
   std::string worker_name;
   std::string pool_name;  // empty = the daemon's default pool
+  // A session of this process attached to another group of the same hybrid model: this one
+  // joins it, so that lookup_groups on either takes each group's pages into that group's
+  // session. 0: none.
+  uint64_t link_session = 0;
   friend bool operator==(const HelloRequest&, const HelloRequest&) = default;
 };
 struct AllocRequest {
@@ -228,6 +242,13 @@ struct PublishRequest {
   std::vector<PublishItem> items;
   PageHints hints = {};
   friend bool operator==(const PublishRequest&, const PublishRequest&) = default;
+};
+// A hybrid model's lookup: the block chain (one hash per block, the same in every group) and
+// the hit that every group can serve (docs/ARCHITECTURE.md, "Hybrid models").
+struct GroupLookupRequest {
+  std::vector<BlockHash> chain;
+  PageHints hints = {};
+  friend bool operator==(const GroupLookupRequest&, const GroupLookupRequest&) = default;
 };
 struct StatsRequest {
   friend bool operator==(const StatsRequest&, const StatsRequest&) = default;
@@ -331,6 +352,11 @@ struct PoolInfo {
   uint64_t scales_offset = 0;
   uint32_t max_pages = 0;
   uint32_t epoch = 0;
+  // A hybrid model's group: the model, this pool's index among its groups, their names (the
+  // group's pool is MODEL/NAME). Empty for a plain pool.
+  std::string model;
+  uint32_t group = 0;
+  std::vector<std::string> groups;
   friend bool operator==(const PoolInfo&, const PoolInfo&) = default;
 };
 
@@ -468,6 +494,15 @@ struct SegmentsReply {
 struct ResizeReply {
   uint32_t pages = 0;  // the pool's size now
   friend bool operator==(const ResizeReply&, const ResizeReply&) = default;
+};
+// One LookupReply per group of the model, in group order, each with the same number of hits;
+// group g's pages are held by the model's session attached to group g.
+struct GroupLookupReply {
+  std::vector<LookupReply> groups;
+  uint32_t hits() const {
+    return groups.empty() ? 0 : static_cast<uint32_t>(groups[0].pages.size());
+  }
+  friend bool operator==(const GroupLookupReply&, const GroupLookupReply&) = default;
 };
 
 // Alternative i is the reply of the table's row i.

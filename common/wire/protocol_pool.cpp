@@ -81,7 +81,7 @@ bool get_hints(Reader& r, bool hinted, PageHints& h) {
 
 // Payload sizes (replies: without the status code).
 size_t body_size(const HelloRequest& m) {
-  return 2 * kU32 + m.worker_name.size() + m.pool_name.size();
+  return 2 * kU32 + m.worker_name.size() + m.pool_name.size() + (m.link_session != 0 ? kU64 : 0);
 }
 size_t body_size(const AllocRequest& m) {
   return kU32 + hints_size(m.hints);
@@ -105,6 +105,9 @@ size_t pool_info_size(const PoolInfo& p) {
   size_t n = kPoolInfoFixedBytes + p.pool_name.size() + p.backend.size() + p.tenant.size();
   for (const SegmentInfo& seg : p.segments)
     n += kSegmentFixedBytes + seg.handle.size();
+  n += kU32 + p.model.size() + 2 * kU32;
+  for (const std::string& g : p.groups)
+    n += kU32 + g.size();
   return n;
 }
 size_t body_size(const HelloReply& m) {
@@ -166,6 +169,7 @@ size_t body_size(const SessionsReply& m) {
 void put_body(Writer& w, const HelloRequest& m) {
   w.str(m.worker_name);
   w.str(m.pool_name);
+  if (m.link_session != 0) w.put(m.link_session);
 }
 void put_body(Writer& w, const AllocRequest& m) {
   w.put(flagged(m.count, m.hints));
@@ -222,6 +226,11 @@ void put_pool_info(Writer& w, const PoolInfo& p) {
     w.put(static_cast<uint32_t>(seg.handle.size()));
     w.raw(seg.handle.data(), seg.handle.size());
   }
+  w.str(p.model);
+  w.put(p.group);
+  w.put(static_cast<uint32_t>(p.groups.size()));
+  for (const std::string& g : p.groups)
+    w.str(g);
 }
 void put_body(Writer& w, const HelloReply& m) {
   w.put(m.session_id);
@@ -294,7 +303,13 @@ void put_body(Writer& w, const SessionsReply& m) {
 // Readers -------------------------------------------------------------------------------------
 
 bool get_body(Reader& r, HelloRequest& m) {
-  return r.str(m.worker_name, "worker_name") && r.str(m.pool_name, "pool_name");
+  if (!(r.str(m.worker_name, "worker_name") && r.str(m.pool_name, "pool_name"))) return false;
+  if (r.left() == 0) return true;
+  if (!r.get(m.link_session, "link_session")) return false;
+  if (m.link_session == 0) {
+    return r.fail(0, cat({r.what(), ": link_session 0 names no session: send none"}));
+  }
+  return true;
 }
 bool get_body(Reader& r, AllocRequest& m) {
   bool hinted = false;
@@ -397,6 +412,21 @@ bool get_pool_info(Reader& r, PoolInfo& p) {
     seg.handle.assign(reinterpret_cast<const uint8_t*>(h),
                       reinterpret_cast<const uint8_t*>(h) + len);
   }
+  uint32_t g = 0;
+  if (!(r.str(p.model, "model") && r.get(p.group, "group") && r.get(g, "group count"))) {
+    return false;
+  }
+  if (g > kMaxGroups) {
+    return r.fail(g, cat({r.what(), ": ", g, " groups, above kMaxGroups (", kMaxGroups, ")"}));
+  }
+  if ((g == 0) != p.model.empty() || (g != 0 && p.group >= g)) {
+    return r.fail(p.group, cat({r.what(), ": group ", p.group, " of ", g, " groups of model \"",
+                                std::string_view(p.model), "\""}));
+  }
+  p.groups.resize(g);
+  for (std::string& name : p.groups) {
+    if (!r.str(name, "group name")) return false;
+  }
   return true;
 }
 bool get_body(Reader& r, HelloReply& m) {
@@ -411,8 +441,10 @@ bool get_body(Reader&, RetainReply&) {
 bool get_body(Reader&, ReleaseReply&) {
   return true;
 }
-bool get_body(Reader& r, LookupReply& m) {
-  if (!r.array(m.pages, "hits")) return false;
+namespace {
+
+// A lookup reply's tiers after its `hits` pages: known tiers, and kTierNone with kNoPage only.
+bool get_tiers(Reader& r, LookupReply& m) {
   const std::byte* p = r.take(m.pages.size(), "tiers");
   if (p == nullptr) return false;
   m.tiers.resize(m.pages.size());
@@ -433,6 +465,12 @@ bool get_body(Reader& r, LookupReply& m) {
     }
   }
   return true;
+}
+
+}  // namespace
+
+bool get_body(Reader& r, LookupReply& m) {
+  return r.array(m.pages, "hits") && get_tiers(r, m);
 }
 bool get_body(Reader& r, PublishReply& m) {
   uint32_t n = 0;
@@ -548,6 +586,49 @@ bool get_body(Reader& r, SegmentsReply& m) {
 }
 bool get_body(Reader& r, ResizeReply& m) {
   return r.get(m.pages, "pages");
+}
+
+// lookup_groups: the lookup's request layout; the reply is each group's lookup reply.
+size_t body_size(const GroupLookupRequest& m) {
+  return kU32 + m.chain.size() * kHashBytes + hints_size(m.hints);
+}
+void put_body(Writer& w, const GroupLookupRequest& m) {
+  w.put(flagged(static_cast<uint32_t>(m.chain.size()), m.hints));
+  w.raw(m.chain.data(), m.chain.size() * sizeof(BlockHash));
+  put_hints(w, m.hints);
+}
+bool get_body(Reader& r, GroupLookupRequest& m) {
+  uint32_t n = 0;
+  bool hinted = false;
+  return get_flagged(r, n, hinted) && r.check_count(n, kHashBytes, "count") &&
+         r.items(m.chain, n, "chain") && get_hints(r, hinted, m.hints);
+}
+size_t body_size(const GroupLookupReply& m) {
+  return 2 * kU32 + m.groups.size() * size_t{m.hits()} * (kU32 + 1);
+}
+void put_body(Writer& w, const GroupLookupReply& m) {
+  const uint32_t hits = m.hits();
+  w.put(hits);
+  w.put(static_cast<uint32_t>(m.groups.size()));
+  for (const LookupReply& g : m.groups) {
+    w.raw(g.pages.data(), size_t{hits} * sizeof(PageId));
+    for (uint32_t i = 0; i < hits; ++i)
+      w.put(i < g.tiers.size() ? g.tiers[i] : kTierDevice);
+  }
+}
+bool get_body(Reader& r, GroupLookupReply& m) {
+  uint32_t hits = 0;
+  uint32_t g = 0;
+  if (!r.get(hits, "hits") || !r.get(g, "group count")) return false;
+  if (g == 0 || g > kMaxGroups) {
+    return r.fail(g, cat({r.what(), ": ", g, " groups; a model has 1 to ", kMaxGroups}));
+  }
+  if (!r.check_count(hits, size_t{g} * (kU32 + 1), "hits")) return false;
+  m.groups.resize(g);
+  for (LookupReply& l : m.groups) {
+    if (!r.items(l.pages, hits, "pages") || !get_tiers(r, l)) return false;
+  }
+  return true;
 }
 
 }  // namespace kvpool::wire::codec

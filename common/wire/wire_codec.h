@@ -190,6 +190,8 @@ class Reader {
 
   // The next `n` bytes, or nullptr (and an error) when fewer are left. For batches whose size
   // count() has validated, so that the items can then be read without a check each.
+  // Bytes not read yet (an optional trailing field is present when there are).
+  size_t left() const { return left_; }
   const std::byte* take(size_t n, std::string_view field) {
     if (n > left_) {  // unreachable after count(), kept so that no read is ever unchecked
       fail(n, cat({what_, ": ", field, " need ", n, " bytes, ", left_, " left"}));

@@ -47,10 +47,13 @@ const std::vector<std::string_view> kSocketKeys = keys_under("socket.");
 const std::vector<std::string_view> kLimitKeys = keys_under("limits.");
 const std::vector<std::string_view> kPoolKeys = keys_under("pools[].");
 const std::vector<std::string_view> kGeometryKeys = keys_under("pools[].geometry.");
+const std::vector<std::string_view> kGroupKeys = keys_under("pools[].groups[].");
 const std::vector<std::string_view> kTenantKeys = keys_under("tenants[].");
 const std::vector<std::string_view> kLoggingKeys = keys_under("logging.");
 const std::vector<std::string_view> kMetricsKeys = keys_under("metrics.");
 const std::vector<std::string_view> kEventsKeys = keys_under("events.");
+// KV groups one hybrid model may have (Gemma-3, gpt-oss and Llama-4 have two).
+constexpr size_t kMaxGroups = 8;
 constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
@@ -254,7 +257,9 @@ class Parser : private NodeReader {
       const Value& name = required(f, item, "name");
       pool.name = get_name(name);
       for (const PoolConfig& other : config.pools) {
-        if (other.name == pool.name) fail(name, "duplicate pool name " + quoted(pool.name));
+        if (other.name == pool.name || other.model == pool.name) {
+          fail(name, "duplicate pool name " + quoted(pool.name));
+        }
       }
       if (auto* p = find(f, "policy")) pool.policy = get_choice(*p, core::policy_names());
       if (auto* b = find(f, "share_between_tenants")) pool.share_between_tenants = get_bool(*b);
@@ -293,18 +298,143 @@ class Parser : private NodeReader {
         }
       }
       if (auto* m = find(f, "segment_size")) {
-        if (!pool.max_capacity) fail(*m, "segment_size needs max_capacity (an elastic pool)");
+        if (!pool.max_capacity && find(f, "groups") == nullptr) {
+          fail(*m, "segment_size needs max_capacity (an elastic pool) or groups");
+        }
         pool.segment_size = parse_byte_size(*m);
         pool.segment_size_at.text = location(*m);
         if (pool.segment_size == 0) fail(*m, "must be at least one byte");
       }
       if (auto* b = find(f, "grow_ahead")) {
-        if (!pool.max_capacity) fail(*b, "grow_ahead needs max_capacity (an elastic pool)");
+        if (!pool.max_capacity && find(f, "groups") == nullptr) {
+          fail(*b, "grow_ahead needs max_capacity (an elastic pool) or groups");
+        }
         pool.grow_ahead = get_bool(*b);
       }
       if (pool.max_capacity) check_elastic(pool, f);
+      if (auto* g = find(f, "groups")) {
+        for (PoolConfig& member : expand_groups(*g, f, pool)) {
+          for (const PoolConfig& other : config.pools) {
+            if (other.name == member.name || other.name == pool.name) {
+              fail(name, "pool " + quoted(other.name) + " is named twice (a group of model " +
+                             quoted(pool.name) + " is pool " + quoted(member.name) + ")");
+            }
+          }
+          config.pools.push_back(std::move(member));
+        }
+        continue;
+      }
       config.pools.push_back(std::move(pool));
     }
+  }
+
+  // A hybrid model (pools[].groups): one pool per KV group, named MODEL/GROUP, with the model's
+  // keys and the group's geometry (the model's geometry with the group's keys over it). Each is
+  // elastic from one segment up to the model's capacity, which all of them share (PoolSet).
+  std::vector<PoolConfig> expand_groups(const Value& v, const Fields& f,
+                                        const PoolConfig& model) const {
+    const auto refuse = [&](std::string_view key, const std::string& why) {
+      if (const Value* k = find(f, key)) fail(*k, why);
+    };
+    refuse("max_capacity",
+           "a pool with groups is sized by its capacity, which its groups share (each grows "
+           "into it by segments); drop max_capacity");
+    refuse("min_capacity",
+           "a pool with groups keeps at least one segment per group; drop "
+           "min_capacity");
+    refuse("host_tier", "a host tier under a pool with groups is not supported yet");
+    if (model.layout != KvLayout::page_major) {
+      fail(*find(f, "layout"),
+           "a pool with groups must be page_major (its groups are elastic pools, and only "
+           "page_major pools are elastic yet)");
+    }
+    if (model.capacity.unit == Capacity::Unit::pages) {
+      fail(*find(f, "capacity"),
+           "a pool with groups takes its capacity in bytes or a percentage: its groups' pages "
+           "differ in size");
+    }
+    const std::vector<Value> list = items(v);
+    if (list.empty()) fail(v, "must list at least one group");
+    if (list.size() > kMaxGroups) {
+      fail(v, "lists " + std::to_string(list.size()) + " groups; at most " +
+                  std::to_string(kMaxGroups));
+    }
+    std::vector<PoolConfig> members;
+    std::vector<std::string> names;
+    uint64_t start = 0;  // the groups' first segments
+    for (const Value& item : list) {
+      auto gf = fields(item, kGroupKeys, /*null_ok=*/false);
+      const Value& name_at = required(gf, item, "name");
+      std::string name = get_name(name_at);
+      if (name.find('/') != std::string::npos) fail(name_at, "must not contain '/'");
+      if (std::find(names.begin(), names.end(), name) != names.end()) {
+        fail(name_at, "duplicate group name " + quoted(name));
+      }
+      PoolConfig m = model;
+      m.name = model.name + "/" + name;
+      if (m.name.size() > wire::kMaxNameBytes) {
+        fail(name_at, "makes the pool name " + quoted(m.name) + ", longer than " +
+                          std::to_string(wire::kMaxNameBytes) + " bytes");
+      }
+      m.geometry = group_geometry(item, gf, model.geometry);
+      const uint64_t per_page = page_data_bytes(m.geometry) + page_scale_bytes(m.geometry);
+      const uint64_t segment = std::max(m.segment_size, per_page);
+      start += segment;
+      if (model.capacity.unit == Capacity::Unit::bytes && model.capacity.value < start) {
+        fail(*find(f, "capacity"), "is " + human_bytes(model.capacity.value) +
+                                       ": too small for a first segment of each group (" +
+                                       human_bytes(start) +
+                                       " so far; lower segment_size or raise capacity)");
+      }
+      if (model.capacity.unit == Capacity::Unit::bytes &&
+          (model.capacity.value + segment - 1) / segment > wire::kMaxSegments) {
+        fail(*find(f, "capacity"),
+             "is " + human_bytes(model.capacity.value) + ": a group may grow into all of it, " +
+                 "which takes more than " + std::to_string(wire::kMaxSegments) + " segments of " +
+                 human_bytes(segment) + " (raise segment_size)");
+      }
+      m.model = model.name;
+      m.group = static_cast<uint16_t>(members.size());
+      m.model_budget = model.capacity;
+      m.capacity = Capacity{Capacity::Unit::bytes, std::max(m.segment_size, per_page), 0.0};
+      names.push_back(std::move(name));
+      members.push_back(std::move(m));
+    }
+    for (PoolConfig& m : members)
+      m.model_groups = names;
+    return members;
+  }
+
+  // A group's geometry: the model's, with the group's keys over it. A group that names its kind
+  // names its window with it (a full group has none).
+  Geometry group_geometry(const Value& item, const Fields& gf, const Geometry& base) const {
+    Geometry g = base;
+    const auto dim = [&](std::string_view key, uint32_t& out) {
+      if (const Value* k = find(gf, key)) out = static_cast<uint32_t>(get_uint(*k, 1, UINT32_MAX));
+    };
+    dim("layers", g.layers);
+    dim("kv_heads", g.kv_heads);
+    dim("head_dim", g.head_dim);
+    if (const Value* kind = find(gf, "kind")) {
+      const std::string k = get_string(*kind, "one of full, sliding, chunked, latent");
+      const auto parsed = parse_attention_kind(k);
+      if (!parsed) fail(*kind, quoted(k) + " is not one of full, sliding, chunked, latent");
+      g.kind = *parsed;
+      g.window = 0;
+    }
+    if (const Value* window = find(gf, "window")) {
+      if (g.kind == AttentionKind::full || g.kind == AttentionKind::latent) {
+        fail(*window, "a window needs kind: sliding or chunked; this group's kind is " +
+                          std::string(attention_kind_name(g.kind)));
+      }
+      g.window = static_cast<uint32_t>(get_uint(*window, 1, UINT32_MAX));
+    } else if (g.window == 0 &&
+               (g.kind == AttentionKind::sliding || g.kind == AttentionKind::chunked)) {
+      fail(item, "kind " + std::string(attention_kind_name(g.kind)) +
+                     " needs a window: the tokens a layer's queries see");
+    }
+    if (std::string err = validate(g); !err.empty()) fail(item, err);
+    return g;
   }
 
   // A memory_budget in bytes must hold what the elastic pools start with: their capacity in
@@ -315,7 +445,10 @@ class Parser : private NodeReader {
     if (budget.unit != Capacity::Unit::bytes) return;
     uint64_t start = 0;
     for (const PoolConfig& pool : config.pools) {
-      if (!pool.max_capacity || pool.capacity.unit == Capacity::Unit::fraction) continue;
+      const bool group = !pool.model.empty();  // a hybrid model's group starts at one segment
+      if ((!pool.max_capacity && !group) || pool.capacity.unit == Capacity::Unit::fraction) {
+        continue;
+      }
       const uint64_t stride = page_data_bytes(pool.geometry);
       const uint64_t per_page = stride + page_scale_bytes(pool.geometry);
       const uint64_t pages = pool.capacity.unit == Capacity::Unit::pages
@@ -323,7 +456,8 @@ class Parser : private NodeReader {
                                  : pool.capacity.value / per_page;
       // The start maps whole segments (at least segment_size each; more where the backend's
       // granularity rounds them up), never more than the pool's whole pages region.
-      const uint64_t max_pages = pool.max_capacity->unit == Capacity::Unit::pages
+      const uint64_t max_pages = group ? UINT64_MAX / stride
+                                 : pool.max_capacity->unit == Capacity::Unit::pages
                                      ? pool.max_capacity->value
                                      : pool.max_capacity->value / per_page;
       const uint64_t segment = std::max(pool.segment_size, stride);
@@ -415,8 +549,9 @@ class Parser : private NodeReader {
       if (auto* p = find(f, "pools")) {
         for (const Value& pool_item : items(*p)) {
           std::string pool = get_string(pool_item, "a pool name");
-          const bool known = std::any_of(config.pools.begin(), config.pools.end(),
-                                         [&](const PoolConfig& pc) { return pc.name == pool; });
+          const bool known =
+              std::any_of(config.pools.begin(), config.pools.end(),
+                          [&](const PoolConfig& pc) { return pc.tenancy_name() == pool; });
           if (!known) fail(pool_item, "no pool is named " + quoted(pool));
           if (std::find(tenant.pools.begin(), tenant.pools.end(), pool) != tenant.pools.end()) {
             fail(pool_item, "pool " + quoted(pool) + " is listed twice");
@@ -436,7 +571,7 @@ class Parser : private NodeReader {
     const auto [it, first] = user.emplace(pool, tenant);
     if (first) return;
     const auto pc = std::find_if(config.pools.begin(), config.pools.end(),
-                                 [&](const PoolConfig& p) { return p.name == pool; });
+                                 [&](const PoolConfig& p) { return p.tenancy_name() == pool; });
     if (pc->share_between_tenants) return;
     fail(v, "pool " + quoted(pool) + " is already used by tenant " + quoted(it->second) +
                 "; tenants sharing a pool can read and overwrite each other's pages, so this "

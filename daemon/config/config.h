@@ -23,7 +23,11 @@
 //                             kind: full | sliding | chunked | latent, window: INT },
 //                 host_tier: "8000 pages" | SIZE | "10%",
 //                 max_capacity: "4096 pages" | SIZE, min_capacity: "512 pages" | SIZE,
-//                 segment_size: SIZE, grow_ahead: BOOL } ]   (the last four: elastic pools)
+//                 segment_size: SIZE, grow_ahead: BOOL,     (the last four: elastic pools)
+//                 groups: [ { name: STR, layers, kv_heads, head_dim: INT,
+//                             kind: full | sliding | chunked | latent, window: INT } ] } ]
+//             (groups: a hybrid model, one pool per KV group named POOL/GROUP; each group's
+//              keys override the pool's geometry; capacity is then the model's budget)
 //   tenants:  [ { name: STR, uids: [INT], gids: [INT], pools: [STR] } ]
 //
 // Pools and tenants: a tenant entry may use exactly the pools it lists (none when the list is
@@ -102,6 +106,17 @@ struct PoolConfig {
   // mapped instead of waiting for it. False: segments are made only when an alloc needs them.
   // Applies on reload.
   bool grow_ahead = true;
+  // A KV group of a hybrid model (pools[].groups; docs/ARCHITECTURE.md, "Hybrid models"): the
+  // config entry MODEL expands into one pool per group, named MODEL/GROUP, each with the entry's
+  // keys and its group's geometry. Every group is an elastic pool that starts at one segment and
+  // grows into the model's capacity (model_budget, shared by all its groups: no split between
+  // them). Empty model: a plain pool.
+  std::string model{};
+  uint16_t group = 0;                       // this pool's index in model_groups
+  std::vector<std::string> model_groups{};  // the model's group names, in config order
+  Capacity model_budget{};                  // the model's capacity: bytes or a fraction
+  // The name tenants list: the model's for a group, else the pool's.
+  const std::string& tenancy_name() const { return model.empty() ? name : model; }
   KeyLocation capacity_at{};      // the capacity key, or the pool's entry when it has none
   KeyLocation host_tier_at{};     // the host_tier key, when given
   KeyLocation max_capacity_at{};  // the max_capacity key, when given

@@ -17,6 +17,22 @@ namespace {
     for (size_t i = 0; i < n.pools.size(); ++i)   \
       n.pools[i].member = r.pools[i].member;      \
   }
+// A hybrid model's group keys: its member pools' names, geometries and group lists (the whole
+// list when the number of pools changed, as pools[].name does).
+#define KEEP_GROUPS                                      \
+  [](Config& n, const Config& r) {                       \
+    if (n.pools.size() != r.pools.size()) {              \
+      n.pools = r.pools;                                 \
+      return;                                            \
+    }                                                    \
+    for (size_t i = 0; i < n.pools.size(); ++i) {        \
+      n.pools[i].name = r.pools[i].name;                 \
+      n.pools[i].geometry = r.pools[i].geometry;         \
+      n.pools[i].model = r.pools[i].model;               \
+      n.pools[i].group = r.pools[i].group;               \
+      n.pools[i].model_groups = r.pools[i].model_groups; \
+    }                                                    \
+  }
 #define LIVE(path)                  \
   ConfigKey {                       \
     path, Reload::live, "", nullptr \
@@ -71,6 +87,12 @@ constexpr std::array kTable = {
     RESTART("pools[].min_capacity", "pools", KEEP_POOL(min_capacity)),
     RESTART("pools[].segment_size", "pools", KEEP_POOL(segment_size)),
     LIVE("pools[].grow_ahead"),
+    RESTART("pools[].groups[].name", "pools", KEEP_GROUPS),
+    RESTART("pools[].groups[].layers", "pools", KEEP_GROUPS),
+    RESTART("pools[].groups[].kv_heads", "pools", KEEP_GROUPS),
+    RESTART("pools[].groups[].head_dim", "pools", KEEP_GROUPS),
+    RESTART("pools[].groups[].kind", "pools", KEEP_GROUPS),
+    RESTART("pools[].groups[].window", "pools", KEEP_GROUPS),
     LIVE("tenants[].name"),
     LIVE("tenants[].uids"),
     LIVE("tenants[].gids"),
@@ -98,6 +120,7 @@ constexpr std::array kTable = {
 
 #undef KEEP
 #undef KEEP_POOL
+#undef KEEP_GROUPS
 #undef LIVE
 #undef RESTART
 

@@ -617,6 +617,17 @@ uint32_t PagePool::evict(uint32_t n) {
   return dropped;
 }
 
+bool PagePool::drop_cached(Namespace ns, const BlockHash& hash) {
+  const PageId page = find_cached(ns, hash);
+  if (page == kNoPage || pages_[page].word != kHashed || pages_[page].pinned) return false;
+  policy_->on_reuse(page);  // out of its queue, as victim() would take it
+  uncache(page, IndexObserver::Removal::evicted);
+  free_.push_back(page);
+  ++counters_.evicted;
+  checked("drop_cached");
+  return true;
+}
+
 uint32_t PagePool::evict_into(OwnerId owner, uint32_t n, std::vector<PageId>& out) {
   Ledger* l = ledger(owner);
   KVPOOL_CHECK(l != nullptr);

@@ -229,6 +229,12 @@ class PagePool {
   // daemon holds pages this way while their bytes are copied to the host tier off the event
   // loop. Precondition: `owner` is open.
   uint32_t evict_into(OwnerId owner, uint32_t n, std::vector<PageId>& out);
+  // Evicts the page carrying (ns, hash) when it is CACHED and not pinned (another group of a
+  // hybrid model lost that block, so no hit can use this one: PoolSet::drop_group_evictions).
+  // Whether it did.
+  bool drop_cached(Namespace ns, const BlockHash& hash);
+  // The page carrying (ns, hash), in any state, or kNoPage; takes no reference.
+  PageId find(Namespace ns, const BlockHash& hash) const { return find_cached(ns, hash); }
   // Drops every CACHED page, pinned ones too; pages in use (hashed or not) are untouched.
   // Returns how many.
   uint32_t flush();

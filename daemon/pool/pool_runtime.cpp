@@ -96,6 +96,9 @@ wire::Result<std::unique_ptr<PoolRuntime>> PoolRuntime::create(
   info.device = backend.device();
   info.device_uuid = backend.device_uuid();
   info.segments = pool->memory_->segments();
+  info.model = pc.model;
+  info.group = pc.group;
+  info.groups = pc.model_groups;
   log_event(LogLevel::info, "pool_ready",
             {kv("pool", pc.name), kv("pages", pages), kv("page_bytes", per_page),
              kv("bytes", info.segment_bytes), kv("size", human_bytes(pages * per_page)),
@@ -123,6 +126,12 @@ void PoolRuntime::init_telemetry(EventLog& events, const EventsConfig& ev,
   index_events_ = std::make_unique<PoolIndexEvents>(index_, events, *prefix_stats_, set_.now_ref(),
                                                     kv_events_.get());
   pages_->set_observer(index_events_.get());
+  // A full-attention group's evictions go to its model's other groups (hybrid models have no
+  // host tier, so nothing else stands between the pool and its index events).
+  if (!config_.model.empty() && config_.geometry.window == 0) {
+    group_evictions_ = std::make_unique<GroupEvictions>(index_events_.get());
+    pages_->set_observer(group_evictions_.get());
+  }
 }
 
 wire::Result<bool> PoolRuntime::attach_host_tier() {

@@ -53,6 +53,25 @@ namespace kvpool::daemon {
 
 class PoolSet;
 
+// What a full-attention group of a hybrid model evicts, in order, for PoolSet to drop from its
+// other groups (the same blocks there serve no hit without this one). Forwards every call.
+class GroupEvictions final : public core::IndexObserver {
+ public:
+  explicit GroupEvictions(core::IndexObserver* next) : next_(next) {}
+  void stored(Namespace ns, const BlockHash& hash, PageId page) override {
+    next_->stored(ns, hash, page);
+  }
+  void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) override {
+    if (why == Removal::evicted) keys_.emplace_back(ns, hash);
+    next_->removed(ns, hash, page, why);
+  }
+  std::vector<std::pair<Namespace, BlockHash>> take() { return std::exchange(keys_, {}); }
+
+ private:
+  core::IndexObserver* next_;
+  std::vector<std::pair<Namespace, BlockHash>> keys_;
+};
+
 // What an elastic pool keeps besides its memory (min_pages is 0 for a fixed pool).
 struct ElasticState {
   uint32_t min_pages = 0;
@@ -136,6 +155,13 @@ class PoolRuntime {
   // This pool's part of the stats snapshot (sessions are the caller's).
   void fill_stats(stats::PoolStats& out) const;
 
+  // The blocks this pool evicted since the last call that its hybrid model's other groups must
+  // drop (empty but for a full-attention group of a hybrid model).
+  std::vector<std::pair<Namespace, BlockHash>> take_group_evictions() {
+    return group_evictions_ ? group_evictions_->take()
+                            : std::vector<std::pair<Namespace, BlockHash>>{};
+  }
+
   // Jobs of this pool handed out and not finished (see above).
   uint32_t copies_in_flight() const { return copies_in_flight_; }
   void begin_job() { ++copies_in_flight_; }
@@ -177,6 +203,7 @@ class PoolRuntime {
   std::unique_ptr<KvEventBatcher> kv_events_;
   KvEventFormat kv_format_;
   std::unique_ptr<PoolIndexEvents> index_events_;
+  std::unique_ptr<GroupEvictions> group_evictions_;  // full groups of hybrid models only
   std::unique_ptr<PoolHostTier> host_tier_;
   uint32_t copies_in_flight_ = 0;
   ElasticState elastic_;

@@ -46,13 +46,24 @@ wire::Result<std::unique_ptr<PoolSet>> PoolSet::create(const Config& config, Mem
   try {
     for (const PoolConfig& pc : config.pools) {
       current = &pc;
-      auto pool = PoolRuntime::create(pc, backend, config.max_segment_bytes,
-                                      static_cast<uint16_t>(set->pools_.size()), *set, events,
-                                      config.events);
+      const PoolConfig member = set->group_config(pc, backend);
+      auto pool = PoolRuntime::create(
+          pc.model.empty() ? pc : member, backend, config.max_segment_bytes,
+          static_cast<uint16_t>(set->pools_.size()), *set, events, config.events);
       if (!pool.ok()) return pool.error();
       set->pools_.push_back(std::move(pool.value()));
     }
     current = nullptr;
+    for (const auto& [model, budget] : set->model_budgets_) {
+      if (set->model_bytes(model) > budget) {
+        return error(Errc::invalid_argument, "pool " + model + ": its groups start with " +
+                                                 human_bytes(set->model_bytes(model)) +
+                                                 " (a segment each), above its "
+                                                 "capacity (" +
+                                                 human_bytes(budget) +
+                                                 "); lower segment_size or raise capacity");
+      }
+    }
     if (set->elastic_bytes() > set->budget_) {
       return error(Errc::invalid_argument,
                    "the elastic pools start with " + human_bytes(set->elastic_bytes()) +
@@ -67,6 +78,65 @@ wire::Result<std::unique_ptr<PoolSet>> PoolSet::create(const Config& config, Mem
     return bookkeeping_error(config, current);
   }
   return set;
+}
+
+PoolConfig PoolSet::group_config(const PoolConfig& pc, const MemoryBackend& backend) {
+  if (pc.model.empty()) return pc;
+  const Capacity& b = pc.model_budget;
+  const uint64_t budget =
+      b.unit == Capacity::Unit::fraction
+          ? static_cast<uint64_t>(static_cast<double>(backend.available_bytes()) * b.fraction)
+          : b.value;
+  model_budgets_[pc.model] = budget;
+  // Each group may grow into the whole budget; the budget, not a split, keeps them within it.
+  PoolConfig member = pc;
+  member.max_capacity = Capacity{Capacity::Unit::bytes, budget, 0.0};
+  return member;
+}
+
+uint64_t PoolSet::model_budget(const PoolRuntime& pool) const {
+  if (pool.config().model.empty()) return UINT64_MAX;
+  const auto it = model_budgets_.find(pool.config().model);
+  return it == model_budgets_.end() ? UINT64_MAX : it->second;
+}
+
+uint64_t PoolSet::model_bytes(const std::string& model) const {
+  uint64_t n = 0;
+  for (const auto& p : pools_) {
+    if (p->config().model == model) n += p->memory().bytes();
+  }
+  return n;
+}
+
+bool PoolSet::siblings(const PoolRuntime& a, const PoolRuntime& b) {
+  return !a.config().model.empty() && a.config().model == b.config().model;
+}
+
+std::vector<PoolRuntime*> PoolSet::group_pools(const PoolRuntime& pool) const {
+  std::vector<PoolRuntime*> out;
+  for (const auto& p : pools_) {
+    if (p.get() == &pool || siblings(*p, pool)) out.push_back(p.get());
+  }
+  return out;
+}
+
+PoolSet::Shortfall PoolSet::shortfall(const PoolRuntime& pool, uint64_t bytes) const {
+  // Segments in the making hold their room, but for the pool's own (it lands at its new end).
+  const ElasticState& own = pool.elastic_state();
+  const uint64_t own_ahead = own.growing_ahead + own.resizing_bytes;
+  uint64_t model_ahead = 0;
+  for (const auto& p : pools_) {
+    if (p.get() != &pool && siblings(*p, pool)) {
+      model_ahead += p->elastic_state().growing_ahead + p->elastic_state().resizing_bytes;
+    }
+  }
+  const auto over = [](uint64_t used, uint64_t limit) { return used > limit ? used - limit : 0; };
+  Shortfall s;
+  s.daemon = over(elastic_bytes() + ahead_bytes() - own_ahead + bytes, budget_);
+  if (!pool.config().model.empty()) {
+    s.model = over(model_bytes(pool.config().model) + model_ahead + bytes, model_budget(pool));
+  }
+  return s;
 }
 
 wire::Error PoolSet::bookkeeping_error(const Config& config, const PoolConfig* current) {
@@ -135,16 +205,24 @@ wire::Result<bool> PoolSet::shrink_one(PoolRuntime& pool) {
 
 bool PoolSet::reclaim(const PoolRuntime& taker, uint64_t bytes,
                       const RebalanceStrategy::Taker& how) {
-  const std::vector<PoolRuntime*> donors = strategy_.donors(pools_, taker, how);
+  std::vector<PoolRuntime*> donors = strategy_.donors(pools_, taker, how);
+  // A hybrid model over its own budget takes from its other groups first: only they free it.
+  std::stable_partition(donors.begin(), donors.end(),
+                        [&](const PoolRuntime* d) { return siblings(*d, taker); });
+  Shortfall need = shortfall(taker, bytes);
   uint64_t can_give = 0;
-  for (const PoolRuntime* d : donors)
+  uint64_t siblings_give = 0;
+  for (const PoolRuntime* d : donors) {
     can_give += d->bytes_above_min();
+    if (siblings(*d, taker)) siblings_give += d->bytes_above_min();
+  }
   // Nothing is shrunk for a reclaim that cannot succeed (a held page may still stop one).
-  if (elastic_bytes() + bytes > budget_ + can_give) return false;
+  if (need.daemon > can_give || need.model > siblings_give) return false;
   for (PoolRuntime* d : donors) {
-    while (elastic_bytes() + bytes > budget_ && shrink_one(*d).ok()) {
-    }
-    if (elastic_bytes() + bytes <= budget_) return true;
+    const bool sibling = siblings(*d, taker);
+    while ((need.daemon > 0 || (sibling && need.model > 0)) && shrink_one(*d).ok())
+      need = shortfall(taker, bytes);
+    if (!need.any()) return true;
   }
   return false;
 }
@@ -155,6 +233,13 @@ uint64_t PoolSet::growable_pages(const PoolRuntime& pool) const {
   // as long as it stays at or above its min (shrinks give back whole segments only).
   const uint64_t mapped_now = elastic_bytes();
   uint64_t room = budget_ > mapped_now ? budget_ - mapped_now : 0;
+  // A group of a hybrid model: its model's budget bounds it too, and only its other groups'
+  // segments go back into that.
+  const bool group = !pool.config().model.empty();
+  const uint64_t model_now = group ? model_bytes(pool.config().model) : 0;
+  uint64_t model_room = !group                           ? UINT64_MAX
+                        : model_budget(pool) > model_now ? model_budget(pool) - model_now
+                                                         : 0;
   for (const PoolRuntime* p : strategy_.donors(pools_, pool, strategy_.operator_resize())) {
     std::vector<wire::SegmentInfo> segs = p->memory().segments();  // newest (highest) first
     std::sort(segs.begin(), segs.end(),
@@ -165,8 +250,10 @@ uint64_t PoolSet::growable_pages(const PoolRuntime& pool) const {
       if ((mapped - seg.bytes) / p->info().page_stride < p->elastic_state().min_pages) break;
       mapped -= seg.bytes;
       room = room > UINT64_MAX - seg.bytes ? UINT64_MAX : room + seg.bytes;
+      if (group && siblings(*p, pool)) model_room += seg.bytes;
     }
   }
+  room = std::min(room, model_room);
   // This pool grows by whole segments (the region's last one may be shorter): count those the
   // room pays for.
   const uint64_t stride = pool.info().page_stride;
@@ -193,13 +280,13 @@ wire::Result<bool> PoolSet::grow_one(PoolRuntime& pool) {
   released_.clear();
   auto g = pool.memory().grow_segment();
   if (!g.ok()) return g.error();
-  if (elastic_bytes() > budget_) {
+  if (elastic_bytes() > budget_ ||
+      (!pool.config().model.empty() && model_bytes(pool.config().model) > model_budget(pool))) {
     // The segment came out larger than the caller planned for; give it back.
     const uint64_t added = pool.memory().bytes() - before;
     (void)pool.memory().shrink_segment();
     return error(Errc::out_of_pages, "pool " + pool.name() + ": a segment of " +
-                                         human_bytes(added) + " would pass memory_budget (" +
-                                         human_bytes(budget_) + ")");
+                                         human_bytes(added) + " would pass " + budget_name(pool));
   }
   pool.grown();
   return true;
@@ -207,14 +294,12 @@ wire::Result<bool> PoolSet::grow_one(PoolRuntime& pool) {
 
 bool PoolSet::grow_for(PoolRuntime& pool, uint64_t free_wanted) {
   bool grew = false;
-  const ElasticState& e = pool.elastic_state();
   while (pool.pages().stats().free < free_wanted &&
          pool.pages().num_pages() < pool.info().max_pages) {
     // Other pools' segments in the making hold their room (this pool's own is placed at its
-    // new end when it is ready, or released).
-    const uint64_t next =
-        pool.next_segment_bytes() + ahead_bytes() - e.growing_ahead - e.resizing_bytes;
-    if (elastic_bytes() + next > budget_ &&
+    // new end when it is ready, or released): shortfall() counts them.
+    const uint64_t next = pool.next_segment_bytes();
+    if (shortfall(pool, next).any() &&
         !reclaim(pool, next, strategy_.on_demand(pool, free_wanted))) {
       break;
     }
@@ -241,13 +326,12 @@ wire::Result<std::shared_ptr<ResizePlan>> PoolSet::plan_resize_up(PoolRuntime& p
       if (plan->growths.empty()) return g.error();
       break;
     }
-    const uint64_t wanted = ahead_bytes() + planned + g.value().bytes;
-    if (elastic_bytes() + wanted > budget_ && !reclaim(pool, wanted, strategy_.operator_resize())) {
+    const uint64_t wanted = planned + g.value().bytes;
+    if (shortfall(pool, wanted).any() && !reclaim(pool, wanted, strategy_.operator_resize())) {
       if (plan->growths.empty()) {
-        return error(Errc::out_of_pages,
-                     "pool " + pool.name() + ": no segment fits memory_budget (" +
-                         human_bytes(budget_) + ", " + human_bytes(elastic_bytes()) +
-                         " mapped) and no other pool can give one back");
+        return error(Errc::out_of_pages, "pool " + pool.name() + ": no segment fits " +
+                                             budget_name(pool) +
+                                             " and no other pool can give one back");
       }
       break;
     }
@@ -276,10 +360,9 @@ std::string PoolSet::commit_growth(PoolRuntime& pool, Growth& g) {
     why = "pool " + pool.name() + ": a segment before this one could not be made";
   } else if (pool.pages().num_pages() >= pool.info().max_pages) {
     why = "pool " + pool.name() + " reached its max_capacity meanwhile";
-  } else if (elastic_bytes() + g.bytes > budget_) {
-    why = "pool " + pool.name() + ": memory_budget (" + human_bytes(budget_) +
-          ") has no room left for a segment of " + human_bytes(g.bytes) +
-          " (another pool grew meanwhile)";
+  } else if (Shortfall s = shortfall(pool, g.bytes); s.any()) {
+    why = "pool " + pool.name() + ": " + budget_name(pool) + " has no room left for a segment of " +
+          human_bytes(g.bytes) + " (another pool grew meanwhile)";
   } else if (auto c = pool.memory().commit_growth(g); !c.ok()) {
     why = c.error().message;
   }
@@ -302,7 +385,7 @@ void PoolSet::grow_ahead(PoolRuntime& pool) {
   // The low-water mark: half a segment's pages (at least one) free.
   const uint64_t low_water = std::max<uint64_t>(1, next / pool.info().page_stride / 2);
   if (next == 0 || pool.pages().stats().free >= low_water) return;
-  if (elastic_bytes() + ahead_bytes() + next > budget_) return;  // never shrinks others
+  if (shortfall(pool, next).any()) return;  // never shrinks others
   auto g = pool.memory().plan_growth();
   if (!g.ok()) {
     e.grow_ahead_retry_s = now_s_ + 1;  // the memory is short: not again on every call
@@ -321,6 +404,31 @@ void PoolSet::grow_ahead(PoolRuntime& pool) {
     }
   };
   background_.push_back(std::move(w));
+}
+
+void PoolSet::drop_group_evictions() {
+  for (bool again = true; again;) {
+    again = false;
+    for (const auto& p : pools_) {
+      const auto keys = p->take_group_evictions();
+      if (keys.empty()) continue;
+      again = true;  // a dropped block of another full group is that group's eviction
+      for (PoolRuntime* other : group_pools(*p)) {
+        if (other == p.get()) continue;
+        for (const auto& [ns, hash] : keys)
+          other->pages().drop_cached(ns, hash);
+      }
+    }
+  }
+}
+
+std::string PoolSet::budget_name(const PoolRuntime& pool) const {
+  std::string s =
+      "memory_budget (" + human_bytes(budget_) + ", " + human_bytes(elastic_bytes()) + " mapped)";
+  if (pool.config().model.empty()) return s;
+  return s + " or the capacity of pool " + pool.config().model + " (" +
+         human_bytes(model_budget(pool)) + ", " + human_bytes(model_bytes(pool.config().model)) +
+         " mapped by its groups)";
 }
 
 std::optional<MemoryWork> PoolSet::take_background() {

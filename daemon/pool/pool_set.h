@@ -11,9 +11,13 @@
 // from them at all. The budget itself is never passed: a segment that would pass it is not
 // mapped, and segments in the making hold their room (ahead_bytes()).
 //
-// Invariants: elastic_bytes() ≤ budget() after every call; at most one growth ahead of a pool in
-// flight (ElasticState::growing_ahead; an admin resize's bytes are in resizing_bytes); a pool
-// running a job gives nothing back.
+// Hybrid models (pools[].groups): every group is an elastic pool, and the model's capacity is a
+// second budget over its groups alone (model_bytes ≤ model_budget), so a group takes what its
+// sequences need and gives segments back to its other groups first; no split between groups.
+//
+// Invariants: elastic_bytes() ≤ budget() and each model's bytes ≤ its budget after every call; at
+// most one growth ahead of a pool in flight (ElasticState::growing_ahead; an admin resize's bytes
+// are in resizing_bytes); a pool running a job gives nothing back.
 //
 // Thread-safety: the event loop owns it; MemoryWork::run and ResizePlan::make run on one other
 // thread. Error policy: create() and plan_resize_up() return errors naming the pool and cause.
@@ -21,6 +25,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +64,14 @@ class PoolSet {
 
   const std::vector<std::unique_ptr<PoolRuntime>>& pools() const { return pools_; }
   PoolRuntime* find(const std::string& name) const;
+  // The pools of `pool`'s hybrid model in group order (pool itself for a plain pool).
+  std::vector<PoolRuntime*> group_pools(const PoolRuntime& pool) const;
+  // Whether a and b are groups of one hybrid model.
+  static bool siblings(const PoolRuntime& a, const PoolRuntime& b);
+  // A hybrid model's budget (its capacity: every group's mapped bytes together), UINT64_MAX for
+  // a plain pool; the bytes its groups map now.
+  uint64_t model_budget(const PoolRuntime& pool) const;
+  uint64_t model_bytes(const std::string& model) const;
   // A reload: each pool's live keys (PoolRuntime::apply_config); `next` has the running pools.
   void apply_config(const std::vector<PoolConfig>& next);
 
@@ -96,6 +109,10 @@ class PoolSet {
   // After a call on an elastic pool: starts its next segment off the loop when its free pages
   // run low and the budget has room (nobody is shrunk for it).
   void grow_ahead(PoolRuntime& pool);
+  // Drops from each hybrid model's groups the blocks one of its full-attention groups evicted
+  // (and so on, until no group evicts more): a hit needs every full group's block, so the others'
+  // copies would only take room. Call after every call and job.
+  void drop_group_evictions();
   // The daemon's own memory work, one at a time until empty.
   std::optional<MemoryWork> take_background();
   // Memory to go back off the loop (a shrunk or unused segment).
@@ -103,6 +120,19 @@ class PoolSet {
 
  private:
   explicit PoolSet(EventLog& events);
+  // How far `bytes` more for `pool` would pass the daemon's budget and its model's, counting
+  // the segments other pools have in the making.
+  struct Shortfall {
+    uint64_t daemon = 0;
+    uint64_t model = 0;
+    bool any() const { return daemon != 0 || model != 0; }
+  };
+  Shortfall shortfall(const PoolRuntime& pool, uint64_t bytes) const;
+  // The budgets that bound `pool`, for errors.
+  std::string budget_name(const PoolRuntime& pool) const;
+  // `pc` as its pool is made: a hybrid model's group elastic up to the model's budget (which it
+  // records).
+  PoolConfig group_config(const PoolConfig& pc, const MemoryBackend& backend);
   // Bytes of segments being made, in all pools.
   uint64_t ahead_bytes() const;
   // Frees at least `bytes` of the budget by shrinking the donors the strategy names for
@@ -114,6 +144,7 @@ class PoolSet {
   std::string commit_growth(PoolRuntime& pool, Growth& g);
 
   std::vector<std::unique_ptr<PoolRuntime>> pools_;
+  std::map<std::string, uint64_t> model_budgets_;  // hybrid model → its capacity in bytes
   EventLog& events_;
   RebalanceStrategy strategy_;
   uint64_t budget_ = UINT64_MAX;

@@ -81,7 +81,7 @@ int Access::tenant_of(const PeerCredentials& peer) {
 
 bool Access::tenant_may_use(uint32_t tenant, const PoolRuntime& pool) const {
   const auto lists = [&](const TenantConfig& t) {
-    return std::find(t.pools.begin(), t.pools.end(), pool.name()) != t.pools.end();
+    return std::find(t.pools.begin(), t.pools.end(), pool.config().tenancy_name()) != t.pools.end();
   };
   for (const TenantConfig& t : config_.tenants) {
     if (t.name == tenant_names_[tenant]) return lists(t);

@@ -87,6 +87,8 @@ void Service::close_session(SessionState& s) {
     }
 #endif
   }
+  if (s.model) s.model->by_group[s.pool->config().group] = nullptr;
+  s.model.reset();
   access_.close_session(s);
   s.attached = false;
 }
@@ -138,6 +140,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
     service_latency_.record(static_cast<uint16_t>(op), LatencyRecorder::now_ns() - started);
   }
   if (s.attached && s.pool->elastic()) pools_->grow_ahead(*s.pool);
+  pools_->drop_group_evictions();
 }
 
 wire::Result<wire::Reply> Service::dispatch(SessionState& s, const wire::Request& request,
@@ -214,6 +217,10 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
     pool = pools().front().get();
   } else {
     pool = pools_->find(r.pool_name);
+    // A hybrid model's name attaches to its first group.
+    for (size_t i = 0; pool == nullptr && i < pools().size(); ++i) {
+      if (pools()[i]->config().model == r.pool_name) pool = pools()[i].get();
+    }
   }
   if (pool == nullptr) return wire::Error::of(Errc::no_such_pool, "no pool named " + r.pool_name);
   // Operators (root, admin_group) inspect every pool (kvpoolctl --pool); they are trusted with
@@ -222,6 +229,9 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
   if (!access_.tenant_may_use(s.tenant, *pool) && !access_.is_admin(s)) {
     return wire::Error::of(Errc::permission_denied,
                            "tenant " + tenant + " may not use pool " + pool->name());
+  }
+  if (r.link_session != 0 || !pool->config().model.empty()) {
+    if (auto joined = join_model(s, *pool, r.link_session); !joined.ok()) return joined.error();
   }
   s.pool = pool;
   s.owner = pool->pages().open_owner();

@@ -170,6 +170,12 @@ class Service {
   // or handed out through `deferred` (then true: the reply waits for them).
   bool run_tier_copies(SessionState& s, uint32_t request_id, wire::Opcode op, uint64_t started_ns,
                        wire::Result<wire::Reply>& reply, std::unique_ptr<CopyJob>* deferred);
+  // hello's part for a group of a hybrid model: joins the session to `link` (0: a new set).
+  wire::Result<bool> join_model(SessionState& s, PoolRuntime& pool, uint64_t link);
+  // The longest hit of a hybrid model's chain every group can serve now (no references taken),
+  // at most `upper` blocks.
+  uint32_t group_hit(Namespace ns, std::span<const BlockHash> chain,
+                     const std::vector<PoolRuntime*>& groups, uint32_t upper) const;
   // A lookup's reply with its first `hits` pages, counted in the prefix stats.
   wire::Result<wire::Reply> lookup_reply(SessionState& s, wire::LookupReply l, uint32_t hits);
   // Appends a call's reply (after a pool_changed notice when the session's segment list is old).

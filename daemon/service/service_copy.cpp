@@ -102,6 +102,7 @@ wire::Result<wire::Reply> Service::copy_reply(const CopyJob& job) const {
 
 void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
   if (job.counted()) job.pool->end_job();
+  pools_->drop_group_evictions();
   if (job.finish) {
     // A call whose slow part ran off the loop: its reply is made now.
     pools_->tick();

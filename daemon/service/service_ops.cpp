@@ -212,6 +212,7 @@ std::unique_ptr<CopyJob> Service::take_background_job() {
 
 void Service::finish_background(CopyJob& job) {
   if (job.done) job.done();
+  pools_->drop_group_evictions();
 }
 
 }  // namespace kvpool::daemon

@@ -10,8 +10,10 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "daemon/core/types.h"
 #include "daemon/telemetry/events.h"
@@ -33,6 +35,15 @@ struct ConnectionStats {
   uint64_t closed_by_limits = 0;  // hello deadline, frame timeout, buffer budget
 };
 
+struct SessionState;
+
+// The sessions of one process attached to the groups of one hybrid model, joined by hello's
+// link_session: at most one per group (index = group; null = none). lookup_groups on any of them
+// takes each group's pages into that group's session.
+struct ModelSessions {
+  std::vector<SessionState*> by_group;
+};
+
 struct SessionState {
   uint64_t id = 0;
   PeerCredentials peer;
@@ -43,6 +54,8 @@ struct SessionState {
   uint32_t tenant = 0;       // index into Access::tenants()
   core::OwnerId owner = 0;
   uint64_t held_pages = 0;  // distinct pages held, as of the last call
+  // Set while attached to a group of a hybrid model (shared with the linked sessions).
+  std::shared_ptr<ModelSessions> model;
   // Set by a subscribe: the connection now carries events (the Server pushes them).
   std::optional<Subscription> subscription;
 };

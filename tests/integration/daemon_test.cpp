@@ -291,7 +291,7 @@ TEST(Daemon, MalformedFramesGetErrorsAndTheDaemonServesOn) {
   {  // Wrong version: an error, then the connection is closed.
     auto c = attach(d, "wrong-version");
     auto f = frame(wire::StatsRequest{});
-    f[8] = std::byte{9};
+    f[8] = std::byte{static_cast<uint8_t>(wire::kProtocolVersion + 1)};
     send_bytes(c->socket_fd(), f);
     const RawReply r = read_raw_reply(c->socket_fd());
     ASSERT_TRUE(r.error.has_value());

@@ -42,6 +42,13 @@ pools:
     min_capacity: 32 pages
     segment_size: 4KiB
     grow_ahead: true
+  - name: h
+    capacity: 8MiB
+    segment_size: 64KiB
+    geometry: {layers: 3, kv_heads: 2, head_dim: 8, tokens_per_page: 16, dtype: fp16}
+    groups:
+      - {name: local, layers: 5, kv_heads: 3, head_dim: 24, kind: sliding, window: 48}
+      - {name: global}
 tenants:
   - {name: t, uids: [1000], gids: [1000], pools: []}
 default_tenant: default
@@ -100,6 +107,12 @@ const std::map<std::string, std::pair<std::string, std::string>> kSamples = {
     {"pools[].min_capacity", {"min_capacity: 32 pages", "min_capacity: 48 pages"}},
     {"pools[].segment_size", {"segment_size: 4KiB", "segment_size: 8KiB"}},
     {"pools[].grow_ahead", {"grow_ahead: true", "grow_ahead: false"}},
+    {"pools[].groups[].name", {"name: local,", "name: near,"}},
+    {"pools[].groups[].layers", {"layers: 5,", "layers: 6,"}},
+    {"pools[].groups[].kv_heads", {"kv_heads: 3,", "kv_heads: 4,"}},
+    {"pools[].groups[].head_dim", {"head_dim: 24,", "head_dim: 32,"}},
+    {"pools[].groups[].kind", {"kind: sliding, window: 48", "kind: chunked, window: 48"}},
+    {"pools[].groups[].window", {"window: 48}", "window: 96}"}},
     {"tenants[].name", {"name: t,", "name: u,"}},
     {"tenants[].uids", {"uids: [1000]", "uids: [1001]"}},
     {"tenants[].gids", {"gids: [1000]", "gids: [1001]"}},
@@ -156,7 +169,8 @@ TEST(ConfigKeys, EveryKeyReloadsAsTheTableSays) {
   }
 }
 
-// layout: only page_major pools are elastic, so the base cannot change it; a fixed pool can.
+// layout: only page_major pools are elastic (and have groups), so the base cannot change it; a
+// fixed pool can.
 TEST(ConfigKeys, LayoutWaitsForARestart) {
   const std::string fixed =
       "pools:\n  - name: a\n    geometry: {layers: 1, kv_heads: 1, head_dim: 8, "

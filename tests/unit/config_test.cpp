@@ -942,6 +942,94 @@ TEST(ConfigErrorTest, ElasticSizesMustFitEachOther) {
            "memory_budget: 2MiB\n");
 }
 
+// A hybrid model (lines 1-6); tests append its groups and keys.
+constexpr std::string_view kModelHead =
+    "pools:\n  - name: m\n    capacity: 1MiB\n    segment_size: 64KiB\n"
+    "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}\n"
+    "    groups:\n";
+
+TEST(ConfigTest, GroupsExpandIntoOnePoolEach) {
+  const Config c = parse_ok(std::string(kModelHead) +
+                            "      - {name: local, layers: 3, kind: sliding, window: 512}\n"
+                            "      - {name: global, layers: 1}\n"
+                            "tenants:\n  - {name: t, uids: [7], pools: [m]}\n");
+  ASSERT_EQ(c.pools.size(), 2u);
+  const PoolConfig& local = c.pools[0];
+  const PoolConfig& global = c.pools[1];
+  EXPECT_EQ(local.name, "m/local");
+  EXPECT_EQ(global.name, "m/global");
+  EXPECT_EQ(local.tenancy_name(), "m");
+  EXPECT_EQ(local.model, "m");
+  EXPECT_EQ(global.group, 1u);
+  EXPECT_EQ(local.model_groups, (std::vector<std::string>{"local", "global"}));
+  // The model's geometry with each group's keys over it.
+  EXPECT_EQ(local.geometry, (Geometry{3, 2, 64, 16, KvDtype::fp16, AttentionKind::sliding, 512}));
+  EXPECT_EQ(global.geometry, (Geometry{1, 2, 64, 16, KvDtype::fp16}));
+  // The model's capacity is the budget of both; each starts at one segment.
+  EXPECT_EQ(local.model_budget, (Capacity{Capacity::Unit::bytes, 1u << 20, 0.0}));
+  EXPECT_EQ(local.capacity.value, 64u << 10);
+  EXPECT_FALSE(local.max_capacity);
+  EXPECT_EQ(c.tenants[0].pools, std::vector<std::string>{"m"});
+  // A sliding model's full group names its kind, and drops the window with it.
+  const Config mixed = parse_ok(
+      "pools:\n  - name: m\n    capacity: 1MiB\n    segment_size: 64KiB\n"
+      "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16, "
+      "kind: sliding, window: 128}\n    groups:\n      - {name: local}\n"
+      "      - {name: global, kind: full}\n");
+  EXPECT_EQ(mixed.pools[0].geometry.window, 128u);
+  EXPECT_EQ(mixed.pools[1].geometry.kind, AttentionKind::full);
+  EXPECT_EQ(mixed.pools[1].geometry.window, 0u);
+}
+
+TEST(ConfigErrorTest, GroupsThatDoNotFitThePool) {
+  const std::string head(kModelHead);
+  const std::string two = "      - {name: a}\n      - {name: b}\n";
+  expect_error(head + "      - {name: a, kind: full, window: 64}\n", 7, "pools[0].groups[0].window",
+               "a window needs kind: sliding or chunked");
+  expect_error(head + "      - {name: a, kind: sliding}\n", 7, "pools[0].groups[0]",
+               "needs a window");
+  expect_error(head + "      - {name: a}\n      - {name: a}\n", 8, "pools[0].groups[1].name",
+               "duplicate group name");
+  expect_error(head + "      - {name: a/b}\n", 7, "pools[0].groups[0].name", "'/'");
+  expect_error(head + "      - {name: a, colour: red}\n", 7, "pools[0].groups[0].colour", "");
+  expect_error(head + "      - {name: a, layers: 0}\n", 7, "pools[0].groups[0].layers", "");
+  expect_error(head + "    []\n", 6, "pools[0].groups", "at least one group");
+  expect_error(head + two + "    max_capacity: 2MiB\n", 9, "pools[0].max_capacity",
+               "sized by its capacity");
+  expect_error(head + two + "    host_tier: 1MiB\n", 9, "pools[0].host_tier", "not supported yet");
+  expect_error(head + two + "    layout: layer_major\n", 9, "pools[0].layout", "page_major");
+  expect_error(
+      "pools:\n  - name: m\n    capacity: 64 pages\n    segment_size: 64KiB\n"
+      "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}\n"
+      "    groups:\n" +
+          two,
+      3, "pools[0].capacity", "bytes or a percentage");
+  expect_error(
+      "pools:\n  - name: m\n    capacity: 1GiB\n    segment_size: 64KiB\n"
+      "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}\n"
+      "    groups:\n" +
+          two,
+      3, "pools[0].capacity", "more than 253 segments");
+  expect_error(
+      "pools:\n  - name: m\n    capacity: 100KiB\n    segment_size: 64KiB\n"
+      "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}\n"
+      "    groups:\n" +
+          two,
+      3, "pools[0].capacity", "too small for a first segment");
+  // Names: a pool may not take a model's or a group's name.
+  expect_error(head + two +
+                   "  - name: m/a\n    geometry: {layers: 1, kv_heads: 1, head_dim: 8, "
+                   "tokens_per_page: 16, dtype: fp16}\n",
+               9, "pools[1].name", "duplicate pool name");
+  expect_error(head + two +
+                   "  - name: m\n    geometry: {layers: 1, kv_heads: 1, head_dim: 8, "
+                   "tokens_per_page: 16, dtype: fp16}\n",
+               9, "pools[1].name", "duplicate pool name");
+  // Tenants list the model, not its groups.
+  expect_error(head + two + "tenants:\n  - {name: t, uids: [7], pools: [m/a]}\n", 10,
+               "tenants[0].pools[0]", "no pool is named");
+}
+
 TEST(ConfigTest, PoolAttentionKindAndWindow) {
   const Config absent = parse_ok(with_pools(""));
   EXPECT_EQ(absent.pools[0].geometry.kind, AttentionKind::full);

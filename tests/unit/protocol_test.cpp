@@ -173,6 +173,9 @@ std::vector<Request> sample_requests() {
   v.emplace_back(SegmentsRequest{});
   v.emplace_back(ResizeRequest{0});
   v.emplace_back(ResizeRequest{UINT32_MAX});
+  v.emplace_back(GroupLookupRequest{});
+  v.emplace_back(GroupLookupRequest{{BlockHash{1, 2}, BlockHash{3, 4}}});
+  v.emplace_back(GroupLookupRequest{{BlockHash{1, 2}}, PageHints{Priority::conversation, 5}});
   return v;
 }
 
@@ -206,6 +209,16 @@ PoolInfo sample_elastic_pool() {
   p.segments = {SegmentInfo{64ull << 20, {}, 0}, SegmentInfo{2ull << 20, {}, 2ull << 30},
                 SegmentInfo{64ull << 20, {}, 64ull << 20}};
   p.segment_bytes = (128ull + 2) << 20;
+  return p;
+}
+
+// A group of a hybrid model.
+PoolInfo sample_group_pool() {
+  PoolInfo p = sample_elastic_pool();
+  p.pool_name = "gemma-3/global";
+  p.model = "gemma-3";
+  p.group = 1;
+  p.groups = {"local", "global"};
   return p;
 }
 
@@ -303,6 +316,11 @@ std::vector<Reply> sample_replies() {
   v.emplace_back(SegmentsReply{sample_pool(KvDtype::fp16)});
   v.emplace_back(SegmentsReply{sample_elastic_pool()});
   v.emplace_back(SegmentsReply{sample_ipc_pool()});
+  v.emplace_back(SegmentsReply{sample_group_pool()});
+  v.emplace_back(HelloReply{7, sample_group_pool()});
+  v.emplace_back(GroupLookupReply{{LookupReply{}}});
+  v.emplace_back(GroupLookupReply{{LookupReply{{kNoPage, 4}, {kTierNone, kTierDevice}},
+                                   LookupReply{{8, 9}, {kTierDevice, kTierDevice}}}});
   v.emplace_back(ResizeReply{0});
   v.emplace_back(ResizeReply{UINT32_MAX});
   return v;
@@ -413,7 +431,9 @@ TEST(ProtocolRoundTrip, OpcodesOfElasticPools) {
   EXPECT_EQ(opcode_name(25), "segments");
   EXPECT_EQ(opcode_name(26), "resize");
   EXPECT_EQ(opcode_name(27), "pool_changed");
-  EXPECT_EQ(opcode_name(28), "");
+  EXPECT_EQ(opcode_name(28), "lookup_groups");
+  EXPECT_EQ(opcode_of(Request{GroupLookupRequest{}}), Opcode::lookup_groups);
+  EXPECT_EQ(opcode_name(29), "");
 }
 
 TEST(ProtocolRoundTrip, ExactBytesOfResizeAndSegments) {
@@ -608,7 +628,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                8,    0,                               // version
+                                9,    0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -659,7 +679,10 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
                          .u32(1)                      // one segment
                          .u64(0)                      // at offset 0
                          .u64(8ull << 30)
-                         .u32(0)  // of 8 GiB, no handle
+                         .u32(0)   // of 8 GiB, no handle
+                         .str("")  // no model
+                         .u32(0)   // group 0
+                         .u32(0)   // of no groups
                          .bytes();
   EXPECT_EQ(exact(payload_of(hello_reply)), want);
 
@@ -795,7 +818,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 8, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 9, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -816,8 +839,9 @@ TEST(ProtocolHeader, BadMagic) {
 TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
   // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
-  // counter list; 6: before the attention kind in PoolInfo; 7: before lookups with holes.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 9, 0x100, 0xffff};
+  // counter list; 6: before the attention kind in PoolInfo; 7: before lookups with holes; 8:
+  // before hybrid models.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
@@ -846,7 +870,7 @@ TEST(ProtocolHeader, ShortSpan) {
 
 TEST(ProtocolDecodeRequest, UnknownOpcode) {
   // 24 and 27 are pushed by the daemon, never requests.
-  const uint16_t ops[] = {0,      13,     19,     24,     27,     28,     63,
+  const uint16_t ops[] = {0,      13,     19,     24,     27,     29,     63,
                           64,     0x7fff, 0x8000, 0x8001, 0x8002, 0x8003, 0x8004,
                           0x8005, 0x8006, 0x8007, 0x800c, 0x8014, 0xffff};
   for (uint16_t op : ops) {
@@ -875,6 +899,8 @@ TEST(ProtocolDecodeRequest, TruncatedAtEveryCut) {
 
 TEST(ProtocolDecodeRequest, TrailingBytes) {
   for (const Request& req : sample_requests()) {
+    // A hello's optional link_session reads what follows its names (HelloLinkSession).
+    if (std::holds_alternative<HelloRequest>(req)) continue;
     const Bytes frame = encode(1, req);
     for (size_t extra : {1u, 3u, 64u}) {
       Bytes payload = exact(payload_of(frame));
@@ -885,6 +911,47 @@ TEST(ProtocolDecodeRequest, TrailingBytes) {
       EXPECT_NE(r.error().message.find("trailing"), std::string::npos) << r.error().message;
     }
   }
+}
+
+// hello's link_session: 8 bytes after the names when given, never 0; anything else after the
+// names is malformed.
+TEST(ProtocolDecodeRequest, HelloLinkSession) {
+  const Bytes linked = encode(1, Request{HelloRequest{"w", "m/global", 0x0102030405060708ull}});
+  EXPECT_EQ(exact(payload_of(linked)),
+            Builder().str("w").str("m/global").u64(0x0102030405060708ull).bytes());
+  auto r = decode_request_bytes(req_op(Opcode::hello), exact(payload_of(linked)));
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(std::get<HelloRequest>(r.value()).link_session, 0x0102030405060708ull);
+  const Bytes names = Builder().str("w").str("p").bytes();
+  for (size_t extra : {1u, 7u}) {
+    Bytes payload = names;
+    payload.resize(payload.size() + extra, std::byte{1});
+    EXPECT_TRUE(
+        fails_with(Errc::malformed_frame, decode_request_bytes(req_op(Opcode::hello), payload)))
+        << extra;
+  }
+  Bytes zero = Builder().str("w").str("p").u64(0).bytes();
+  auto z = decode_request_bytes(req_op(Opcode::hello), zero);
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, z));
+  EXPECT_NE(z.error().message.find("send none"), std::string::npos);
+  Bytes trailing = Builder().str("w").str("p").u64(5).u8(0).bytes();
+  EXPECT_TRUE(
+      fails_with(Errc::malformed_frame, decode_request_bytes(req_op(Opcode::hello), trailing)));
+}
+
+// A group lookup's reply: as many pages and tiers per group as hits, 1..kMaxGroups groups, and
+// kNoPage with tier none only.
+TEST(ProtocolDecodeReply, GroupLookupReplyIsChecked) {
+  const auto op = static_cast<uint16_t>(static_cast<uint16_t>(Opcode::lookup_groups) | kReplyBit);
+  auto decode = [&](const Bytes& payload) { return decode_reply_bytes(op, payload); };
+  EXPECT_TRUE(decode(Builder().u16(0).u32(1).u32(1).u32(4).u8(kTierDevice).bytes()).ok());
+  EXPECT_TRUE(fails_with(Errc::malformed_frame, decode(Builder().u16(0).u32(0).u32(0).bytes())));
+  EXPECT_TRUE(fails_with(Errc::malformed_frame,
+                         decode(Builder().u16(0).u32(0).u32(kMaxGroups + 1).bytes())));
+  EXPECT_TRUE(fails_with(Errc::malformed_frame,
+                         decode(Builder().u16(0).u32(2).u32(1).u32(4).u8(0).bytes())));
+  EXPECT_TRUE(fails_with(Errc::malformed_frame,
+                         decode(Builder().u16(0).u32(1).u32(1).u32(kNoPage).u8(0).bytes())));
 }
 
 TEST(ProtocolDecodeRequest, LengthMustMatchThePayload) {

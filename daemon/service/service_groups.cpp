@@ -1,0 +1,191 @@
+// The Service's hybrid models (docs/ARCHITECTURE.md, "Hybrid models"): a worker of a model with
+// several KV groups attaches one session per group, the later ones naming the first in hello
+// (link_session), and asks lookup_groups on any of them for the hit every group can serve.
+//
+// The hit rule. A sequence resuming after n blocks needs, of a full-attention group, every block
+// [0, n); of a sliding or chunked group, the blocks its window covers at that point,
+// [first_needed_block(n), n) (common/geometry.h). The hit is the largest n for which every group
+// has its blocks in its pool now. It is found without taking a reference (PagePool::find), then
+// each group's pages are taken into that group's session; when a group comes short (a quota, a
+// saturated refcount), what this call took is released and the next smaller hit tried.
+#include <algorithm>
+
+#include "common/geometry.h"
+#include "daemon/service/service.h"
+#include "daemon/telemetry/log.h"
+
+namespace kvpool::daemon {
+
+namespace {
+
+// At most this many attempts before a lookup_groups answers no hit: each one after the first
+// follows a group coming short of pages, which its quota or a saturated refcount caused.
+constexpr int kMaxGroupAttempts = 8;
+
+// The pages a group's part of the reply holds (its holes before the window hold none).
+std::vector<PageId> held_of(const wire::LookupReply& l) {
+  std::vector<PageId> out;
+  for (const PageId p : l.pages) {
+    if (p != kNoPage) out.push_back(p);
+  }
+  return out;
+}
+
+}  // namespace
+
+wire::Result<bool> Service::join_model(SessionState& s, PoolRuntime& pool, uint64_t link) {
+  const PoolConfig& pc = pool.config();
+  if (pc.model.empty()) {
+    return wire::Error::of(Errc::invalid_argument,
+                           "link_session: pool " + pool.name() +
+                               " is not a group of a hybrid model (pools[].groups); attach "
+                               "without link_session");
+  }
+  if (link == 0) {
+    s.model = std::make_shared<ModelSessions>();
+    s.model->by_group.assign(pc.model_groups.size(), nullptr);
+    s.model->by_group[pc.group] = &s;
+    return true;
+  }
+  const SessionState* other = nullptr;
+  for (const SessionState* live : access_.live()) {
+    if (live->id == link) other = live;
+  }
+  const std::string which = "link_session " + std::to_string(link);
+  if (other == nullptr || !other->attached) {
+    return wire::Error::of(Errc::invalid_argument, which + " is not an attached session", link);
+  }
+  if (other->peer.pid != s.peer.pid || other->tenant != s.tenant) {
+    return wire::Error::of(Errc::permission_denied,
+                           which +
+                               " belongs to another process or tenant; a worker links only "
+                               "its own sessions",
+                           link);
+  }
+  if (!other->model || other->pool->config().model != pc.model) {
+    return wire::Error::of(Errc::invalid_argument,
+                           which + " is attached to pool " + other->pool->name() +
+                               ", not to a group of model " + pc.model,
+                           link);
+  }
+  if (other->model->by_group[pc.group] != nullptr) {
+    return wire::Error::of(Errc::invalid_argument,
+                           which + " already has a session of group " + pc.model_groups[pc.group] +
+                               " (session " + std::to_string(other->model->by_group[pc.group]->id) +
+                               ")",
+                           link);
+  }
+  s.model = other->model;
+  s.model->by_group[pc.group] = &s;
+  return true;
+}
+
+uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
+                            const std::vector<PoolRuntime*>& groups, uint32_t upper) const {
+  // Per group, the run of blocks present that ends at each position; a full group bounds the
+  // hit by its first missing block.
+  std::vector<std::vector<uint32_t>> runs(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const core::PagePool& pages = groups[g]->pages();
+    const bool full = groups[g]->config().geometry.window == 0;
+    std::vector<uint32_t>& run = runs[g];
+    run.resize(upper);
+    for (uint32_t i = 0; i < upper; ++i) {
+      const bool present = pages.find(ns, chain[i]) != kNoPage;
+      run[i] = present ? (i == 0 ? 1 : run[i - 1] + 1) : 0;
+      if (full && !present) {
+        upper = i;
+        break;
+      }
+    }
+  }
+  for (uint32_t n = upper; n > 0; --n) {
+    bool served = true;
+    for (size_t g = 0; g < groups.size() && served; ++g) {
+      const Geometry& geom = groups[g]->config().geometry;
+      const uint64_t first = first_needed_block(geom, n);
+      served = runs[g][n - 1] >= n - first;
+    }
+    if (served) return n;
+  }
+  return 0;
+}
+
+wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::GroupLookupRequest& r,
+                                                 Call&) {
+  if (!s.model) {
+    return wire::Error::of(
+        Errc::invalid_argument,
+        "lookup_groups: pool " + s.pool->name() + " is not a group of a hybrid model; use lookup");
+  }
+  const std::vector<PoolRuntime*> groups = pools_->group_pools(*s.pool);
+  const PoolConfig& pc = s.pool->config();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (s.model->by_group[g] == nullptr) {
+      return wire::Error::of(Errc::invalid_argument,
+                             "lookup_groups: group " + pc.model_groups[g] + " of model " +
+                                 pc.model + " has no session linked to session " +
+                                 std::to_string(s.id) + " (attach to pool " + groups[g]->name() +
+                                 " with hello's link_session)");
+    }
+  }
+  // Hints go to every group's pages; Access checks them once, against this session's tenant.
+  auto hints = access_.call_hints(s, r.hints);
+  if (!hints.ok()) return hints.error();
+  const Namespace ns = s.tenant + 1;
+  wire::GroupLookupReply reply;
+  reply.groups.resize(groups.size());
+  auto upper = static_cast<uint32_t>(r.chain.size());
+  for (int attempt = 0; attempt < kMaxGroupAttempts && upper > 0; ++attempt) {
+    const uint32_t n = group_hit(ns, r.chain, groups, upper);
+    if (n == 0) break;
+    size_t taken = 0;  // groups whose pages this attempt holds
+    for (; taken < groups.size(); ++taken) {
+      SessionState& gs = *s.model->by_group[taken];
+      const auto first =
+          static_cast<uint32_t>(first_needed_block(groups[taken]->config().geometry, n));
+      wire::LookupReply& l = reply.groups[taken];
+      l.pages.assign(n, kNoPage);
+      uint32_t hits = 0;
+      const Status st = groups[taken]->pages().lookup(
+          gs.owner, ns, std::span(r.chain).subspan(first, n - first),
+          std::span(l.pages).subspan(first), hits, access_.new_pages_allowed(gs), hints.value());
+      if (!st.ok()) {
+        for (size_t g = 0; g < taken; ++g) {
+          (void)groups[g]->pages().release(s.model->by_group[g]->owner, held_of(reply.groups[g]));
+          access_.refresh_held(*s.model->by_group[g]);
+        }
+        return access_.hint_error(gs, st);
+      }
+      access_.refresh_held(gs);
+      if (hits < n - first) {
+        // Short (a quota, a saturated refcount): no hit past first + hits in this group.
+        l.pages.resize(first + hits);
+        upper = first + hits;
+        break;
+      }
+    }
+    if (taken == groups.size()) {
+      for (size_t g = 0; g < groups.size(); ++g) {
+        wire::LookupReply& l = reply.groups[g];
+        l.tiers.resize(n);
+        for (uint32_t i = 0; i < n; ++i)
+          l.tiers[i] = l.pages[i] == kNoPage ? wire::kTierNone : wire::kTierDevice;
+        groups[g]->prefix_stats().hit(l.pages, pools_->now_s());
+      }
+      return wire::Reply(std::move(reply));
+    }
+    // Give back what this attempt took (the short group's hits too) and try a shorter hit.
+    for (size_t g = 0; g <= taken && g < groups.size(); ++g) {
+      (void)groups[g]->pages().release(s.model->by_group[g]->owner, held_of(reply.groups[g]));
+      access_.refresh_held(*s.model->by_group[g]);
+    }
+  }
+  for (wire::LookupReply& l : reply.groups) {
+    l.pages.clear();
+    l.tiers.clear();
+  }
+  return wire::Reply(std::move(reply));
+}
+
+}  // namespace kvpool::daemon
