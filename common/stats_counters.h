@@ -75,7 +75,9 @@ namespace kvpool::stats {
   X(host_promote_ns, counter, pool, by_hand, "kvpool_host_tier_copy_seconds_total",                \
     "Time spent copying between the pool and its host tier, by direction.")                        \
   X(host_copy_failures, counter, pool, as_is, "kvpool_host_tier_copy_failures_total",              \
-    "Copies between the pool and its host tier that failed (their blocks were dropped).")
+    "Copies between the pool and its host tier that failed (their blocks were dropped).")          \
+  X(reserved, gauge, pool, as_is, "kvpool_reserved_pages",                                         \
+    "Block-table entries static reservations hold (their pages stay in use).")
 
 // The daemon's rows, in DaemonStats order.
 #define KVPOOL_DAEMON_COUNTERS(X)                                                            \
@@ -148,11 +150,11 @@ inline constexpr size_t kNumPoolCounters = std::size(kPoolCounters);
 inline constexpr size_t kNumDaemonCounters = std::size(kDaemonCounters);
 
 // A row more is a PoolStats field more: raise kLayoutVersion, then these figures.
-static_assert(kNumPoolCounters == 25 && sizeof(PoolStats) == 696 && kLayoutVersion == 5,
+static_assert(kNumPoolCounters == 26 && sizeof(PoolStats) == 704 && kLayoutVersion == 6,
               "the counter table and PoolStats changed: raise kLayoutVersion");
-static_assert(kPoolCounters[kNumPoolCounters - 1].name == "host_copy_failures",
+static_assert(kPoolCounters[kNumPoolCounters - 1].name == "reserved",
               "rows are appended at the end of the table");
-static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 5,
+static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 6,
               "the daemon table and DaemonStats changed: raise kLayoutVersion");
 static_assert(kDaemonCounters[kNumDaemonCounters - 1].name == "kv_batches_dropped",
               "rows are appended at the end of the table");

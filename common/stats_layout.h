@@ -35,7 +35,7 @@ namespace kvpool::stats {
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
 // 3: PoolStats::layout, the KV-event batch counters; 4: the host tier's and elastic pools' words
 // in PoolStats; 5: the geometry's attention kind and window in PoolStats.
-inline constexpr uint32_t kLayoutVersion = 5;
+inline constexpr uint32_t kLayoutVersion = 6;
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
 inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
@@ -149,8 +149,10 @@ struct PoolStats {
   // The geometry's attention kind (AttentionKind) and window. Layout version 5.
   uint32_t kind = 0;
   uint32_t window = 0;
+  // Block-table entries static reservations hold (reserve). Layout version 6.
+  uint64_t reserved = 0;
 };
-static_assert(sizeof(PoolStats) == 696);
+static_assert(sizeof(PoolStats) == 704);
 
 // A decoded snapshot.
 struct Snapshot {

@@ -278,6 +278,10 @@ bool Connection::names_unmapped_page(const wire::Reply& reply) const {
     return std::any_of(l->pages.begin(), l->pages.end(),
                        [n](PageId p) { return p >= n && p != kNoPage; });
   }
+  if (const auto* v = std::get_if<wire::ReserveReply>(&reply)) {
+    return std::any_of(v->pages.begin(), v->pages.end(),
+                       [n](PageId p) { return p >= n && p != kNoPage; });
+  }
   if (const auto* p = std::get_if<wire::PublishReply>(&reply)) {
     return std::any_of(p->results.begin(), p->results.end(),
                        [n](const PublishResult& r) { return r.page >= n; });
@@ -461,6 +465,27 @@ Result<wire::GroupLookupReply> Connection::lookup_groups(std::span<const BlockHa
                             std::to_string(pool_.groups.size()) + " groups"));
   }
   return std::move(r.value());
+}
+
+Result<wire::ReserveReply> Connection::reserve(uint32_t max_tokens, std::span<const PageId> seeds,
+                                               const PageHints& hints) {
+  auto r = expect<wire::ReserveReply>(
+      call(wire::ReserveRequest{max_tokens, {seeds.begin(), seeds.end()}, hints}));
+  if (!r.ok()) return r.error();
+  const uint64_t want = (uint64_t{max_tokens} + pool_.geometry.tokens_per_page - 1) /
+                        std::max<uint32_t>(1, pool_.geometry.tokens_per_page);
+  if (r.value().pages.size() != want) {
+    return broken(error(Errc::malformed_frame, "reserve reply with " +
+                                                   std::to_string(r.value().pages.size()) +
+                                                   " pages for " + std::to_string(want)));
+  }
+  return std::move(r.value());
+}
+
+Result<Ok> Connection::unreserve(uint64_t reservation) {
+  auto r = expect<wire::UnreserveReply>(call(wire::UnreserveRequest{reservation}));
+  if (!r.ok()) return r.error();
+  return Ok{};
 }
 
 Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishItem> items,

@@ -115,6 +115,13 @@ class Connection {
   // session; kNoPage where a group's window does not need the block.
   Result<wire::GroupLookupReply> lookup_groups(std::span<const BlockHash> chain,
                                                const PageHints& hints = {});
+  // A static reservation: the pages of a sequence of up to max_tokens, held at once, its block
+  // table fixed until unreserve (or the session's end); `seeds` (pages this session holds, a
+  // lookup's hit) come first. Quota, capacity and release rules: docs/ARCHITECTURE.md, "Static
+  // reservations".
+  Result<wire::ReserveReply> reserve(uint32_t max_tokens, std::span<const PageId> seeds = {},
+                                     const PageHints& hints = {});
+  Result<Ok> unreserve(uint64_t reservation);
   Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items,
                                              const PageHints& hints = {});
   Result<wire::StatsReply> stats();

@@ -81,7 +81,7 @@ int status_verb(const Globals& g) {
         "\"layout\":\"%s\",\"page_bytes\":%llu,\"pool_"
         "bytes\":%llu,"
         "\"segments\":%u,\"device\":%d,\"pages\":{\"total\":%u,\"free\":%u,\"in_use\":%u,"
-        "\"cached\":%u},\"indexed_blocks\":%u,\"policy\":\"%s\",\"pinned\":%u,"
+        "\"cached\":%u,\"reserved\":%llu},\"indexed_blocks\":%u,\"policy\":\"%s\",\"pinned\":%u,"
         "\"pinned_cached\":%u,\"sessions\":%u,\"pool_sessions\":%u,\"host_tier\":{\"pages\":%u,"
         "\"held\":%u,\"bytes\":%llu,\"demoted\":%llu,\"promoted\":%llu,\"dropped\":%llu},"
         "\"elastic\":{\"min_pages\":%u,\"max_pages\":%u,\"grows\":%llu,\"shrinks\":%llu,"
@@ -93,9 +93,9 @@ int status_verb(const Globals& g) {
         p.tokens_per_page, dtype_text(p.dtype).c_str(), kind_text(p.kind).c_str(), p.window,
         layout_text(p.layout).c_str(), static_cast<unsigned long long>(p.page_stride),
         static_cast<unsigned long long>(p.segment_bytes), p.segments, p.device, p.total, p.free,
-        p.in_use, p.cached, p.indexed, json_escape(policy).c_str(), p.pinned, p.pinned_cached,
-        s.daemon.sessions, p.sessions, p.host_slots, p.host_held,
-        static_cast<unsigned long long>(p.host_bytes),
+        p.in_use, p.cached, static_cast<unsigned long long>(p.reserved), p.indexed,
+        json_escape(policy).c_str(), p.pinned, p.pinned_cached, s.daemon.sessions, p.sessions,
+        p.host_slots, p.host_held, static_cast<unsigned long long>(p.host_bytes),
         static_cast<unsigned long long>(p.host_demoted),
         static_cast<unsigned long long>(p.host_promoted),
         static_cast<unsigned long long>(p.host_dropped), p.min_pages, p.max_pages,
@@ -124,6 +124,10 @@ int status_verb(const Globals& g) {
   std::printf("  pages     %s free (%.1f%%), %s in use (%.1f%%), %s cached (%.1f%%)\n",
               count_text(p.free, g.raw).c_str(), pct(p.free), count_text(p.in_use, g.raw).c_str(),
               pct(p.in_use), count_text(p.cached, g.raw).c_str(), pct(p.cached));
+  if (p.reserved != 0) {
+    std::printf("  reserved  %s pages held by static reservations (in use until unreserved)\n",
+                count_text(p.reserved, g.raw).c_str());
+  }
   std::printf("  eviction  %s policy, %s pages pinned (%s of them cached)\n",
               display_text(policy).c_str(), count_text(p.pinned, g.raw).c_str(),
               count_text(p.pinned_cached, g.raw).c_str());

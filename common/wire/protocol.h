@@ -29,6 +29,9 @@
 //   subscribe u64 from_seq                                 (0 = new events only)
 //   snapshot  (empty)
 //   lookup_groups  u32 n, n × hash                     [hints]   (a hybrid model's sessions)
+//   reserve   u32 max_tokens, u32 n, n × u32 seed page   [hints]  (seeds: pages the session
+//             holds, a lookup's hit say; kNoPage for the blocks a window's hit skipped)
+//   unreserve u64 reservation
 // [hints]: when the request's first u32 (count or n) has kHintsFlag set, the payload ends with
 // u8 priority (a Priority, 0..kMaxPriority), u32 pin_ttl_ms: the client's PageHints for the pages
 // the call leaves it holding (common/types.h). A client sets the flag only when its hints say
@@ -74,6 +77,9 @@
 //   resize    u32 pages
 //   lookup_groups  u32 hits, u32 g, g × (hits × u32 page, hits × u8 tier)  — per group of the
 //            model in order, the pages of the one hybrid hit (kNoPage/kTierNone: not needed)
+//   reserve   u64 reservation, u32 n, n × u32 page   — the block table: the seeds, then the
+//            pages allocated for the rest of max_tokens
+//   unreserve (empty)
 // After a subscribe reply the daemon pushes, on the same connection and with the subscribe's
 // request id, frames of opcode event_batch | kReplyBit (never a request, never answered):
 //   event_batch  u16 status (ok), u32 n, n × (u64 seq, u8 kind, u8 cause, u32 page, u64 count,
@@ -105,7 +111,8 @@ inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // reply's nine fixed counters gone (the pool table carries them); 7: the attention kind and
 // window of the pool's geometry in PoolInfo; 8: a lookup on a sliding or chunked pool may answer
 // kNoPage (tier kTierNone) for blocks before the window its hit needs; 9: hybrid models (the
-// model and groups in PoolInfo, hello's link_session, lookup_groups).
+// model and groups in PoolInfo, hello's link_session, lookup_groups) and static reservations
+// (reserve, unreserve).
 inline constexpr uint16_t kProtocolVersion = 9;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
@@ -157,7 +164,10 @@ inline constexpr bool kBeforeHello = false;
   X(segments, 25, SegmentsRequest, SegmentsReply, kAnyPeer, kAttached)               \
   X(resize, 26, ResizeRequest, ResizeReply, kAdminOnly, kAttached)                   \
   /* hybrid models: one lookup over every group */                                   \
-  X(lookup_groups, 28, GroupLookupRequest, GroupLookupReply, kAnyPeer, kAttached)
+  X(lookup_groups, 28, GroupLookupRequest, GroupLookupReply, kAnyPeer, kAttached)    \
+  /* static reservations: a block table fixed for a sequence's whole life */         \
+  X(reserve, 29, ReserveRequest, ReserveReply, kAnyPeer, kAttached)                  \
+  X(unreserve, 30, UnreserveRequest, UnreserveReply, kAnyPeer, kAttached)
 
 enum class Opcode : uint16_t {
 #define KVPOOL_OPCODE_ENUM(name, number, ...) name = number,
@@ -249,6 +259,20 @@ struct GroupLookupRequest {
   std::vector<BlockHash> chain;
   PageHints hints = {};
   friend bool operator==(const GroupLookupRequest&, const GroupLookupRequest&) = default;
+};
+// A static reservation (docs/ARCHITECTURE.md, "Static reservations"): the pages of a sequence of
+// up to max_tokens, held until unreserve or the session's end, its block table fixed meanwhile.
+// The first seeds.size() entries are pages the session holds (a prefix hit), each taking one
+// more reference; the rest are allocated.
+struct ReserveRequest {
+  uint32_t max_tokens = 0;
+  std::vector<PageId> seeds;
+  PageHints hints = {};
+  friend bool operator==(const ReserveRequest&, const ReserveRequest&) = default;
+};
+struct UnreserveRequest {
+  uint64_t reservation = 0;
+  friend bool operator==(const UnreserveRequest&, const UnreserveRequest&) = default;
 };
 struct StatsRequest {
   friend bool operator==(const StatsRequest&, const StatsRequest&) = default;
@@ -494,6 +518,14 @@ struct SegmentsReply {
 struct ResizeReply {
   uint32_t pages = 0;  // the pool's size now
   friend bool operator==(const ResizeReply&, const ResizeReply&) = default;
+};
+struct ReserveReply {
+  uint64_t reservation = 0;   // names it to unreserve; unique within the session
+  std::vector<PageId> pages;  // ceil(max_tokens / tokens_per_page) entries
+  friend bool operator==(const ReserveReply&, const ReserveReply&) = default;
+};
+struct UnreserveReply {
+  friend bool operator==(const UnreserveReply&, const UnreserveReply&) = default;
 };
 // One LookupReply per group of the model, in group order, each with the same number of hits;
 // group g's pages are held by the model's session attached to group g.

@@ -631,6 +631,50 @@ bool get_body(Reader& r, GroupLookupReply& m) {
   return true;
 }
 
+// reserve and unreserve.
+size_t body_size(const ReserveRequest& m) {
+  return 2 * kU32 + m.seeds.size() * kU32 + hints_size(m.hints);
+}
+void put_body(Writer& w, const ReserveRequest& m) {
+  w.put(m.max_tokens);
+  w.put(flagged(static_cast<uint32_t>(m.seeds.size()), m.hints));
+  w.raw(m.seeds.data(), m.seeds.size() * sizeof(PageId));
+  put_hints(w, m.hints);
+}
+bool get_body(Reader& r, ReserveRequest& m) {
+  uint32_t n = 0;
+  bool hinted = false;
+  return r.get(m.max_tokens, "max_tokens") && get_flagged(r, n, hinted) &&
+         r.check_count(n, kU32, "count") && r.items(m.seeds, n, "seeds") &&
+         get_hints(r, hinted, m.hints);
+}
+size_t body_size(const ReserveReply& m) {
+  return kU64 + kU32 + m.pages.size() * kU32;
+}
+void put_body(Writer& w, const ReserveReply& m) {
+  w.put(m.reservation);
+  w.array(m.pages);
+}
+bool get_body(Reader& r, ReserveReply& m) {
+  return r.get(m.reservation, "reservation") && r.array(m.pages, "count");
+}
+size_t body_size(const UnreserveRequest&) {
+  return kU64;
+}
+void put_body(Writer& w, const UnreserveRequest& m) {
+  w.put(m.reservation);
+}
+bool get_body(Reader& r, UnreserveRequest& m) {
+  return r.get(m.reservation, "reservation");
+}
+size_t body_size(const UnreserveReply&) {
+  return 0;
+}
+void put_body(Writer&, const UnreserveReply&) {}
+bool get_body(Reader&, UnreserveReply&) {
+  return true;
+}
+
 }  // namespace kvpool::wire::codec
 
 namespace kvpool::wire {

@@ -313,7 +313,7 @@ class Parser : private NodeReader {
       }
       if (pool.max_capacity) check_elastic(pool, f);
       if (auto* g = find(f, "groups")) {
-        for (PoolConfig& member : expand_groups(*g, f, pool)) {
+        for (PoolConfig& member : expand_groups(*g, item, f, pool)) {
           for (const PoolConfig& other : config.pools) {
             if (other.name == member.name || other.name == pool.name) {
               fail(name, "pool " + quoted(other.name) + " is named twice (a group of model " +
@@ -331,8 +331,11 @@ class Parser : private NodeReader {
   // A hybrid model (pools[].groups): one pool per KV group, named MODEL/GROUP, with the model's
   // keys and the group's geometry (the model's geometry with the group's keys over it). Each is
   // elastic from one segment up to the model's capacity, which all of them share (PoolSet).
-  std::vector<PoolConfig> expand_groups(const Value& v, const Fields& f,
+  std::vector<PoolConfig> expand_groups(const Value& v, const Value& entry, const Fields& f,
                                         const PoolConfig& model) const {
+    // The capacity key, or the pool's entry when it keeps the default.
+    const Value* capacity_key = find(f, "capacity");
+    const Value& capacity_at = capacity_key != nullptr ? *capacity_key : entry;
     const auto refuse = [&](std::string_view key, const std::string& why) {
       if (const Value* k = find(f, key)) fail(*k, why);
     };
@@ -381,17 +384,17 @@ class Parser : private NodeReader {
       const uint64_t segment = std::max(m.segment_size, per_page);
       start += segment;
       if (model.capacity.unit == Capacity::Unit::bytes && model.capacity.value < start) {
-        fail(*find(f, "capacity"), "is " + human_bytes(model.capacity.value) +
-                                       ": too small for a first segment of each group (" +
-                                       human_bytes(start) +
-                                       " so far; lower segment_size or raise capacity)");
+        fail(capacity_at, "is " + human_bytes(model.capacity.value) +
+                              ": too small for a first segment of each group (" +
+                              human_bytes(start) +
+                              " so far; lower segment_size or raise capacity)");
       }
       if (model.capacity.unit == Capacity::Unit::bytes &&
           (model.capacity.value + segment - 1) / segment > wire::kMaxSegments) {
-        fail(*find(f, "capacity"),
-             "is " + human_bytes(model.capacity.value) + ": a group may grow into all of it, " +
-                 "which takes more than " + std::to_string(wire::kMaxSegments) + " segments of " +
-                 human_bytes(segment) + " (raise segment_size)");
+        fail(capacity_at, "is " + human_bytes(model.capacity.value) +
+                              ": a group may grow into all of it, " + "which takes more than " +
+                              std::to_string(wire::kMaxSegments) + " segments of " +
+                              human_bytes(segment) + " (raise segment_size)");
       }
       m.model = model.name;
       m.group = static_cast<uint16_t>(members.size());

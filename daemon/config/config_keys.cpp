@@ -72,7 +72,15 @@ constexpr std::array kTable = {
                 n.pools[i].name = r.pools[i].name;
             }),
     LIVE("pools[].policy"),
-    RESTART("pools[].capacity", "pools", KEEP_POOL(capacity)),
+    // A hybrid model's capacity is its groups' budget (model_budget).
+    RESTART("pools[].capacity", "pools",
+            [](Config& n, const Config& r) {
+              if (n.pools.size() != r.pools.size()) return;
+              for (size_t i = 0; i < n.pools.size(); ++i) {
+                n.pools[i].capacity = r.pools[i].capacity;
+                n.pools[i].model_budget = r.pools[i].model_budget;
+              }
+            }),
     LIVE("pools[].share_between_tenants"),
     RESTART("pools[].geometry.layers", "pools", KEEP_POOL(geometry.layers)),
     RESTART("pools[].geometry.kv_heads", "pools", KEEP_POOL(geometry.kv_heads)),

@@ -82,9 +82,12 @@ wire::Result<std::unique_ptr<PoolSet>> PoolSet::create(const Config& config, Mem
 
 PoolConfig PoolSet::group_config(const PoolConfig& pc, const MemoryBackend& backend) {
   if (pc.model.empty()) return pc;
+  // Once per model: a fraction is of the memory free before its first group took any.
   const Capacity& b = pc.model_budget;
+  const auto known = model_budgets_.find(pc.model);
   const uint64_t budget =
-      b.unit == Capacity::Unit::fraction
+      known != model_budgets_.end() ? known->second
+      : b.unit == Capacity::Unit::fraction
           ? static_cast<uint64_t>(static_cast<double>(backend.available_bytes()) * b.fraction)
           : b.value;
   model_budgets_[pc.model] = budget;
@@ -220,6 +223,8 @@ bool PoolSet::reclaim(const PoolRuntime& taker, uint64_t bytes,
   if (need.daemon > can_give || need.model > siblings_give) return false;
   for (PoolRuntime* d : donors) {
     const bool sibling = siblings(*d, taker);
+    // Past the siblings nothing frees the model's budget: shrink no other pool for nothing.
+    if (!sibling && need.model > 0) return false;
     while ((need.daemon > 0 || (sibling && need.model > 0)) && shrink_one(*d).ok())
       need = shortfall(taker, bytes);
     if (!need.any()) return true;

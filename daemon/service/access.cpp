@@ -48,7 +48,8 @@ void Access::apply(const PoolSet& pools) {
     std::string users;
     size_t n = 0;
     for (const TenantConfig& t : config_.tenants) {
-      if (std::find(t.pools.begin(), t.pools.end(), pool->name()) == t.pools.end()) continue;
+      const std::string& name = pool->config().tenancy_name();
+      if (std::find(t.pools.begin(), t.pools.end(), name) == t.pools.end()) continue;
       users += (n++ == 0 ? "" : ",") + t.name;
     }
     if (n < 2) continue;

@@ -89,6 +89,9 @@ void Service::close_session(SessionState& s) {
   }
   if (s.model) s.model->by_group[s.pool->config().group] = nullptr;
   s.model.reset();
+  s.reservations.clear();  // their references went with the owner
+  s.reserved_refs.clear();
+  s.reserved_pages = 0;
   access_.close_session(s);
   s.attached = false;
 }
@@ -278,6 +281,7 @@ wire::Result<wire::Reply> Service::retain(SessionState& s, const wire::RetainReq
 }
 
 wire::Result<wire::Reply> Service::release(SessionState& s, const wire::ReleaseRequest& r, Call&) {
+  if (auto e = reserved_error(s, r.pages)) return *e;
   const Status st = s.pool->pages().release(s.owner, r.pages);
   if (!st.ok()) return from_status(st);
   access_.refresh_held(s);
@@ -353,6 +357,7 @@ wire::Result<wire::Reply> Service::stats(SessionState& s, const wire::StatsReque
   // One reading of the pool, as the snapshot takes it (pins that ran out are expired first).
   stats::PoolStats p;
   s.pool->fill_stats(p);
+  add_session_figures(*s.pool, p);
   wire::StatsReply r;
   r.total = p.total;
   r.free = p.free;

@@ -176,6 +176,17 @@ class Service {
   // at most `upper` blocks.
   uint32_t group_hit(Namespace ns, std::span<const BlockHash> chain,
                      const std::vector<PoolRuntime*>& groups, uint32_t upper) const;
+  // The error for a release that would drop a reference a static reservation holds.
+  std::optional<wire::Error> reserved_error(const SessionState& s,
+                                            std::span<const PageId> pages) const;
+  // A pool's figures that come from its sessions (sessions, reserved pages).
+  void add_session_figures(const PoolRuntime& pool, stats::PoolStats& p) const;
+  // lookup_groups' hints, set on the pages of its answer; on a refusal everything the answer
+  // holds is released and the error returned.
+  std::optional<wire::Error> apply_group_hints(SessionState& s,
+                                               const std::vector<PoolRuntime*>& groups,
+                                               const std::vector<core::CallHints>& hints,
+                                               wire::GroupLookupReply& reply);
   // A lookup's reply with its first `hits` pages, counted in the prefix stats.
   wire::Result<wire::Reply> lookup_reply(SessionState& s, wire::LookupReply l, uint32_t hits);
   // Appends a call's reply (after a pool_changed notice when the session's segment list is old).

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "common/geometry.h"
+#include "daemon/core/check.h"
 #include "daemon/service/service.h"
 #include "daemon/telemetry/log.h"
 
@@ -129,9 +130,24 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
                                  " with hello's link_session)");
     }
   }
-  // Hints go to every group's pages; Access checks them once, against this session's tenant.
-  auto hints = access_.call_hints(s, r.hints);
-  if (!hints.ok()) return hints.error();
+  // The reply carries a page and a tier byte per block and group: it must fit one frame.
+  const uint64_t reply_bytes = 16 + uint64_t{r.chain.size()} * groups.size() * (sizeof(PageId) + 1);
+  if (reply_bytes > wire::kMaxPayloadBytes) {
+    return wire::Error::of(Errc::invalid_argument,
+                           "lookup_groups: " + std::to_string(r.chain.size()) + " blocks of " +
+                               std::to_string(groups.size()) +
+                               " groups make a reply larger than one frame; look up at most " +
+                               std::to_string(wire::kMaxPayloadBytes / groups.size() / 5 - 4),
+                           r.chain.size());
+  }
+  // Each group's hints are checked against its own pool (pin limits are per pool), and applied
+  // only to the pages of the answer (apply_group_hints), never to an attempt given back.
+  std::vector<core::CallHints> hints;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    auto h = access_.call_hints(*s.model->by_group[g], r.hints);
+    if (!h.ok()) return h.error();
+    hints.push_back(h.value());
+  }
   const Namespace ns = s.tenant + 1;
   wire::GroupLookupReply reply;
   reply.groups.resize(groups.size());
@@ -149,7 +165,7 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
       uint32_t hits = 0;
       const Status st = groups[taken]->pages().lookup(
           gs.owner, ns, std::span(r.chain).subspan(first, n - first),
-          std::span(l.pages).subspan(first), hits, access_.new_pages_allowed(gs), hints.value());
+          std::span(l.pages).subspan(first), hits, access_.new_pages_allowed(gs));
       if (!st.ok()) {
         for (size_t g = 0; g < taken; ++g) {
           (void)groups[g]->pages().release(s.model->by_group[g]->owner, held_of(reply.groups[g]));
@@ -166,6 +182,7 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
       }
     }
     if (taken == groups.size()) {
+      if (auto e = apply_group_hints(s, groups, hints, reply)) return *e;
       for (size_t g = 0; g < groups.size(); ++g) {
         wire::LookupReply& l = reply.groups[g];
         l.tiers.resize(n);
@@ -186,6 +203,31 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
     l.tiers.clear();
   }
   return wire::Reply(std::move(reply));
+}
+
+std::optional<wire::Error> Service::apply_group_hints(SessionState& s,
+                                                      const std::vector<PoolRuntime*>& groups,
+                                                      const std::vector<core::CallHints>& hints,
+                                                      wire::GroupLookupReply& reply) {
+  if (hints.empty() || hints[0].hints.empty()) return std::nullopt;
+  // A retain with the hints sets them (pins, priority) on pages the session holds; the release
+  // after it drops only that extra reference.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    SessionState& gs = *s.model->by_group[g];
+    const std::vector<PageId> held = held_of(reply.groups[g]);
+    const Status st = groups[g]->pages().retain(gs.owner, held, hints[g]);
+    if (st.ok()) {
+      KVPOOL_CHECK(groups[g]->pages().release(gs.owner, held).ok());
+      continue;
+    }
+    // Refused (a pin limit): nothing of this lookup stays held.
+    for (size_t k = 0; k < groups.size(); ++k) {
+      (void)groups[k]->pages().release(s.model->by_group[k]->owner, held_of(reply.groups[k]));
+      access_.refresh_held(*s.model->by_group[k]);
+    }
+    return access_.hint_error(gs, st);
+  }
+  return std::nullopt;
 }
 
 }  // namespace kvpool::daemon

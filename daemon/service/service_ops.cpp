@@ -134,10 +134,17 @@ void Service::fill_snapshot(stats::Snapshot& out) const {
   std::copy(std::begin(service_latency_.ops()), std::end(service_latency_.ops()), out.service);
   std::copy(std::begin(request_latency_.ops()), std::end(request_latency_.ops()), out.request);
   out.pools.assign(pools().size(), stats::PoolStats{});
-  for (size_t i = 0; i < pools().size(); ++i)
+  for (size_t i = 0; i < pools().size(); ++i) {
     pools()[i]->fill_stats(out.pools[i]);
+    add_session_figures(*pools()[i], out.pools[i]);
+  }
+}
+
+void Service::add_session_figures(const PoolRuntime& pool, stats::PoolStats& p) const {
   for (const SessionState* s : access_.live()) {
-    if (s->attached) ++out.pools[s->pool->index()].sessions;
+    if (!s->attached || s->pool != &pool) continue;
+    ++p.sessions;
+    p.reserved += s->reserved_pages;
   }
 }
 

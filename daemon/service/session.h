@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/core/types.h"
@@ -56,6 +57,12 @@ struct SessionState {
   uint64_t held_pages = 0;  // distinct pages held, as of the last call
   // Set while attached to a group of a hybrid model (shared with the linked sessions).
   std::shared_ptr<ModelSessions> model;
+  // Static reservations (reserve): id → block table (kNoPage for blocks a window skipped); the
+  // references they hold, per page, which release leaves alone; their pages in all.
+  std::unordered_map<uint64_t, std::vector<PageId>> reservations;
+  std::unordered_map<PageId, uint32_t> reserved_refs;
+  uint64_t reserved_pages = 0;
+  uint64_t next_reservation = 1;
   // Set by a subscribe: the connection now carries events (the Server pushes them).
   std::optional<Subscription> subscription;
 };

@@ -1016,6 +1016,13 @@ TEST(ConfigErrorTest, GroupsThatDoNotFitThePool) {
       "    groups:\n" +
           two,
       3, "pools[0].capacity", "too small for a first segment");
+  // Without a capacity key (256 MiB by default) the error names the pool's entry.
+  expect_error(
+      "pools:\n  - name: m\n    segment_size: 1MiB\n"
+      "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}\n"
+      "    groups:\n" +
+          two,
+      2, "pools[0]", "more than 253 segments");
   // Names: a pool may not take a model's or a group's name.
   expect_error(head + two +
                    "  - name: m/a\n    geometry: {layers: 1, kv_heads: 1, head_dim: 8, "

@@ -176,6 +176,10 @@ std::vector<Request> sample_requests() {
   v.emplace_back(GroupLookupRequest{});
   v.emplace_back(GroupLookupRequest{{BlockHash{1, 2}, BlockHash{3, 4}}});
   v.emplace_back(GroupLookupRequest{{BlockHash{1, 2}}, PageHints{Priority::conversation, 5}});
+  v.emplace_back(ReserveRequest{1, {}});
+  v.emplace_back(ReserveRequest{UINT32_MAX, {kNoPage, 3, 4}, PageHints{Priority::system, 0}});
+  v.emplace_back(UnreserveRequest{0});
+  v.emplace_back(UnreserveRequest{UINT64_MAX});
   return v;
 }
 
@@ -319,6 +323,8 @@ std::vector<Reply> sample_replies() {
   v.emplace_back(SegmentsReply{sample_group_pool()});
   v.emplace_back(HelloReply{7, sample_group_pool()});
   v.emplace_back(GroupLookupReply{{LookupReply{}}});
+  v.emplace_back(ReserveReply{7, {kNoPage, 1, 2}});
+  v.emplace_back(UnreserveReply{});
   v.emplace_back(GroupLookupReply{{LookupReply{{kNoPage, 4}, {kTierNone, kTierDevice}},
                                    LookupReply{{8, 9}, {kTierDevice, kTierDevice}}}});
   v.emplace_back(ResizeReply{0});
@@ -433,7 +439,9 @@ TEST(ProtocolRoundTrip, OpcodesOfElasticPools) {
   EXPECT_EQ(opcode_name(27), "pool_changed");
   EXPECT_EQ(opcode_name(28), "lookup_groups");
   EXPECT_EQ(opcode_of(Request{GroupLookupRequest{}}), Opcode::lookup_groups);
-  EXPECT_EQ(opcode_name(29), "");
+  EXPECT_EQ(opcode_name(29), "reserve");
+  EXPECT_EQ(opcode_name(30), "unreserve");
+  EXPECT_EQ(opcode_name(31), "");
 }
 
 TEST(ProtocolRoundTrip, ExactBytesOfResizeAndSegments) {
@@ -870,7 +878,7 @@ TEST(ProtocolHeader, ShortSpan) {
 
 TEST(ProtocolDecodeRequest, UnknownOpcode) {
   // 24 and 27 are pushed by the daemon, never requests.
-  const uint16_t ops[] = {0,      13,     19,     24,     27,     29,     63,
+  const uint16_t ops[] = {0,      13,     19,     24,     27,     31,     63,
                           64,     0x7fff, 0x8000, 0x8001, 0x8002, 0x8003, 0x8004,
                           0x8005, 0x8006, 0x8007, 0x800c, 0x8014, 0xffff};
   for (uint16_t op : ops) {
