@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "bench/replay/daemon_replay.h"
+#include "bench/replay/model_replay.h"
 #include "bench/replay/replay.h"
 #include "bench/replay/synthetic_trace.h"
 #include "common/main_guard.h"
@@ -56,6 +57,42 @@ void print_latency(const char* op, const kvpool::bench::LatencySummary& l) {
               static_cast<unsigned long long>(l.calls), l.request_bytes, l.reply_bytes, l.p50_us,
               l.p99_us, l.baseline_p50_us, l.baseline_p99_us,
               l.baseline_p50_us > 0 ? l.p50_us / l.baseline_p50_us : 0.0);
+}
+
+// --model: the replay through kvpoold's hybrid model (or plain pool), in trace order.
+int run_model(const kvpool::bench::Trace& trace, const std::string& socket, uint32_t page_tokens,
+              bool json) {
+  const kvpool::bench::ModelReplayResult r =
+      kvpool::bench::replay_model(trace, socket, page_tokens);
+  const double held = r.requests == 0 ? 0 : double(r.held_bytes) / double(r.requests);
+  const double full = r.requests == 0 ? 0 : double(r.all_full_bytes) / double(r.requests);
+  if (json) {
+    std::printf(
+        "{\"mode\":\"model\",\"model\":\"%s\",\"groups\":%zu,\"pool_bytes\":%llu,"
+        "\"requests\":%llu,\"blocks\":%llu,\"hit_rate\":%.6f,\"held_bytes_per_sequence\":%.0f,"
+        "\"all_full_bytes_per_sequence\":%.0f,\"held_ratio\":%.4f,\"alloc_failures\":%llu,"
+        "\"seconds\":%.3f}\n",
+        r.model.c_str(), r.groups.size(), static_cast<unsigned long long>(r.budget_bytes),
+        static_cast<unsigned long long>(r.requests), static_cast<unsigned long long>(r.blocks),
+        r.hit_rate(), held, full, full > 0 ? held / full : 0.0,
+        static_cast<unsigned long long>(r.alloc_failures), r.seconds);
+    return 0;
+  }
+  std::printf("replay through kvpoold at %s, model %s, one worker in trace order:\n",
+              socket.c_str(), r.model.c_str());
+  for (const std::string& g : r.groups)
+    std::printf("  group %s\n", g.c_str());
+  std::printf("  %llu requests, %llu pages asked: hit rate %.4f, %llu pages not allocated\n",
+              static_cast<unsigned long long>(r.requests),
+              static_cast<unsigned long long>(r.blocks), r.hit_rate(),
+              static_cast<unsigned long long>(r.alloc_failures));
+  std::printf(
+      "  a sequence holds %.0f bytes at its end (mean), %.4f of the %.0f every block of every "
+      "group would take\n",
+      held, full > 0 ? held / full : 0.0, full);
+  std::printf("  pool memory at the end %llu bytes; %.3f s\n",
+              static_cast<unsigned long long>(r.budget_bytes), r.seconds);
+  return 0;
 }
 
 // --daemon: the replay through kvpoold, then the in-process replay at the same capacity.
@@ -160,6 +197,12 @@ int run(int argc, char** argv) {
                  "Replay through the kvpoold listening on this socket (its default pool, which "
                  "must be empty) with --workers processes, next to the in-process replay at the "
                  "same capacity");
+  std::string model_socket;
+  app.add_option("--model", model_socket,
+                 "Replay through the kvpoold listening on this socket, on its hybrid model (a "
+                 "pool with groups: one lookup_groups per request, every group's pages) or "
+                 "plain pool, one worker in trace order: the hit rate and the bytes a sequence "
+                 "holds against every layer keeping every block");
   app.add_option("--workers", workers, "Worker processes for --daemon")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -214,6 +257,14 @@ int run(int argc, char** argv) {
     trace.total_blocks = 0;
     for (const auto& r : trace.requests)
       trace.total_blocks += r.hash_ids.size();
+  }
+  if (!model_socket.empty()) {
+    try {
+      return run_model(trace, model_socket, page_tokens, json);
+    } catch (const std::exception& e) {
+      std::cerr << "kvpool-replay: " << e.what() << "\n";
+      return 1;
+    }
   }
   if (!daemon_socket.empty()) {
     return run_daemon(trace, daemon_socket, workers, !concurrent, page_tokens, json);

@@ -17,10 +17,17 @@ std::vector<PoolRuntime*> RebalanceStrategy::donors(
     const std::vector<std::unique_ptr<PoolRuntime>>& pools, const PoolRuntime& taker,
     const Taker& how) const {
   std::vector<PoolRuntime*> out;
+  const uint32_t taker_cached = taker.pages().stats().cached;
   for (const auto& p : pools) {
+    // Another group of the taker's hybrid model that caches more blocks gives too: a hybrid
+    // hit needs its block in every group, so the model's cache is as good as its group that
+    // caches the fewest.
+    const bool richer_sibling = !taker.config().model.empty() &&
+                                p->config().model == taker.config().model &&
+                                p->pages().stats().cached > taker_cached;
     if (p.get() != &taker && p->elastic() &&
         p->pages().num_pages() > p->elastic_state().min_pages && p->copies_in_flight() == 0 &&
-        (how.below < 0 || p->hits_per_byte() < how.below)) {
+        (how.below < 0 || p->hits_per_byte() < how.below || richer_sibling)) {
       out.push_back(p.get());
     }
   }

@@ -241,6 +241,37 @@ TEST(HybridModel, GroupsShareOneBudgetWithoutASplit) {
   EXPECT_GE(global.bytes(), 16u << 10);  // never below its first segment
 }
 
+// A hybrid hit needs its block in every group, so memory goes to the group that caches fewer
+// blocks: here the local group, with no hits, takes a segment from the global group, whose
+// cached pages earn hits, instead of evicting its own cache (a plain pool would not give).
+TEST(HybridModel, TheGroupCachingFewerBlocksTakesMemoryFromTheOther) {
+  Daemon d(model_config("128KiB"));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto a = attach_model(d, "a");
+  ASSERT_TRUE(a);
+  Connection& local = a->group(kLocal);
+  Connection& global = a->group(kGlobal);
+  // The global group caches 56 blocks (all the budget but the local group's segment) that
+  // lookups hit; the local group caches 16.
+  publish(global, 5, std::vector<bool>(56, true));
+  publish(local, 6, std::vector<bool>(16, true));
+  std::vector<BlockHash> chain;
+  for (uint32_t i = 0; i < 56; ++i)
+    chain.push_back(block(5, i));
+  for (int k = 0; k < 3; ++k) {
+    auto hit = global.lookup(chain);
+    ASSERT_TRUE(hit.ok());
+    ASSERT_TRUE(global.release(hit.value()).ok());
+  }
+  ASSERT_EQ(local.num_pages(), 16u);
+  auto pages = local.alloc(4);  // its own 16 cached pages could serve this
+  ASSERT_TRUE(pages.ok()) << pages.error().message;
+  EXPECT_GT(local.num_pages(), 16u);
+  ASSERT_TRUE(global.sync_segments().ok());
+  EXPECT_LT(global.num_pages(), 56u);
+  EXPECT_LE(global.bytes() + local.bytes(), 128u << 10);
+}
+
 TEST(HybridModel, LinksAndGroupLookupsRefuseWhatDoesNotFit) {
   const std::string plain =
       "  - name: plain\n    capacity: 64KiB\n"

@@ -1,0 +1,121 @@
+#include "bench/replay/model_replay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+#include "client/connection/model_connection.h"
+#include "common/byte_units.h"
+#include "common/geometry.h"
+
+namespace kvpool::bench {
+
+namespace {
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+[[noreturn]] void fail(const std::string& what, const wire::Error& e) {
+  throw std::runtime_error(what + ": " + e.message);
+}
+
+}  // namespace
+
+ModelReplayResult replay_model(const Trace& trace, const std::string& socket,
+                               uint32_t page_tokens) {
+  if (page_tokens == 0 || kTraceBlockTokens % page_tokens != 0) {
+    throw std::invalid_argument("page tokens must divide 512");
+  }
+  auto attached =
+      client::ModelConnection::attach(socket, "model-replay", "", client::Connection::Memory::none);
+  if (!attached.ok()) fail("attach", attached.error());
+  client::ModelConnection& m = *attached.value();
+  const size_t groups = m.num_groups();
+  ModelReplayResult res;
+  res.model = m.model();
+  for (size_t g = 0; g < groups; ++g) {
+    const wire::PoolInfo& p = m.group(g).pool();
+    if (p.geometry.tokens_per_page != page_tokens) {
+      throw std::invalid_argument(
+          "the pool's pages hold " + std::to_string(p.geometry.tokens_per_page) +
+          " tokens; run with --page-tokens " + std::to_string(p.geometry.tokens_per_page));
+    }
+    res.groups.push_back(m.group_names()[g] + ": " +
+                         std::string(attention_kind_name(p.geometry.kind)) +
+                         (p.geometry.window != 0 ? " " + std::to_string(p.geometry.window) : "") +
+                         ", " + human_bytes(p.page_stride) + " pages");
+  }
+  const uint32_t per_block = kTraceBlockTokens / page_tokens;
+  std::vector<BlockHash> chain;
+  const auto start = std::chrono::steady_clock::now();
+  for (const TraceRequest& req : trace.requests) {
+    chain.clear();
+    for (const uint64_t id : req.hash_ids) {
+      for (uint32_t j = 0; j < per_block; ++j)
+        chain.push_back(BlockHash{mix64(id * 0x9E3779B97F4A7C15ull + j), (id << 16) | j});
+    }
+    const auto n = static_cast<uint32_t>(chain.size());
+    auto hit = m.lookup(chain);
+    if (!hit.ok()) fail("lookup_groups", hit.error());
+    const uint32_t hits = hit.value().hits();
+    res.blocks += n;
+    res.hit_blocks += hits;
+    ++res.requests;
+    for (size_t g = 0; g < groups; ++g) {
+      client::Connection& c = m.group(g);
+      const Geometry& geom = c.pool().geometry;
+      // Each block's page in this group: the hit's, then one published per block past it (a
+      // block another request published meanwhile is answered with that page, and the page
+      // allocated for it stays held, unpublished, to go back free).
+      std::vector<PageId> page = hit.value().groups[g].pages;
+      page.resize(n, kNoPage);
+      std::vector<PageId> spare;
+      if (n > hits) {
+        auto pages = c.alloc(n - hits);
+        if (!pages.ok() && pages.error().status.code() != Errc::out_of_pages) {
+          fail("alloc", pages.error());
+        }
+        res.alloc_failures += pages.ok() ? 0 : n - hits;
+        if (pages.ok()) {
+          std::vector<PublishItem> items;
+          for (uint32_t i = hits; i < n; ++i)
+            items.push_back({pages.value()[i - hits], chain[i]});
+          auto pub = c.publish(items);
+          if (!pub.ok()) fail("publish", pub.error());
+          for (uint32_t i = hits; i < n; ++i) {
+            page[i] = pub.value()[i - hits].page;
+            if (page[i] != pages.value()[i - hits]) spare.push_back(pages.value()[i - hits]);
+          }
+        }
+      }
+      // What the sequence holds while it decodes: a window group its window's blocks only.
+      const uint64_t first = first_needed_block(geom, n);
+      res.held_bytes += (n - first) * c.pool().page_stride;
+      res.all_full_bytes += uint64_t{n} * c.pool().page_stride;
+      // The release order of an engine: a window group lets go of each block as it leaves the
+      // window (head first), then of the window's blocks tail first at the end; a full group
+      // of everything tail first. Eviction follows that order.
+      std::vector<PageId> order;
+      for (uint64_t i = 0; i < first; ++i) {
+        if (page[i] != kNoPage) order.push_back(page[i]);
+      }
+      for (uint64_t i = n; i > first; --i) {
+        if (page[i - 1] != kNoPage) order.push_back(page[i - 1]);
+      }
+      order.insert(order.end(), spare.begin(), spare.end());
+      if (auto rel = c.release(order); !rel.ok()) fail("release", rel.error());
+    }
+  }
+  res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (size_t g = 0; g < groups; ++g) {
+    if (auto s = m.group(g).sync_segments(); !s.ok()) fail("segments", s.error());
+    res.budget_bytes += m.group(g).pool().segment_bytes;
+    res.groups[g] += ", " + human_bytes(m.group(g).pool().segment_bytes) + " at the end";
+  }
+  return res;
+}
+
+}  // namespace kvpool::bench
