@@ -7,6 +7,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "client/python/bindings.h"
 #include "client/python/py_connection.h"
 #include "common/stats_counters.h"
@@ -90,6 +92,11 @@ void bind_connection(py::module_& m) {
                     "the pages an elastic pool may grow to (num_pages for a fixed pool)")
       .def_readonly("epoch", &wire::PoolInfo::epoch,
                     "the version of the pool's segment list: every grow or shrink increments it")
+      .def_readonly("model", &wire::PoolInfo::model,
+                    "the hybrid model this pool is a group of (\"\" for a plain pool)")
+      .def_readonly("group", &wire::PoolInfo::group, "this pool's index among the model's groups")
+      .def_readonly("groups", &wire::PoolInfo::groups,
+                    "the model's group names, in order (group g is pool MODEL/NAME)")
       .def_property_readonly(
           "layout", [](const wire::PoolInfo& p) { return std::string(layout_name(p.layout)); },
           "page_major (a page holds every layer) or layer_major (one dense plane per layer)")
@@ -111,8 +118,8 @@ void bind_connection(py::module_& m) {
       .def_property_readonly(
           "duplicate",
           [](const PublishResult& r) { return r.kind == PublishResult::Kind::duplicate; },
-          "True when the hash was already published (page is the cached one; the caller's page was "
-          "released).")
+          "True when the hash was already published (page is the cached one, now held too; the "
+          "caller's page stays held, unpublished, for it to release).")
       .def("__repr__", [](const PublishResult& r) {
         return std::string("PublishResult(page=") + std::to_string(r.page) +
                (r.kind == PublishResult::Kind::duplicate ? ", duplicate=True)"
@@ -203,6 +210,49 @@ void bind_connection(py::module_& m) {
           "\"host\" (a block the daemon promoted from the pool's host tier into the page) or "
           "\"none\" (a None page: a block before a sliding window's hit).")
       .def(
+          "lookup_groups",
+          [](PyConnection& c, const std::vector<BlockHash>& chain, const py::object& priority,
+             uint32_t pin_ttl_ms) {
+            const PageHints h = hints_of(priority, pin_ttl_ms);
+            const wire::GroupLookupReply r =
+                c.call([&](client::Connection& k) { return k.lookup_groups(chain, h); });
+            py::list groups;
+            for (const wire::LookupReply& g : r.groups)
+              groups.append(to_list(g.pages));
+            return groups;
+          },
+          py::arg("chain"), py::kw_only(), py::arg("priority") = py::none(),
+          py::arg("pin_ttl_ms") = 0,
+          "A hybrid model's lookup, on a session linked to a session of every other group "
+          "(attach(..., link_session=)): per group, in the model's order, the pages of the "
+          "longest prefix every group can serve, each held by that group's session (None where "
+          "a group's window does not need the block). Every list has the hit's length.")
+      .def(
+          "reserve",
+          [](PyConnection& c, uint32_t max_tokens, const std::vector<std::optional<PageId>>& seeds,
+             const py::object& priority, uint32_t pin_ttl_ms) {
+            const PageHints h = hints_of(priority, pin_ttl_ms);
+            std::vector<PageId> s;
+            for (const auto& p : seeds)
+              s.push_back(p.value_or(kNoPage));
+            const wire::ReserveReply r =
+                c.call([&](client::Connection& k) { return k.reserve(max_tokens, s, h); });
+            return py::make_tuple(r.reservation, to_list(r.pages));
+          },
+          py::arg("max_tokens"), py::arg("seeds") = std::vector<std::optional<PageId>>{},
+          py::kw_only(), py::arg("priority") = py::none(), py::arg("pin_ttl_ms") = 0,
+          "A static reservation: (id, block table) of a sequence of up to max_tokens, every page "
+          "held now and the table fixed until unreserve(id) or the session's end (release() "
+          "refuses its pages). seeds, pages this session holds (a lookup's hit, None for the "
+          "blocks a window skipped), come first; the rest are allocated.")
+      .def(
+          "unreserve",
+          [](PyConnection& c, uint64_t reservation) {
+            c.call([&](client::Connection& k) { return k.unreserve(reservation); });
+          },
+          py::arg("reservation"),
+          "Gives back a reservation's pages, tail first (published ones stay cached).")
+      .def(
           "publish",
           [](PyConnection& c, const Pages& pages, const std::vector<BlockHash>& hashes,
              const py::object& priority, uint32_t pin_ttl_ms) {
@@ -280,22 +330,24 @@ void bind_connection(py::module_& m) {
   m.def(
       "attach",
       [](const std::optional<std::string>& socket, const std::string& worker,
-         const std::string& pool, bool map_memory) {
+         const std::string& pool, bool map_memory, uint64_t link_session) {
         const std::string path = socket.value_or(client::default_socket_path());
         const auto memory =
             map_memory ? client::Connection::Memory::map : client::Connection::Memory::none;
         auto r = [&] {
           py::gil_scoped_release nogil;
-          return client::Connection::attach(path, worker, pool, memory);
+          return client::Connection::attach(path, worker, pool, memory, link_session);
         }();
         auto shared = std::make_shared<SharedConnection>();
         shared->conn = value_or_raise(std::move(r));
         return PyConnection{std::move(shared)};
       },
       py::arg("socket") = py::none(), py::arg("worker") = "python", py::arg("pool") = "",
-      py::arg("map_memory") = true,
+      py::arg("map_memory") = true, py::arg("link_session") = 0,
       "Connects to kvpoold (socket: $KVPOOL_SOCKET or the daemon's default) and attaches to a "
-      "pool (the default pool when empty), mapping its memory unless map_memory is False.");
+      "pool (the default pool when empty), mapping its memory unless map_memory is False. For a "
+      "group of a hybrid model, link_session names this process's session of another group of "
+      "the model, so that lookup_groups on either answers for every group.");
   m.def("default_socket_path", &client::default_socket_path);
 }
 

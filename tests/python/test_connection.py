@@ -242,3 +242,50 @@ def test_a_sliding_pool_hit_skips_blocks_before_the_window():
         c.release([p for p in found if p is not None])
         assert c.lookup(chain[:2]) == []  # a hit of 1 or 2 blocks needs block 0
         c.close()
+
+
+def test_a_hybrid_model_answers_one_lookup_for_every_group():
+    """A model of a sliding group (window 8 tokens over 4-token blocks) and a full group: two
+    linked sessions, one lookup_groups; the sliding group's part skips what its window does not
+    need. A reservation seeded from the hit keeps the table fixed until unreserve."""
+    from kvpool.local_daemon import LocalDaemon
+
+    config = """backend: host
+pools:
+  - name: m
+    capacity: 256KiB
+    segment_size: 16KiB
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 4, dtype: fp16}
+    groups:
+      - {name: local, kind: sliding, window: 8}
+      - {name: global}
+"""
+    with LocalDaemon(config) as d:
+        local = kvpool.attach(d.socket, pool="m")  # the model's name: its first group
+        assert (local.pool.model, local.pool.group, local.pool.groups) == ("m", 0, ["local", "global"])
+        glob = kvpool.attach(d.socket, pool="m/global", link_session=local.session_id)
+        assert glob.pool.name == "m/global" and glob.pool.group == 1
+        chain = chain_of(local, list(range(24)))  # 6 blocks
+        for c in (local, glob):
+            pages = c.alloc(6)
+            c.publish(pages, chain)
+            c.release(list(reversed(pages)))
+        found = glob.lookup_groups(chain)
+        assert len(found) == 2 and len(found[0]) == len(found[1]) == 6
+        # The next query, at 24, sees keys 17..24: blocks 4 and 5 of the sliding group.
+        assert found[0][:4] == [None] * 4 and None not in found[0][4:]
+        assert None not in found[1]
+        assert local.stats()["session_held_pages"] == 2
+        assert glob.stats()["session_held_pages"] == 6
+        rid, table = glob.reserve(40, found[1])  # 10 blocks from the 6 of the hit
+        assert table[:6] == found[1] and len(table) == 10
+        glob.release(found[1])  # the lookup's own references; the reservation's stay
+        with pytest.raises(kvpool.Error):
+            glob.release(table[:1])
+        glob.unreserve(rid)
+        assert glob.stats()["session_held_pages"] == 0
+        local.release([p for p in found[0] if p is not None])
+        with pytest.raises(kvpool.Error, match="kNoPage"):
+            glob.reserve(4, [None])  # a full group's hit has no holes
+        local.close()
+        glob.close()
