@@ -1,8 +1,10 @@
-// Micro-benchmark of a hybrid model's lookup in the daemon's Service (no sockets): a lookup of a
-// 64-block chain on a plain pool (one group) against lookup_groups on a model of two groups (a
-// sliding window and a full group) that hold the same blocks, each answered whole, its pages
-// released outside the timed section. The figure is ns per call and per block, the ratio of the
-// two the cost of the second group.
+// Micro-benchmarks of the daemon's Service calls (no sockets), each timed around the one call,
+// its pages given back outside the timed section:
+//   - a hybrid model's lookup: a lookup of a 64-block chain on a plain pool (one group) against
+//     lookup_groups on a model of two groups (a sliding window and a full group) that hold the
+//     same blocks, each answered whole; the ratio is the cost of the second group;
+//   - a static reservation of a 64-page sequence (one reserve) against the dynamic cache's
+//     allocs as the sequence grows (64 allocs of one page) and one alloc of 64.
 #include <benchmark/benchmark.h>
 
 #include <chrono>
@@ -128,7 +130,41 @@ void BM_LookupGroups(benchmark::State& state) {
   state.counters["blocks"] = kBlocks;
 }
 
+void BM_Reserve(benchmark::State& state) {
+  Bench b;
+  SessionState& s = b.open("plain");
+  for (auto _ : state) {
+    const auto t0 = Clock::now();
+    const wire::Reply r = b.call(s, wire::ReserveRequest{kBlocks * 16, {}});
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - t0).count());
+    b.call(s, wire::UnreserveRequest{std::get<wire::ReserveReply>(r).reservation});
+  }
+  state.counters["pages"] = kBlocks;
+}
+
+// range(0): pages per alloc (1: one per page as a decode fills it).
+void BM_Alloc(benchmark::State& state) {
+  Bench b;
+  SessionState& s = b.open("plain");
+  const auto per_call = static_cast<uint32_t>(state.range(0));
+  std::vector<PageId> pages;
+  for (auto _ : state) {
+    pages.clear();
+    const auto t0 = Clock::now();
+    for (uint32_t n = 0; n < kBlocks; n += per_call) {
+      const wire::Reply r = b.call(s, wire::AllocRequest{per_call});
+      const auto& got = std::get<wire::AllocReply>(r).pages;
+      pages.insert(pages.end(), got.begin(), got.end());
+    }
+    state.SetIterationTime(std::chrono::duration<double>(Clock::now() - t0).count());
+    b.call(s, wire::ReleaseRequest{pages});
+  }
+  state.counters["pages"] = kBlocks;
+}
+
 BENCHMARK(BM_Lookup)->UseManualTime();
+BENCHMARK(BM_Reserve)->UseManualTime();
+BENCHMARK(BM_Alloc)->Arg(1)->Arg(kBlocks)->UseManualTime();
 BENCHMARK(BM_LookupGroups)->UseManualTime();
 
 }  // namespace
