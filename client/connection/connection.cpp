@@ -469,11 +469,17 @@ Result<wire::GroupLookupReply> Connection::lookup_groups(std::span<const BlockHa
 
 Result<wire::ReserveReply> Connection::reserve(uint32_t max_tokens, std::span<const PageId> seeds,
                                                const PageHints& hints) {
+  const uint64_t want = (uint64_t{max_tokens} + pool_.geometry.tokens_per_page - 1) /
+                        std::max<uint32_t>(1, pool_.geometry.tokens_per_page);
+  if (want > wire::kMaxBatch) {
+    return error(Errc::invalid_argument, "reserve: max_tokens " + std::to_string(max_tokens) +
+                                             " needs " + std::to_string(want) +
+                                             " pages, more than one reply carries (" +
+                                             std::to_string(wire::kMaxBatch) + ")");
+  }
   auto r = expect<wire::ReserveReply>(
       call(wire::ReserveRequest{max_tokens, {seeds.begin(), seeds.end()}, hints}));
   if (!r.ok()) return r.error();
-  const uint64_t want = (uint64_t{max_tokens} + pool_.geometry.tokens_per_page - 1) /
-                        std::max<uint32_t>(1, pool_.geometry.tokens_per_page);
   if (r.value().pages.size() != want) {
     return broken(error(Errc::malformed_frame, "reserve reply with " +
                                                    std::to_string(r.value().pages.size()) +

@@ -30,7 +30,26 @@ Result<uint32_t> SequenceCache::begin(std::span<const uint32_t> prompt) {
     hashes_.clear();
     return hits.error();
   }
-  pages_ = std::move(hits.value());
+  return start(std::move(hits.value()));
+}
+
+Result<uint32_t> SequenceCache::begin_from(std::span<const uint32_t> prompt,
+                                           std::span<const PageId> held) {
+  if (!tokens_.empty()) {
+    return Error{Status(Errc::invalid_argument), "begin_from() on a sequence that has tokens"};
+  }
+  if (held.size() > prompt.size() / tpp_) {
+    return Error{Status(Errc::invalid_argument),
+                 "begin_from(): " + std::to_string(held.size()) + " held pages for a prompt of " +
+                     std::to_string(prompt.size() / tpp_) + " full blocks"};
+  }
+  tokens_.assign(prompt.begin(), prompt.end());
+  hash_new_full_blocks();
+  return start({held.begin(), held.end()});
+}
+
+Result<uint32_t> SequenceCache::start(std::vector<PageId> hit) {
+  pages_ = std::move(hit);
   published_ = static_cast<uint32_t>(pages_.size());
   const uint32_t blocks = (tokens() + tpp_ - 1) / tpp_;
   if (blocks > pages_.size()) {

@@ -52,6 +52,12 @@ class SequenceCache {
   // K/V are in the pool, written by whoever published them); a multiple of tokens_per_page.
   // Precondition: the sequence is empty.
   Result<uint32_t> begin(std::span<const uint32_t> prompt);
+  // begin() from a prefix hit this session already holds (a group's part of lookup_groups:
+  // HybridSequence; kNoPage for blocks a window skipped): the cache takes those references over.
+  // Returns held.size() · tokens_per_page. Precondition: the sequence is empty and `held` names
+  // at most the prompt's full blocks (else nothing is taken over and the caller still holds
+  // them).
+  Result<uint32_t> begin_from(std::span<const uint32_t> prompt, std::span<const PageId> held);
   // Appends one token; returns its slot.
   Result<Slot> append(uint32_t token);
   // The slot of token `pos` (< tokens()); page is kNoPage once the window dropped it.
@@ -95,6 +101,8 @@ class SequenceCache {
 
  private:
   uint32_t full_blocks() const { return tokens() / tpp_; }
+  // The prompt's cached prefix is `hit` (held): the rest of its pages are allocated.
+  Result<uint32_t> start(std::vector<PageId> hit);
   // Hashes of blocks [hashes_.size(), full_blocks()).
   void hash_new_full_blocks();
 

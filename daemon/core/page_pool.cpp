@@ -617,6 +617,13 @@ uint32_t PagePool::evict(uint32_t n) {
   return dropped;
 }
 
+Status PagePool::check_hints(std::span<const PageId> pages, const CallHints& hints) {
+  if (hints.hints.empty()) return {};
+  expire_pins();
+  const uint64_t now = hints.hints.pin_ttl_ms != 0 ? now_ms() : 0;
+  return check_pin_limit(hints, new_pins(hints, pages, now));
+}
+
 bool PagePool::drop_cached(Namespace ns, const BlockHash& hash) {
   const PageId page = find_cached(ns, hash);
   if (page == kNoPage || pages_[page].word != kHashed || pages_[page].pinned) return false;

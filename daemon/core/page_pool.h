@@ -233,6 +233,9 @@ class PagePool {
   // hybrid model lost that block, so no hit can use this one: PoolSet::drop_group_evictions).
   // Whether it did.
   bool drop_cached(Namespace ns, const BlockHash& hash);
+  // Whether retain(owner, pages, hints) would pass its pin limits now, changing nothing (a call
+  // that sets hints in several pools checks them all before it sets any).
+  Status check_hints(std::span<const PageId> pages, const CallHints& hints);
   // The page carrying (ns, hash), in any state, or kNoPage; takes no reference.
   PageId find(Namespace ns, const BlockHash& hash) const { return find_cached(ns, hash); }
   // Drops every CACHED page, pinned ones too; pages in use (hashed or not) are untouched.

@@ -210,22 +210,26 @@ std::optional<wire::Error> Service::apply_group_hints(SessionState& s,
                                                       const std::vector<core::CallHints>& hints,
                                                       wire::GroupLookupReply& reply) {
   if (hints.empty() || hints[0].hints.empty()) return std::nullopt;
-  // A retain with the hints sets them (pins, priority) on pages the session holds; the release
-  // after it drops only that extra reference.
-  for (size_t g = 0; g < groups.size(); ++g) {
-    SessionState& gs = *s.model->by_group[g];
-    const std::vector<PageId> held = held_of(reply.groups[g]);
-    const Status st = groups[g]->pages().retain(gs.owner, held, hints[g]);
-    if (st.ok()) {
-      KVPOOL_CHECK(groups[g]->pages().release(gs.owner, held).ok());
-      continue;
-    }
-    // Refused (a pin limit): nothing of this lookup stays held.
-    for (size_t k = 0; k < groups.size(); ++k) {
+  // Every group's pin limits first, so that a refusal pins nothing; then a retain with the hints
+  // sets them (pins, priority) on pages the session holds, and the release after it drops only
+  // that extra reference.
+  const auto refuse = [&](SessionState& gs, const Status& st) {
+    for (size_t k = 0; k < groups.size(); ++k) {  // nothing of this lookup stays held
       (void)groups[k]->pages().release(s.model->by_group[k]->owner, held_of(reply.groups[k]));
       access_.refresh_held(*s.model->by_group[k]);
     }
     return access_.hint_error(gs, st);
+  };
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const Status st = groups[g]->pages().check_hints(held_of(reply.groups[g]), hints[g]);
+    if (!st.ok()) return refuse(*s.model->by_group[g], st);
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    SessionState& gs = *s.model->by_group[g];
+    const std::vector<PageId> held = held_of(reply.groups[g]);
+    const Status st = groups[g]->pages().retain(gs.owner, held, hints[g]);
+    if (!st.ok()) return refuse(gs, st);  // a saturated refcount
+    KVPOOL_CHECK(groups[g]->pages().release(gs.owner, held).ok());
   }
   return std::nullopt;
 }

@@ -18,6 +18,10 @@ namespace kvpool::daemon {
 
 namespace {
 
+// Reservations one session may hold at once: each is daemon memory (its table) whatever its
+// pages cost the quota (a reservation of seeds only costs none).
+constexpr size_t kMaxReservationsPerSession = 4096;
+
 std::vector<PageId> real_pages(const std::vector<PageId>& table) {
   std::vector<PageId> out;
   for (const PageId p : table) {
@@ -35,6 +39,19 @@ wire::Result<wire::Reply> Service::reserve(SessionState& s, const wire::ReserveR
     return wire::Error::of(Errc::invalid_argument, "reserve: max_tokens must be at least 1");
   }
   const uint64_t blocks = (uint64_t{r.max_tokens} + per_page - 1) / per_page;
+  if (blocks > wire::kMaxBatch) {
+    return wire::Error::of(Errc::invalid_argument,
+                           "reserve: max_tokens " + std::to_string(r.max_tokens) + " needs " +
+                               std::to_string(blocks) + " pages, more than one reply carries (" +
+                               std::to_string(wire::kMaxBatch) + ")",
+                           blocks);
+  }
+  if (s.reservations.size() >= kMaxReservationsPerSession) {
+    return wire::Error::of(Errc::quota_exceeded,
+                           "reserve: this session holds " + std::to_string(s.reservations.size()) +
+                               " reservations, the most one session may (unreserve some)",
+                           s.reservations.size());
+  }
   if (blocks > pool.info().max_pages) {
     return wire::Error::of(Errc::exceeds_capacity,
                            "reserve: max_tokens " + std::to_string(r.max_tokens) + " needs " +

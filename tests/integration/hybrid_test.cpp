@@ -11,11 +11,14 @@
 //   - linking and lookup_groups refuse what does not fit, naming why.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "client/connection/model_connection.h"
+#include "client/worker/hybrid_sequence.h"
+#include "common/block_hash.h"
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/test_attach.h"
 
@@ -270,6 +273,67 @@ TEST(HybridModel, TheGroupCachingFewerBlocksTakesMemoryFromTheOther) {
   ASSERT_TRUE(global.sync_segments().ok());
   EXPECT_LT(global.num_pages(), 56u);
   EXPECT_LE(global.bytes() + local.bytes(), 128u << 10);
+}
+
+// Two workers' HybridSequences (a SequenceCache per group, begun from one lookup_groups): B begins
+// A's prompt from everything A published, the global group with every block, the local group
+// with its window's only, and reads A's bytes in them.
+TEST(HybridModel, ASecondWorkerResumesAHybridSequenceFromOneLookup) {
+  Daemon d(model_config("3MiB"));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto a = attach_model(d, "a");
+  auto b = attach_model(d, "b");
+  ASSERT_TRUE(a && b);
+  BlockHasher hasher;
+  const BlockHash root = hasher.root({"m", a->group(kLocal).pool().geometry, "", ""});
+  std::vector<uint32_t> prompt(160);  // 10 blocks
+  for (uint32_t t = 0; t < prompt.size(); ++t)
+    prompt[t] = 500 + t;
+  auto fill = [](Connection& c, PageId p, uint32_t tag) {
+    std::memset(c.page(p), static_cast<int>(tag & 0xff), c.pool().page_stride);
+  };
+
+  client::HybridSequence sa(*a, hasher, root);
+  ASSERT_EQ(sa.begin(prompt).value(), 0u);
+  for (size_t g = 0; g < 2; ++g) {
+    const auto& table = sa.group(g).block_table();
+    ASSERT_EQ(table.size(), 10u);
+    for (uint32_t blk = 0; blk < 10; ++blk)
+      fill(a->group(g), table[blk], static_cast<uint32_t>(g * 16 + blk));
+  }
+  ASSERT_EQ(sa.publish_full().value(), 0u);
+  // The next query, at 160, sees keys 97..160: the local group keeps blocks 6..9 only.
+  for (uint32_t blk = 0; blk < 10; ++blk) {
+    EXPECT_EQ(sa.group(kLocal).block_table()[blk] == kNoPage, blk < 6) << blk;
+    EXPECT_NE(sa.group(kGlobal).block_table()[blk], kNoPage) << blk;
+  }
+
+  client::HybridSequence sb(*b, hasher, root);
+  auto cached = sb.begin(prompt);
+  ASSERT_TRUE(cached.ok()) << cached.error().message;
+  EXPECT_EQ(cached.value(), 160u);
+  EXPECT_EQ(sb.group(kGlobal).block_table(), sa.group(kGlobal).block_table());
+  EXPECT_EQ(sb.group(kLocal).block_table(), sa.group(kLocal).block_table());
+  for (size_t g = 0; g < 2; ++g) {
+    for (uint32_t blk = 0; blk < 10; ++blk) {
+      const PageId p = sb.group(g).block_table()[blk];
+      if (p == kNoPage) continue;
+      const auto* bytes = reinterpret_cast<const uint8_t*>(b->group(g).page(p));
+      EXPECT_EQ(bytes[0], g * 16 + blk);
+      EXPECT_EQ(bytes[b->group(g).pool().page_stride - 1], g * 16 + blk);
+    }
+  }
+  // The next token takes a new block in both groups.
+  ASSERT_TRUE(sb.append(9).ok());
+  EXPECT_EQ(sb.group(kLocal).block_table().size(), 11u);
+  EXPECT_EQ(sb.group(kGlobal).block_table().size(), 11u);
+  ASSERT_TRUE(sb.release().ok());
+  ASSERT_TRUE(sa.release().ok());
+  for (size_t g = 0; g < 2; ++g) {
+    auto s = a->group(g).stats();
+    ASSERT_TRUE(s.ok());
+    EXPECT_EQ(s.value().in_use, 0u);
+  }
 }
 
 TEST(HybridModel, LinksAndGroupLookupsRefuseWhatDoesNotFit) {

@@ -93,6 +93,32 @@ TEST(StaticReservation, HoldsAFixedTableUntilUnreserved) {
   EXPECT_FALSE(c->unreserve(r.value().reservation).ok());  // once only
 }
 
+// What no reply could carry, and reservations that cost no quota (seeds only) beyond a bound,
+// are refused too: each is daemon memory.
+TEST(StaticReservation, SizesAndCountsHaveBounds) {
+  Daemon d(
+      "backend: host\npools:\n  - name: default\n    capacity: 262200 pages\n"
+      "    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 1, dtype: fp16}\n");
+  ASSERT_TRUE(d.start()) << d.log();
+  auto c = attach(d, "w");
+  ASSERT_TRUE(c);
+  auto huge = c->reserve(wire::kMaxBatch + 1);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_NE(huge.error().message.find("more than one reply carries"), std::string::npos)
+      << huge.error().message;
+  auto page = c->alloc(1);
+  ASSERT_TRUE(page.ok());
+  uint32_t made = 0;
+  for (; made < 5000; ++made) {
+    auto r = c->reserve(1, page.value());
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().status.code(), Errc::quota_exceeded) << r.error().message;
+      break;
+    }
+  }
+  EXPECT_EQ(made, 4096u);
+}
+
 TEST(StaticReservation, StartsFromAPrefixHitAndKvpoolctlShowsIt) {
   Daemon d(kConfig);
   ASSERT_TRUE(d.start()) << d.log();
