@@ -67,17 +67,26 @@ class ToyModel:
             v = (h @ w["v"]).view(-1, KV_HEADS, HEAD_DIM).half()
             write_kv(layer, k, v)
             k_all, v_all = read_kv(layer, start + len(tokens))
-            h = h + self.attend(q, k_all.float(), v_all.float(), start) @ w["o"]
+            window = self.window_of(layer)
+            h = h + self.attend(q, k_all.float(), v_all.float(), start, window) @ w["o"]
         return h[-1]
 
+    def window_of(self, layer):
+        """The tokens layer `layer` attends to (None: every earlier one)."""
+        return None
+
     @staticmethod
-    def attend(q, k, v, start):
+    def attend(q, k, v, start, window=None):
         group = Q_HEADS // KV_HEADS
         k = k.repeat_interleave(group, dim=1)  # [n, Q_HEADS, D]
         v = v.repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, k) / HEAD_DIM**0.5
         q_pos = torch.arange(start, start + q.shape[0])[:, None]
-        scores = scores.masked_fill(torch.arange(k.shape[0])[None, :] > q_pos, float("-inf"))
+        keys = torch.arange(k.shape[0])[None, :]
+        hidden = keys > q_pos
+        if window is not None:  # a sliding layer sees keys q_pos - window < j <= q_pos
+            hidden = hidden | (keys <= q_pos - window)
+        scores = scores.masked_fill(hidden, float("-inf"))
         return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(q.shape[0], -1)
 
 

@@ -4,6 +4,8 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+
 #include "client/python/bindings.h"
 #include "client/python/py_connection.h"
 #include "client/worker/sequence_cache.h"
@@ -78,6 +80,20 @@ void bind_sequence_cache(py::module_& m) {
           },
           py::arg("prompt"),
           "Starts the sequence; returns how many leading tokens are already cached.")
+      .def(
+          "begin_from",
+          [](PySequenceCache& s, const py::object& prompt,
+             const std::vector<std::optional<PageId>>& held) {
+            const std::vector<uint32_t> p = token_ids(prompt, "prompt");
+            std::vector<PageId> pages;
+            for (const auto& page : held)
+              pages.push_back(page.value_or(kNoPage));
+            return s.call([&](client::SequenceCache& c) { return c.begin_from(p, pages); });
+          },
+          py::arg("prompt"), py::arg("held"),
+          "begin() from a prefix hit this connection already holds (its group's part of "
+          "Connection.lookup_groups; None for blocks a window skipped): the cache takes those "
+          "references over. Returns the cached tokens.")
       .def(
           "append",
           [](PySequenceCache& s, int64_t token) {
