@@ -16,7 +16,6 @@ publishes, and compares the KV in the pool and its output with a recompute witho
 What it needs: torch (CPU) and numpy. Every wait is bounded (WAIT_S).
 """
 
-import multiprocessing
 import os
 import sys
 
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvpool  # noqa: E402
 from kvpool.local_daemon import LocalDaemon  # noqa: E402
 from two_worker_engine import (HEAD_DIM, KV_HEADS, LAYERS, SYSTEM_PROMPT,  # noqa: E402
-                               TOKENS_PER_PAGE, WAIT_S, ToyModel)
+                               TOKENS_PER_PAGE, WAIT_S, ToyModel, run_workers)
 
 MODEL = "toy-hybrid"
 WINDOW = 24  # tokens a sliding layer sees
@@ -138,29 +137,8 @@ def main():
     daemon = LocalDaemon(CONFIG)
     daemon.start()
     try:
-        ctx = multiprocessing.get_context("spawn")
-        results = ctx.Manager().dict()
-        start, first_done, second_done = ctx.Event(), ctx.Event(), ctx.Event()
-        workers = [
-            ctx.Process(name="worker-a", target=worker, args=(
-                "worker-a", daemon.socket, [7, 8, 9, 10, 11], start, first_done, results)),
-            ctx.Process(name="worker-b", target=worker, args=(
-                "worker-b", daemon.socket, [20, 21, 22], first_done, second_done, results)),
-        ]
-        for w in workers:
-            w.start()
-        start.set()
-        for w in workers:
-            w.join(2 * WAIT_S)
-            if w.is_alive():
-                print(f"{w.name}: no result after {2 * WAIT_S} s; stopped", file=sys.stderr)
-                w.terminate()
-                w.join()
-        ok = all(w.exitcode == 0 for w in workers) and len(results) == 2
-        for name in ("worker-a", "worker-b"):
-            if name not in results:
-                print(f"{name}: failed")
-                continue
+        ok, results = run_workers(worker, daemon.socket)
+        for name in sorted(results):
             tokens, cached, reused, kv_diff, out_diff = results[name]
             print(f"{name}: prompt {tokens} tokens, {cached} reused from the pool (local group "
                   f"blocks {reused[0]}, global group blocks {reused[1]}), computed "

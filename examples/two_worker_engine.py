@@ -147,6 +147,36 @@ def worker(name, socket, user_tokens, go, done, results):
     seq.release()
 
 
+def run_workers(target, socket):
+    """Runs target(name, socket, user_tokens, go, done, results) as worker-a, then as worker-b
+    once worker-a is done, each in its own process. Returns (ok, results): ok when both ended
+    cleanly with a result."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Manager().dict()
+    start, first_done, second_done = ctx.Event(), ctx.Event(), ctx.Event()
+    workers = [
+        ctx.Process(name="worker-a", target=target,
+                    args=("worker-a", socket, [7, 8, 9, 10, 11], start, first_done, results)),
+        ctx.Process(name="worker-b", target=target,
+                    args=("worker-b", socket, [20, 21, 22], first_done, second_done, results)),
+    ]
+    for w in workers:
+        w.start()
+    start.set()  # worker-a first; worker-b starts when a has published
+    for w in workers:
+        w.join(2 * WAIT_S)
+        if w.is_alive():
+            print(f"{w.name}: no result after {2 * WAIT_S} s; stopped", file=sys.stderr)
+            w.terminate()
+            w.join()
+    results = dict(results)
+    ok = all(w.exitcode == 0 for w in workers) and len(results) == 2
+    for name in ("worker-a", "worker-b"):
+        if name not in results:
+            print(f"{name}: failed")
+    return ok, results
+
+
 def geometry_problems(socket):
     """What keeps the pool at `socket` from holding the toy model's KV ([] when nothing)."""
     conn = kvpool.attach(socket, worker="example-check")
@@ -189,29 +219,8 @@ def main():
                   ", ".join(problems), file=sys.stderr)
             return 2
     try:
-        ctx = multiprocessing.get_context("spawn")
-        results = ctx.Manager().dict()
-        start, first_done, second_done = ctx.Event(), ctx.Event(), ctx.Event()
-        workers = [
-            ctx.Process(name="worker-a", target=worker,
-                        args=("worker-a", socket, [7, 8, 9, 10, 11], start, first_done, results)),
-            ctx.Process(name="worker-b", target=worker,
-                        args=("worker-b", socket, [20, 21, 22], first_done, second_done, results)),
-        ]
-        for w in workers:
-            w.start()
-        start.set()  # worker-a first; worker-b starts when a has published
-        for w in workers:
-            w.join(2 * WAIT_S)
-            if w.is_alive():
-                print(f"{w.name}: no result after {2 * WAIT_S} s; stopped", file=sys.stderr)
-                w.terminate()
-                w.join()
-        ok = all(w.exitcode == 0 for w in workers) and len(results) == 2
-        for name in ("worker-a", "worker-b"):
-            if name not in results:
-                print(f"{name}: failed")
-                continue
+        ok, results = run_workers(worker, socket)
+        for name in sorted(results):
             tokens, cached, kv_diff, out_diff, _ = results[name]
             print(f"{name}: prompt {tokens} tokens, {cached} reused from the pool, computed "
                   f"{tokens - cached}; max |KV - recomputed| = {kv_diff:.2e}, "

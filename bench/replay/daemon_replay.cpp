@@ -38,12 +38,6 @@ struct WorkerShare {
   uint32_t hist[kOps][kBins];
 };
 
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 void record(WorkerShare& w, Op op, Clock::time_point t0) {
   const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
   const auto bin = std::min<size_t>(static_cast<size_t>(us / kBinUs), kBins - 1);
@@ -78,7 +72,7 @@ bool work(const Trace& trace, const DaemonReplayOptions& o, uint32_t index, Work
     chain.clear();
     for (const uint64_t id : trace.requests[r].hash_ids) {
       for (uint32_t j = 0; j < per_block; ++j) {
-        chain.push_back(BlockHash{mix64(id * 0x9E3779B97F4A7C15ull + j), (id << 16) | j});
+        chain.push_back(trace_page_hash(id, j));
       }
     }
     auto t0 = Clock::now();

@@ -12,12 +12,6 @@ namespace kvpool::bench {
 
 namespace {
 
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 [[noreturn]] void fail(const std::string& what, const wire::Error& e) {
   throw std::runtime_error(what + ": " + e.message);
 }
@@ -55,7 +49,7 @@ ModelReplayResult replay_model(const Trace& trace, const std::string& socket,
     chain.clear();
     for (const uint64_t id : req.hash_ids) {
       for (uint32_t j = 0; j < per_block; ++j)
-        chain.push_back(BlockHash{mix64(id * 0x9E3779B97F4A7C15ull + j), (id << 16) | j});
+        chain.push_back(trace_page_hash(id, j));
     }
     const auto n = static_cast<uint32_t>(chain.size());
     auto hit = m.lookup(chain);

@@ -22,11 +22,6 @@ uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// Trace ids already name prefixes, so page j of block id stands for a distinct prefix too.
-BlockHash page_hash(uint64_t block_id, uint32_t j) {
-  return BlockHash{mix64(block_id * 0x9E3779B97F4A7C15ull + j), (block_id << 16) | j};
-}
-
 // next_use[r][i]: index of the next request after r that references block i of request r.
 std::vector<std::vector<uint32_t>> next_uses(const Trace& trace) {
   constexpr uint32_t kNever = std::numeric_limits<uint32_t>::max();
@@ -60,6 +55,10 @@ void expect_ok(const Status& s, const char* what) {
 }
 
 }  // namespace
+
+BlockHash trace_page_hash(uint64_t block_id, uint32_t j) {
+  return BlockHash{mix64(block_id * 0x9E3779B97F4A7C15ull + j), (block_id << 16) | j};
+}
 
 ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
   if (options.capacity_blocks == 0) throw std::invalid_argument("capacity must be at least 1");
@@ -139,7 +138,7 @@ ReplayResult replay(const Trace& trace, const ReplayOptions& options) {
     chain.clear();
     for (const uint64_t id : ids) {
       for (uint32_t j = 0; j < per_block; ++j)
-        chain.push_back(page_hash(id, j));
+        chain.push_back(trace_page_hash(id, j));
     }
     const size_t n = chain.size();
     pages.resize(n);

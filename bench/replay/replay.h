@@ -33,6 +33,10 @@ namespace kvpool::bench {
 
 inline constexpr uint32_t kTraceBlockTokens = 512;
 
+// The hash of page j of trace block `block_id` (trace ids already name prefixes, so a page of a
+// block stands for a distinct prefix too): the in-process and the daemon replays use the same.
+BlockHash trace_page_hash(uint64_t block_id, uint32_t j);
+
 struct ReplayOptions {
   uint32_t capacity_blocks = 0;
   // A core policy (lru, s3fifo, prefix) or an offline bound (belady, reuse-oracle); NAME+hints
