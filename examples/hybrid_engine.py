@@ -25,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvpool  # noqa: E402
 from kvpool.local_daemon import LocalDaemon  # noqa: E402
 from two_worker_engine import (HEAD_DIM, KV_HEADS, LAYERS, SYSTEM_PROMPT,  # noqa: E402
-                               TOKENS_PER_PAGE, WAIT_S, ToyModel, run_workers)
+                               TOKENS_PER_PAGE, WAIT_S, ToyModel, recompute,
+                               run_workers)
 
 MODEL = "toy-hybrid"
 WINDOW = 24  # tokens a sliding layer sees
@@ -87,16 +88,6 @@ def run_prompt(conns, hasher, root, model, views, prompt):
     pooled = [read_kv(layer, len(prompt)) for layer in range(LAYERS)]
     held = [[p != NO_PAGE for p in s.block_table] for s in seqs]
     return seqs, cached, reused, hidden, pooled, held
-
-
-def recompute(model, prompt):
-    kv = [[None, None] for _ in range(LAYERS)]
-
-    def write_kv(layer, k, v):
-        kv[layer] = [k, v]
-
-    hidden = model.forward(prompt, 0, lambda layer, n: tuple(kv[layer]), write_kv)
-    return hidden, kv
 
 
 def worker(name, socket, user_tokens, go, done, results):

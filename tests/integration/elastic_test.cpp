@@ -60,14 +60,6 @@ uint64_t wrong(const Connection& c, PageId p, uint64_t id) {
   return n;
 }
 
-stats::PoolStats pool_stats(Connection& c, size_t pool) {
-  auto snap = c.snapshot();
-  EXPECT_TRUE(snap.ok());
-  stats::Snapshot s;
-  EXPECT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
-  return s.pools.at(pool);
-}
-
 class Elastic : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(Elastic, GrowsOnDemandAndEveryWorkerMapsTheNewSegments) {

@@ -53,15 +53,6 @@ std::vector<BlockHash> chain(uint32_t n) {
   return c;
 }
 
-// The pool's figures as the daemon sees them now (the snapshot op, not the trailing segment).
-stats::PoolStats pool_stats(Connection& c) {
-  auto snap = c.snapshot();
-  EXPECT_TRUE(snap.ok());
-  stats::Snapshot s;
-  EXPECT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
-  return s.pools.at(0);
-}
-
 nlohmann::json status_json(const Daemon& d) {
   std::string out;
   EXPECT_EQ(run_command(kCtl + " status --json --socket " + d.socket(), out), 0) << out;

@@ -28,14 +28,6 @@ constexpr char kConfig[] =
     "    capacity: 64 pages\n"
     "    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16}\n";
 
-stats::PoolStats pool_stats(Connection& c) {
-  auto snap = c.snapshot();
-  EXPECT_TRUE(snap.ok());
-  stats::Snapshot s;
-  EXPECT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
-  return s.pools.at(0);
-}
-
 BlockHash block(uint32_t i) {
   return BlockHash{0x5E5E'0000ull + i, 77};
 }

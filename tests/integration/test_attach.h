@@ -9,6 +9,7 @@
 #include <string>
 
 #include "client/connection/connection.h"
+#include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
 
 namespace kvpool::testing {
@@ -22,6 +23,18 @@ inline std::unique_ptr<client::Connection> attach(
     return nullptr;
   }
   return std::move(c.value());
+}
+
+// Pool `pool`'s figures as the daemon sees them now (the snapshot op, not the stats segment,
+// which trails). A failed call or decode is a test failure.
+inline stats::PoolStats pool_stats(client::Connection& c, size_t pool = 0) {
+  auto snap = c.snapshot();
+  EXPECT_TRUE(snap.ok());
+  stats::Snapshot s;
+  if (snap.ok()) {
+    EXPECT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
+  }
+  return pool < s.pools.size() ? s.pools[pool] : stats::PoolStats{};
 }
 
 }  // namespace kvpool::testing
