@@ -116,9 +116,19 @@ wire::Result<bool> Daemon::start_kv_events() {
   if (!started.ok()) return failed("kv_events_failed", started.error());
   kv_publisher_ = std::move(started.value());
   log_event(LogLevel::info, "kv_events_publishing",
-            {kv("endpoint", ev.zmq_endpoint), kv("replay", ev.zmq_replay_endpoint),
-             kv("block_hash", ev.zmq_block_hash)});
+            {kv("endpoint", ev.zmq_endpoint),
+             kv("mode", KvEventPublisher::binds(ev) ? "bind" : "connect"),
+             kv("replay", ev.zmq_replay_endpoint), kv("block_hash", ev.zmq_block_hash)});
+  publish_cleared();
   return true;
+}
+
+void Daemon::publish_cleared() {
+  for (const auto& pool : service_->pools()) {
+    std::vector<KvEvent> events = pool->take_kv_events();
+    events.push_back(KvEvent{KvEvent::Kind::cleared, {}, false, {}, {}, {}});
+    kv_publisher_->publish(pool->name(), pool->kv_format(), events);
+  }
 }
 
 wire::Result<bool> Daemon::open_stats_segment() {
@@ -202,6 +212,11 @@ void Daemon::stop() {
   stopped_ = true;
   metrics_.reset();
   if (publisher_) publisher_->stop();
+  if (kv_publisher_ && server_) {
+    // The server publishes nothing more once stopped: the clear is the last a router hears.
+    publish_cleared();
+    kv_publisher_->finish(kStopLinger);
+  }
   if (server_) server_->stop();
 }
 

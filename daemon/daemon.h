@@ -44,6 +44,9 @@ struct DaemonOptions {
 
 class Daemon {
  public:
+  // How long a clean stop waits for libzmq to deliver the last KV events (the clear).
+  static constexpr std::chrono::milliseconds kStopLinger{1000};
+
   static wire::Result<std::unique_ptr<Daemon>> start(const DaemonOptions& options);
   ~Daemon();
   // Serves until SIGTERM or SIGINT; the exit status.
@@ -54,6 +57,9 @@ class Daemon {
   // One descriptor per session: the whole hard limit, and a warning when it is short.
   void raise_file_limit() const;
   wire::Result<bool> start_kv_events();
+  // Publishes an AllBlocksCleared for every pool (after what their events still held): at start
+  // a router drops what it kept of an earlier daemon on this endpoint, at a clean stop all.
+  void publish_cleared();
   wire::Result<bool> open_stats_segment();
   wire::Result<bool> start_metrics();
   wire::ReloadReply reload();

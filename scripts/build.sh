@@ -30,7 +30,8 @@ case "$kind" in
   tsan)
     flags=(-DCMAKE_BUILD_TYPE=Debug -DKVPOOL_TSAN=ON -DKVPOOL_WERROR=ON -DKVPOOL_CUDA=OFF)
     targets=(kvpoold kvpoolctl kvpool-replay kvpool_c_api_worker kvpool_daemon_tests
-      kvpool_replay_tests kvpool_kv_events_tests kvpool_kv_events_limits_tests kvpool_gpu_pool_check
+      kvpool_replay_tests kvpool_kv_events_tests kvpool_kv_events_chain_tests
+      kvpool_kv_events_limits_tests kvpool_gpu_pool_check
       kvpool_gpu_tier_check)
     ;;
   *) echo "usage: scripts/build.sh [release|asan|fuzz|tsan]" >&2; exit 2 ;;

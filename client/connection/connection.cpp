@@ -495,16 +495,46 @@ Result<Ok> Connection::unreserve(uint64_t reservation) {
 }
 
 Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishItem> items,
-                                                       const PageHints& hints) {
-  auto r =
-      expect<wire::PublishReply>(call(wire::PublishRequest{{items.begin(), items.end()}, hints}));
-  if (!r.ok()) return r.error();
-  if (r.value().results.size() != items.size()) {
-    return broken(error(Errc::malformed_frame,
-                        "publish reply with " + std::to_string(r.value().results.size()) +
-                            " results for " + std::to_string(items.size()) + " items"));
+                                                       const PageHints& hints,
+                                                       const PublishChain& chain) {
+  const uint64_t tpp = pool_.geometry.tokens_per_page;
+  if (!chain.token_ids.empty() && chain.token_ids.size() != items.size() * tpp) {
+    return error(Errc::invalid_argument, "publish: " + std::to_string(chain.token_ids.size()) +
+                                             " token ids for " + std::to_string(items.size()) +
+                                             " blocks of " + std::to_string(tpp) +
+                                             " tokens (tokens_per_page): pass " +
+                                             std::to_string(items.size() * tpp) + " or none");
   }
-  return std::move(r.value().results);
+  // A frame carries at most kMaxBatch token ids: a longer chain goes in parts, each continuing
+  // from the last block of the one before.
+  const size_t per_call = chain.token_ids.empty() ? items.size() + 1 : wire::kMaxBatch / tpp;
+  std::vector<PublishResult> results;
+  results.reserve(items.size());
+  size_t i = 0;
+  do {
+    const size_t n = std::min(items.size() - i, per_call);
+    wire::PublishRequest req{{items.begin() + static_cast<std::ptrdiff_t>(i),
+                              items.begin() + static_cast<std::ptrdiff_t>(i + n)},
+                             hints,
+                             chain.parent,
+                             {},
+                             std::string(chain.lora_name)};
+    if (i > 0) req.parent = items[i - 1].hash;
+    if (!chain.token_ids.empty()) {
+      const auto ids = chain.token_ids.subspan(i * tpp, n * tpp);
+      req.token_ids.assign(ids.begin(), ids.end());
+    }
+    auto r = expect<wire::PublishReply>(call(std::move(req)));
+    if (!r.ok()) return r.error();
+    if (r.value().results.size() != n) {
+      return broken(error(Errc::malformed_frame,
+                          "publish reply with " + std::to_string(r.value().results.size()) +
+                              " results for " + std::to_string(n) + " items"));
+    }
+    results.insert(results.end(), r.value().results.begin(), r.value().results.end());
+    i += n;
+  } while (i < items.size());
+  return results;
 }
 
 Result<wire::StatsReply> Connection::stats() {

@@ -35,8 +35,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "client/connection/pool_mapping.h"
@@ -51,6 +53,14 @@ struct Ok {};
 
 // $KVPOOL_SOCKET if set, else the daemon's default (common/paths.h).
 std::string default_socket_path();
+
+// What a publish may say of its blocks for the KV events (Connection::publish).
+struct PublishChain {
+  std::optional<BlockHash> parent{};      // item 0's parent; absent: the sequence's first block
+  std::span<const uint32_t> token_ids{};  // tokens_per_page per item, or none
+  std::string_view lora_name{};           // the adapter the blocks were computed with, or ""
+  bool empty() const { return !parent && token_ids.empty() && lora_name.empty(); }
+};
 
 class Connection {
  public:
@@ -122,8 +132,14 @@ class Connection {
   Result<wire::ReserveReply> reserve(uint32_t max_tokens, std::span<const PageId> seeds = {},
                                      const PageHints& hints = {});
   Result<Ok> unreserve(uint64_t reservation);
+  // Publishes (page, hash) pairs. `chain`, optional, tells KV-aware routers what the blocks are
+  // (the daemon's KV events carry it; docs/ARCHITECTURE.md, "KV events for routers"): when set,
+  // the items must be one chain (item i the child of item i − 1, item 0 of chain.parent, or its
+  // sequence's first block when that is absent) and chain.token_ids hold tokens_per_page ids per
+  // item. A call larger than one frame carries goes as several, each continuing the chain.
   Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items,
-                                             const PageHints& hints = {});
+                                             const PageHints& hints = {},
+                                             const PublishChain& chain = {});
   Result<wire::StatsReply> stats();
   // Admin (root or the daemon's admin_group): drop up to n cached pages in eviction order / all.
   Result<uint32_t> evict(uint32_t n);

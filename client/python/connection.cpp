@@ -255,7 +255,8 @@ void bind_connection(py::module_& m) {
       .def(
           "publish",
           [](PyConnection& c, const Pages& pages, const std::vector<BlockHash>& hashes,
-             const py::object& priority, uint32_t pin_ttl_ms) {
+             const py::object& priority, uint32_t pin_ttl_ms, const py::object& tokens,
+             std::optional<BlockHash> parent, const std::string& lora_name) {
             const PageHints h = hints_of(priority, pin_ttl_ms);
             const auto p = pages_of(pages, "pages");
             if (p.size() != hashes.size()) {
@@ -265,11 +266,18 @@ void bind_connection(py::module_& m) {
             std::vector<PublishItem> items(p.size());
             for (size_t i = 0; i < p.size(); ++i)
               items[i] = PublishItem{p[i], hashes[i]};
-            return c.call([&](client::Connection& k) { return k.publish(items, h); });
+            std::vector<uint32_t> ids;
+            if (!tokens.is_none()) ids = token_ids(tokens, "token_ids");
+            const client::PublishChain chain{parent, ids, lora_name};
+            return c.call([&](client::Connection& k) { return k.publish(items, h, chain); });
           },
           py::arg("pages"), py::arg("hashes"), py::kw_only(), py::arg("priority") = py::none(),
-          py::arg("pin_ttl_ms") = 0,
-          "Names written pages by their block hashes so every worker can find them.")
+          py::arg("pin_ttl_ms") = 0, py::arg("token_ids") = py::none(),
+          py::arg("parent") = py::none(), py::arg("lora_name") = "",
+          "Names written pages by their block hashes so every worker can find them. For KV-aware "
+          "routers (the daemon's KV events), the blocks may be described as one chain: token_ids "
+          "(tokens_per_page per block), parent (the first block's parent hash; None for a "
+          "sequence's first block) and lora_name.")
       .def(
           "copy",
           [](PyConnection& c, const Pages& src, const Pages& dst) {

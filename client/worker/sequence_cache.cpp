@@ -85,22 +85,36 @@ Result<uint32_t> SequenceCache::publish_full() {
     if (!dropped.ok()) return dropped.error();
     return 0u;
   }
-  std::vector<PublishItem> items;
-  std::vector<uint32_t> blocks;
-  for (uint32_t b = published_; b < full; ++b) {
-    if (pages_[b] == kNoPage) continue;  // dropped by the window before it was published
-    items.push_back({pages_[b], hashes_[b]});
-    blocks.push_back(b);
-  }
-  auto results = conn_.publish(items, hints_);
-  if (!results.ok()) return results.error();
+  // One publish per run of consecutive blocks (a window may have dropped blocks before they
+  // were published), each with its tokens and parent for the daemon's KV events.
   std::vector<PageId> own_copies;
-  for (size_t i = 0; i < items.size(); ++i) {
-    const PublishResult& r = results.value()[i];
-    if (r.kind == PublishResult::Kind::duplicate) {
-      own_copies.push_back(pages_[blocks[i]]);
-      pages_[blocks[i]] = r.page;  // already retained for us by the daemon
+  std::vector<PublishItem> items;
+  uint32_t b = published_;
+  while (b < full) {
+    if (pages_[b] == kNoPage) {  // dropped by the window before it was published
+      ++b;
+      continue;
     }
+    const uint32_t first = b;
+    items.clear();
+    for (; b < full && pages_[b] != kNoPage; ++b)
+      items.push_back({pages_[b], hashes_[b]});
+    PublishChain chain;
+    if (first > 0) chain.parent = hashes_[first - 1];
+    chain.token_ids = std::span(tokens_).subspan(uint64_t{first} * tpp_, items.size() * tpp_);
+    auto results = conn_.publish(items, hints_, chain);
+    if (!results.ok()) {
+      if (!own_copies.empty()) (void)conn_.release(own_copies);  // replaced by earlier runs
+      return results.error();
+    }
+    for (size_t i = 0; i < items.size(); ++i) {
+      const PublishResult& r = results.value()[i];
+      if (r.kind == PublishResult::Kind::duplicate) {
+        own_copies.push_back(pages_[first + i]);
+        pages_[first + i] = r.page;  // already retained for us by the daemon
+      }
+    }
+    published_ = b;
   }
   published_ = full;
   if (!own_copies.empty()) {

@@ -16,7 +16,9 @@
 //   retain   u32 n, n × u32 page                       [hints]
 //   release  u32 n, n × u32 page
 //   lookup   u32 n, n × hash                           [hints]
-//   publish  u32 n, n × (u32 page, hash)               [hints]
+//   publish  u32 n, n × (u32 page, hash)               [hints] [chain]
+//            chain: u8 flags (bit 0: a parent follows), [hash parent], u32 m, m × u32 token id,
+//            string lora_name — present only when it says something (PublishRequest)
 //   stats    (empty)
 //   evict    u32 count                                      (admin)
 //   flush    (empty)                                        (admin)
@@ -93,6 +95,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -112,8 +115,9 @@ inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // window of the pool's geometry in PoolInfo; 8: a lookup on a sliding or chunked pool may answer
 // kNoPage (tier kTierNone) for blocks before the window its hit needs; 9: hybrid models (the
 // model and groups in PoolInfo, hello's link_session, lookup_groups) and static reservations
-// (reserve, unreserve).
-inline constexpr uint16_t kProtocolVersion = 9;
+// (reserve, unreserve); 10: publish's optional chain (parent, token ids, adapter name) for the
+// KV events.
+inline constexpr uint16_t kProtocolVersion = 10;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -251,6 +255,15 @@ struct LookupRequest {
 struct PublishRequest {
   std::vector<PublishItem> items;
   PageHints hints = {};
+  // What routers need of the published blocks (docs/ARCHITECTURE.md, "KV events for routers"),
+  // optional. When any is set the items are one chain: item i is the child of item i − 1, item 0
+  // of `parent` (absent: item 0 is its sequence's first block). `token_ids` holds every item's
+  // tokens_per_page tokens in item order (or is empty); `lora_name` names the adapter the chain
+  // was computed with ("" for none).
+  std::optional<BlockHash> parent{};
+  std::vector<uint32_t> token_ids{};
+  std::string lora_name{};
+  bool has_chain() const { return parent.has_value() || !token_ids.empty() || !lora_name.empty(); }
   friend bool operator==(const PublishRequest&, const PublishRequest&) = default;
 };
 // A hybrid model's lookup: the block chain (one hash per block, the same in every group) and

@@ -17,6 +17,7 @@ namespace {
 // Wire sizes of the fixed parts.
 constexpr size_t kPublishItemBytes = kU32 + kHashBytes;
 constexpr size_t kPublishResultBytes = kU8 + kU32;
+constexpr uint8_t kChainParent = 1;  // publish's chain.flags: a parent hash follows
 // … uuid, then reserved_bytes, scales_offset, max_pages, epoch, n segments.
 constexpr size_t kPoolInfoFixedBytes =
     4 * kU32 + 3 * kU8 + kU32 + kU32 + 2 * kU64 + 3 * kU32 + kU32 + 16 + 2 * kU64 + 2 * kU32 + kU32;
@@ -96,7 +97,12 @@ size_t body_size(const LookupRequest& m) {
   return kU32 + m.chain.size() * kHashBytes + hints_size(m.hints);
 }
 size_t body_size(const PublishRequest& m) {
-  return kU32 + m.items.size() * kPublishItemBytes + hints_size(m.hints);
+  size_t n = kU32 + m.items.size() * kPublishItemBytes + hints_size(m.hints);
+  if (m.has_chain()) {
+    n += kU8 + (m.parent ? kHashBytes : 0) + kU32 + m.token_ids.size() * kU32 + kU32 +
+         m.lora_name.size();
+  }
+  return n;
 }
 size_t body_size(const StatsRequest&) {
   return 0;
@@ -196,6 +202,14 @@ void put_body(Writer& w, const PublishRequest& m) {
     w.put(it.hash.hi);
   }
   put_hints(w, m.hints);
+  if (!m.has_chain()) return;
+  w.put(static_cast<uint8_t>(m.parent ? kChainParent : 0));
+  if (m.parent) {
+    w.put(m.parent->lo);
+    w.put(m.parent->hi);
+  }
+  w.array(m.token_ids);
+  w.str(m.lora_name);
 }
 void put_body(Writer&, const StatsRequest&) {}
 void put_pool_info(Writer& w, const PoolInfo& p) {
@@ -348,7 +362,27 @@ bool get_body(Reader& r, PublishRequest& m) {
     std::memcpy(&it.hash.hi, p + kU32 + kU64, kU64);
     p += kPublishItemBytes;
   }
-  return get_hints(r, hinted, m.hints);
+  if (!get_hints(r, hinted, m.hints)) return false;
+  if (r.left() == 0) return true;
+  uint8_t flags = 0;
+  if (!r.get(flags, "chain.flags")) return false;
+  if ((flags & ~kChainParent) != 0) {
+    return r.fail(flags, cat({r.what(), ": chain.flags ", unsigned{flags},
+                              " sets bits this protocol does not know (bit 0: parent)"}));
+  }
+  if ((flags & kChainParent) != 0) {
+    BlockHash parent;
+    if (!r.get(parent.lo, "chain.parent") || !r.get(parent.hi, "chain.parent")) return false;
+    m.parent = parent;
+  }
+  if (!r.array(m.token_ids, "chain.token_ids") || !r.str(m.lora_name, "chain.lora_name")) {
+    return false;
+  }
+  // One encoding per request: a chain that says nothing is sent as none.
+  if (!m.has_chain()) {
+    return r.fail(0, cat({r.what(), ": a chain with no parent, token ids or adapter: send none"}));
+  }
+  return true;
 }
 bool get_body(Reader&, StatsRequest&) {
   return true;

@@ -60,6 +60,7 @@ constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
 constexpr uint64_t kMaxPinTtlMs = uint64_t{24} * 3600 * 1000;
 constexpr std::string_view kZmqPayloads[] = {"array", "map"};
 constexpr std::string_view kZmqBlockHashes[] = {"bytes", "uint64"};
+constexpr std::string_view kZmqModes[] = {"bind", "connect", "auto"};
 constexpr uint64_t kMaxZmqBatches = 1000000;
 constexpr uint64_t kMinZmqQueueBytes = uint64_t{1} << 20;
 constexpr uint64_t kMaxZmqConnections = 65536;
@@ -633,8 +634,22 @@ class Parser : private NodeReader {
       e.zmq_replay_batches = static_cast<uint32_t>(get_uint(*b, 1, kMaxZmqBatches));
     }
     if (auto* r = find(f, "data_parallel_rank")) {
-      e.data_parallel_rank = static_cast<uint32_t>(get_uint(*r, 0, UINT32_MAX));
+      if (r->node.IsScalar() && r->node.Scalar() == "none") {
+        e.data_parallel_rank.reset();
+      } else {
+        e.data_parallel_rank = static_cast<uint32_t>(get_uint(*r, 0, UINT32_MAX));
+      }
     }
+    if (auto* m = find(f, "zmq_mode")) {
+      e.zmq_mode = get_choice(*m, kZmqModes);
+      if (e.zmq_mode == "connect" && e.zmq_endpoint.find('*') != std::string::npos) {
+        fail(*m,
+             "connect needs the subscriber's address in events.zmq_endpoint, not the "
+             "wildcard " +
+                 quoted(e.zmq_endpoint));
+      }
+    }
+    if (auto* t = find(f, "zmq_token_ids")) e.zmq_token_ids = get_bool(*t);
     if (auto* z = find(f, "zmq_replay_endpoint")) {
       e.zmq_replay_endpoint = get_zmq_endpoint(*z);
       if (!e.zmq_replay_endpoint.empty() && e.zmq_endpoint.empty()) {
@@ -646,8 +661,8 @@ class Parser : private NodeReader {
     }
   }
 
-  // A ZeroMQ endpoint kvpoold binds: "tcp://HOST:PORT" or "ipc://PATH", or "" for none. libzmq
-  // checks the rest when it binds at start.
+  // A ZeroMQ endpoint kvpoold binds (or connects to): "tcp://HOST:PORT" or "ipc://PATH", or ""
+  // for none. libzmq checks the rest at start.
   std::string get_zmq_endpoint(const Value& v) const {
     std::string endpoint = get_string(v, "\"tcp://HOST:PORT\", \"ipc://PATH\" or \"\"");
     if (endpoint.empty()) return endpoint;
@@ -655,7 +670,7 @@ class Parser : private NodeReader {
     const bool ipc = endpoint.starts_with("ipc://") && endpoint.size() > 6;
     if (!tcp && !ipc) {
       fail(v, quoted(endpoint) +
-                  " is not a ZeroMQ endpoint kvpoold can bind: use \"tcp://HOST:PORT\" (e.g. "
+                  " is not a ZeroMQ endpoint: use \"tcp://HOST:PORT\" (e.g. "
                   "\"tcp://*:5557\") or \"ipc://PATH\", or \"\" for none");
     }
     return endpoint;

@@ -44,7 +44,8 @@
 //               zmq_topic: STR, zmq_block_hash: bytes | uint64, zmq_payload: array | map,
 //               zmq_send_hwm: INT, zmq_queue_bytes: SIZE, zmq_max_connections: INT,
 //               zmq_replay_endpoint: STR, zmq_replay_batches: INT,
-//               data_parallel_rank: INT }
+//               data_parallel_rank: INT | none, zmq_mode: bind | connect | auto,
+//               zmq_token_ids: BOOL }
 //
 // The key table (config_keys.h) is the one list of these keys: the parser takes each mapping's
 // keys from it, a reload classifies each by it (live, or kept until a restart), and
@@ -149,11 +150,13 @@ struct EventsConfig {
   std::string zmq_block_hash = "bytes";  // bytes (16-byte bin) | uint64 (the low word)
   std::string zmq_payload = "array";     // array (vLLM releases' array_like) | map (vLLM main)
   uint32_t zmq_send_hwm = 10000;         // messages queued per subscriber before libzmq drops
-  uint64_t zmq_queue_bytes = uint64_t{64} << 20;  // payload bytes libzmq holds, all subscribers
-  uint32_t zmq_max_connections = 64;              // connections the endpoint keeps at once
-  std::string zmq_replay_endpoint;                // vLLM's replay ROUTER socket; "" = off
-  uint32_t zmq_replay_batches = 10000;            // recent batches kept for replay
-  std::optional<uint32_t> data_parallel_rank;     // sent with every batch when set
+  uint64_t zmq_queue_bytes = uint64_t{64} << 20;   // payload bytes libzmq holds, all subscribers
+  uint32_t zmq_max_connections = 64;               // connections the endpoint keeps at once
+  std::string zmq_replay_endpoint;                 // vLLM's replay ROUTER socket; "" = off
+  uint32_t zmq_replay_batches = 10000;             // recent batches kept for replay
+  std::optional<uint32_t> data_parallel_rank = 0;  // sent with every batch unless "none"
+  std::string zmq_mode = "bind";  // bind | connect | auto (bind wildcard and ipc, else connect)
+  bool zmq_token_ids = true;      // BlockStored carries the token ids workers publish
   friend bool operator==(const EventsConfig&, const EventsConfig&) = default;
 };
 

@@ -124,6 +124,8 @@ constexpr std::array kTable = {
     RESTART("events.zmq_payload", "events", KEEP(events.zmq_payload)),
     RESTART("events.zmq_queue_bytes", "events", KEEP(events.zmq_queue_bytes)),
     RESTART("events.zmq_max_connections", "events", KEEP(events.zmq_max_connections)),
+    RESTART("events.zmq_mode", "events", KEEP(events.zmq_mode)),
+    RESTART("events.zmq_token_ids", "events", KEEP(events.zmq_token_ids)),
 };
 
 #undef KEEP

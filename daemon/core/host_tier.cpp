@@ -25,6 +25,7 @@ void HostTier::make_held(SlotId slot, Namespace ns, const BlockHash& hash) {
   keys_[slot] = Key{ns, hash, SlotState::held};
   index_.insert(ns, hash, slot);
   lru_.push_back(0, slot);
+  if (observer_ != nullptr) observer_->host_stored(ns, hash);
 }
 
 void HostTier::unhold(SlotId slot, SlotState next) {
@@ -34,6 +35,7 @@ void HostTier::unhold(SlotId slot, SlotState next) {
   lru_.unlink(slot);
   k.state = next;
   if (next == SlotState::free) free_.push_back(slot);
+  if (observer_ != nullptr) observer_->host_removed(k.ns, k.hash, next == SlotState::promoting);
 }
 
 HostTier::Admission HostTier::admit(Namespace ns, const BlockHash& hash) {

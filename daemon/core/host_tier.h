@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/block_hash.h"
+#include "daemon/core/index_observer.h"
 #include "daemon/core/page_lists.h"
 #include "daemon/core/prefix_index.h"
 #include "daemon/core/types.h"
@@ -86,6 +87,9 @@ class HostTier {
   // Drops every HELD slot; returns how many.
   uint32_t flush();
 
+  // Reports every block that becomes findable here or stops being to `o` (may be null).
+  void set_observer(IndexObserver* o) { observer_ = o; }
+
   uint32_t capacity() const { return static_cast<uint32_t>(keys_.size()); }
   uint32_t held() const { return index_.size(); }
   uint32_t promoting() const { return promoting_; }
@@ -114,6 +118,7 @@ class HostTier {
   PageLists<1> lru_;  // HELD slots, least recently demoted first
   uint32_t promoting_ = 0;
   HostTierCounters counters_;
+  IndexObserver* observer_ = nullptr;
 };
 
 }  // namespace kvpool::core

@@ -4,7 +4,8 @@
 // republish, not for a duplicate answered with another page); removed() once for each one that
 // leaves the index, with the reason: evicted (a victim taken by alloc, or evict()) or flushed
 // (flush()). The calls arrive in the order the index changes, from inside the pool operation,
-// so an observer must only record: it must not call back into the pool.
+// so an observer must only record: it must not call back into the pool. The host tier reports
+// its own index changes to the same observer (host_stored, host_removed).
 //
 // Thread-safety: called on the pool's thread.
 #pragma once
@@ -23,6 +24,12 @@ class IndexObserver {
   virtual ~IndexObserver() = default;
   virtual void stored(Namespace ns, const BlockHash& hash, PageId page) = 0;
   virtual void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) = 0;
+
+  // The pool's host tier (HostTier): a block became findable there (a demotion, or a promotion
+  // put back), or stopped being; `promoting`: it left to be copied up into the device tier.
+  // Only a pool with a host tier calls these. Default: nothing.
+  virtual void host_stored(Namespace /*ns*/, const BlockHash& /*hash*/) {}
+  virtual void host_removed(Namespace /*ns*/, const BlockHash& /*hash*/, bool /*promoting*/) {}
 };
 
 }  // namespace kvpool::core

@@ -9,10 +9,12 @@ namespace kvpool::core {
 TierMover::TierMover(PagePool& pool, HostTier& host, IndexObserver* next)
     : pool_(pool), host_(host), next_(next) {
   pool_.set_observer(this);
+  host_.set_observer(next_);
 }
 
 TierMover::~TierMover() {
   pool_.set_observer(next_);
+  host_.set_observer(nullptr);
 }
 
 void TierMover::stored(Namespace ns, const BlockHash& hash, PageId page) {

@@ -39,7 +39,8 @@ namespace kvpool::core {
 
 class TierMover final : public IndexObserver {
  public:
-  // Installs itself as `pool`'s observer, forwarding to `next` (may be null). Both outlive it.
+  // Installs itself as `pool`'s observer, forwarding to `next` (may be null), and makes `next`
+  // the host tier's observer. All three outlive it.
   TierMover(PagePool& pool, HostTier& host, IndexObserver* next);
   ~TierMover() override;
   TierMover(const TierMover&) = delete;

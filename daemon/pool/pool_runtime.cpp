@@ -122,9 +122,12 @@ void PoolRuntime::init_telemetry(EventLog& events, const EventsConfig& ev,
     // every other backend (cuda-*, fake-device) stands for device memory.
     kv_format_.medium = backend_name == std::string_view("host") ? "CPU" : "GPU";
     kv_format_.data_parallel_rank = ev.data_parallel_rank;
+    kv_format_.token_ids = ev.zmq_token_ids;
+    if (!config_.model.empty()) kv_format_.group_idx = config_.group;
   }
   index_events_ = std::make_unique<PoolIndexEvents>(index_, events, *prefix_stats_, set_.now_ref(),
                                                     kv_events_.get());
+  index_events_->set_keep_token_ids(kv_format_.token_ids);
   pages_->set_observer(index_events_.get());
   // A full-attention group's evictions go to its model's other groups (hybrid models have no
   // host tier, so nothing else stands between the pool and its index events).
@@ -226,11 +229,12 @@ uint32_t PoolRuntime::evict(uint32_t count, TierCopy& tier) {
 }
 
 std::pair<uint32_t, uint32_t> PoolRuntime::flush() {
+  // A flush empties the pool's cache, the blocks kept in its host tier included.
   index_events_->begin_flush();
   const uint32_t n = pages_->flush();
-  index_events_->end_flush(pages_->indexed() == 0);
-  // A flush empties the pool's cache, the blocks kept in its host tier included.
   const uint32_t host = host_tier_ ? host_tier_->flush() : 0;
+  index_events_->end_flush(pages_->indexed() == 0 &&
+                           (host_tier_ == nullptr || host_tier_->tier().held() == 0));
   return {n, host};
 }
 

@@ -116,6 +116,12 @@ class PoolRuntime {
   bool has_host_tier() const { return host_tier_ != nullptr; }
   // The pool's KV events since the Server last took them (null: events.zmq_endpoint is off).
   KvEventBatcher* kv_events() { return kv_events_.get(); }
+  PoolIndexEvents& index_events() { return *index_events_; }
+  // The turn's KV events for the publisher (none when they are off); ends the turn for them.
+  std::vector<KvEvent> take_kv_events() {
+    index_events_->end_turn();
+    return kv_events_ ? kv_events_->take() : std::vector<KvEvent>{};
+  }
   const KvEventFormat& kv_format() const { return kv_format_; }
   // The pool's memory as the kernels and the daemon's copies see it.
   kernels::PagedKv paged_kv() const;

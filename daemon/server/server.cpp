@@ -199,11 +199,8 @@ void Server::start_background_jobs() {
 
 void Server::publish_kv_events() {
   if (kv_publisher_ == nullptr) return;
-  for (const auto& pool : service_.pools()) {
-    if (pool->kv_events() != nullptr && !pool->kv_events()->empty()) {
-      kv_publisher_->publish(pool->name(), pool->kv_format(), pool->kv_events()->take());
-    }
-  }
+  for (const auto& pool : service_.pools())
+    kv_publisher_->publish(pool->name(), pool->kv_format(), pool->take_kv_events());
 }
 
 void Server::enforce_buffer_budget() {

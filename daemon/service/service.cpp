@@ -337,9 +337,20 @@ wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishR
   wire::PublishReply p;
   p.results.resize(r.items.size());
   const Namespace ns = s.tenant + 1;
+  const uint32_t tpp = s.pool->config().geometry.tokens_per_page;
+  if (!r.token_ids.empty() && r.token_ids.size() != r.items.size() * uint64_t{tpp}) {
+    return wire::Error{Status(Errc::invalid_argument, 0, r.token_ids.size()),
+                       "publish: chain.token_ids holds " + std::to_string(r.token_ids.size()) +
+                           " ids for " + std::to_string(r.items.size()) + " blocks of " +
+                           std::to_string(tpp) + " tokens (tokens_per_page): send " +
+                           std::to_string(r.items.size() * uint64_t{tpp}) + " or none"};
+  }
   const uint32_t allowed = access_.new_pages_allowed(s);
-  const Status st =
-      s.pool->pages().publish(s.owner, ns, r.items, p.results, allowed, hints.value());
+  Status st;
+  {
+    const PoolIndexEvents::PublishScope chain(s.pool->index_events(), r, tpp);
+    st = s.pool->pages().publish(s.owner, ns, r.items, p.results, allowed, hints.value());
+  }
   if (st.code() == Errc::quota_exceeded) {
     // A duplicate would hand the session the page that already carries the hash.
     wire::Error e = access_.quota_error(s, uint64_t{allowed} + 1);

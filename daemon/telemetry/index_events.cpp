@@ -1,11 +1,50 @@
 #include "daemon/telemetry/index_events.h"
 
+#include <span>
+
 namespace kvpool::daemon {
+
+void PoolIndexEvents::begin_publish(const wire::PublishRequest& r, uint32_t tokens_per_page) {
+  publish_ = r.has_chain() ? &r : nullptr;
+  tokens_per_page_ = tokens_per_page;
+  publish_cursor_ = 0;
+}
+
+BlockChainInfo PoolIndexEvents::publish_chain(const BlockHash& hash) {
+  if (publish_ == nullptr) return {};
+  // The pool stores a publish's items in order, skipping those it does not insert.
+  const auto& items = publish_->items;
+  size_t i = publish_cursor_;
+  while (i < items.size() && !(items[i].hash == hash))
+    ++i;
+  if (i == items.size()) return {};
+  publish_cursor_ = i + 1;
+  BlockChainInfo c;
+  c.parent = i == 0 ? publish_->parent : std::optional<BlockHash>(items[i - 1].hash);
+  if (!publish_->token_ids.empty()) {
+    c.token_ids = std::span(publish_->token_ids).subspan(i * tokens_per_page_, tokens_per_page_);
+  }
+  c.lora_name = publish_->lora_name;
+  return c;
+}
 
 void PoolIndexEvents::stored(Namespace ns, const BlockHash& hash, PageId page) {
   prefix_stats_.stored(page, now_);
   log_.append(LoggedEvent{hash, 0, page, ns, pool_, wire::Event::kStored, wire::Event::kNone});
-  if (kv_events_ != nullptr) kv_events_->stored(hash);
+  if (kv_events_ == nullptr) return;
+  BlockChainInfo chain = publish_chain(hash);
+  if (!chain.empty()) {
+    Described& d = described_[Key{ns, hash}];
+    d.parent = chain.parent;
+    if (keep_token_ids_) d.token_ids.assign(chain.token_ids.begin(), chain.token_ids.end());
+    d.lora_name.assign(chain.lora_name);
+    d.tiers |= kDevice;
+  } else if (auto it = described_.find(Key{ns, hash}); it != described_.end()) {
+    // A promotion: the block keeps the chain it was published with.
+    it->second.tiers |= kDevice;
+    chain = chain_of(it->second);
+  }
+  kv_events_->stored(hash, /*host=*/false, chain);
 }
 
 void PoolIndexEvents::removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) {
@@ -17,11 +56,48 @@ void PoolIndexEvents::removed(Namespace ns, const BlockHash& hash, PageId page, 
     log_.append(e);
     if (kv_events_ != nullptr) kv_events_->removed(hash);
   }
+  leave(ns, hash, kDevice);
+}
+
+void PoolIndexEvents::host_stored(Namespace ns, const BlockHash& hash) {
+  if (kv_events_ == nullptr) return;
+  BlockChainInfo chain;
+  if (auto it = described_.find(Key{ns, hash}); it != described_.end()) {
+    it->second.tiers |= kHost;
+    chain = chain_of(it->second);
+  }
+  kv_events_->stored(hash, /*host=*/true, chain);
+}
+
+void PoolIndexEvents::host_removed(Namespace ns, const BlockHash& hash, bool /*promoting*/) {
+  if (kv_events_ == nullptr) return;
+  if (flushing_) {
+    held_host_.push_back(hash);
+  } else {
+    kv_events_->removed(hash, /*host=*/true);
+  }
+  leave(ns, hash, kHost);
+}
+
+void PoolIndexEvents::leave(Namespace ns, const BlockHash& hash, uint8_t tier) {
+  const auto it = described_.find(Key{ns, hash});
+  if (it == described_.end()) return;
+  it->second.tiers &= static_cast<uint8_t>(~tier);
+  if (it->second.tiers == 0) gone_.push_back(Key{ns, hash});
+}
+
+void PoolIndexEvents::end_turn() {
+  for (const Key& k : gone_) {
+    const auto it = described_.find(k);
+    if (it != described_.end() && it->second.tiers == 0) described_.erase(it);
+  }
+  gone_.clear();
 }
 
 void PoolIndexEvents::begin_flush() {
   flushing_ = true;
   held_.clear();
+  held_host_.clear();
 }
 
 void PoolIndexEvents::end_flush(bool index_empty) {
@@ -35,9 +111,15 @@ void PoolIndexEvents::end_flush(bool index_empty) {
       log_.append(e);
       if (kv_events_ != nullptr) kv_events_->removed(e.hash);
     }
+    if (kv_events_ != nullptr) {
+      for (const BlockHash& h : held_host_)
+        kv_events_->removed(h, /*host=*/true);
+    }
   }
   held_.clear();
   held_.shrink_to_fit();  // a flush of a large pool should not pin its scratch
+  held_host_.clear();
+  held_host_.shrink_to_fit();
 }
 
 }  // namespace kvpool::daemon

@@ -8,15 +8,27 @@
 // still in use stayed indexed.
 //
 // With KV events for routers on (events.zmq_endpoint), each change also goes to the pool's
-// KvEventBatcher, in the same order and with the same flush rule (a flush that empties the
-// index is one AllBlocksCleared).
+// KvEventBatcher, in the same order and with the same flush rule (a flush that empties both
+// tiers is one AllBlocksCleared), and so do the host tier's: a demotion is BlockRemoved of the
+// pool's medium then BlockStored of the host tier's, a promotion the reverse.
+//
+// What a worker told of a block on publish (parent, token ids, adapter: wire::PublishRequest's
+// chain) is kept while the block is in either tier, so that its demotion and promotion events
+// carry it too. Invariant: an entry of described_ is in a tier, or in gone_ until end_turn(); a
+// demotion's host_stored() comes in the turn of its eviction, so the entry survives the move.
+// A promotion whose copy runs off the loop ends in a later turn: its BlockStored then says
+// nothing of the block (nil parent, no token ids), as one the worker did not describe.
 //
 // Thread-safety: none; called on the event loop from inside pool operations.
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "common/wire/protocol.h"
 #include "daemon/core/index_observer.h"
 #include "daemon/telemetry/events.h"
 #include "daemon/telemetry/kv_event_encoder.h"
@@ -34,19 +46,79 @@ class PoolIndexEvents final : public core::IndexObserver {
 
   void stored(Namespace ns, const BlockHash& hash, PageId page) override;
   void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) override;
+  void host_stored(Namespace ns, const BlockHash& hash) override;
+  void host_removed(Namespace ns, const BlockHash& hash, bool promoting) override;
+
+  // While one lives, the publish `r` is under way: its stored() calls take their chain from it
+  // (its token ids are tokens_per_page per item: Service::publish checks).
+  class PublishScope {
+   public:
+    PublishScope(PoolIndexEvents& events, const wire::PublishRequest& r, uint32_t tokens_per_page)
+        : events_(events) {
+      events_.begin_publish(r, tokens_per_page);
+    }
+    ~PublishScope() { events_.publish_ = nullptr; }
+    PublishScope(const PublishScope&) = delete;
+    PublishScope& operator=(const PublishScope&) = delete;
+
+   private:
+    PoolIndexEvents& events_;
+  };
+  // Token ids are kept for the host tier's events only when they are sent
+  // (events.zmq_token_ids); the parent and adapter always.
+  void set_keep_token_ids(bool keep) { keep_token_ids_ = keep; }
 
   void begin_flush();
-  // `index_empty`: the pool's index holds nothing after the flush.
+  // `index_empty`: the pool's index, and its host tier's, hold nothing after the flush.
   void end_flush(bool index_empty);
 
+  // After each turn of the event loop: forgets the chains of blocks that no tier holds.
+  void end_turn();
+  // Blocks whose chain is kept (for the stats and the tests).
+  size_t described() const { return described_.size(); }
+
  private:
+  struct Key {
+    Namespace ns = 0;
+    BlockHash hash;
+    friend bool operator==(const Key&, const Key&) = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return k.hash.lo ^ (uint64_t{k.ns} * 0x9e3779b97f4a7c15);
+    }
+  };
+  static constexpr uint8_t kDevice = 1;
+  static constexpr uint8_t kHost = 2;
+  struct Described {
+    std::optional<BlockHash> parent;
+    std::vector<uint32_t> token_ids;
+    std::string lora_name;
+    uint8_t tiers = 0;  // kDevice | kHost
+  };
+  void begin_publish(const wire::PublishRequest& r, uint32_t tokens_per_page);
+  // The chain the publish under way gives `hash`, or an empty one.
+  BlockChainInfo publish_chain(const BlockHash& hash);
+  static BlockChainInfo chain_of(const Described& d) {
+    return BlockChainInfo{d.parent, d.token_ids, d.lora_name};
+  }
+  // `tier` left the block (ns, hash): its chain goes at the turn's end unless a tier takes it.
+  void leave(Namespace ns, const BlockHash& hash, uint8_t tier);
+
   uint16_t pool_;
   EventLog& log_;
   PrefixStats& prefix_stats_;
   const uint32_t& now_;
   KvEventBatcher* kv_events_;
   bool flushing_ = false;
-  std::vector<LoggedEvent> held_;  // a flush's removals, until end_flush
+  std::vector<LoggedEvent> held_;     // a flush's removals, until end_flush
+  std::vector<BlockHash> held_host_;  // a flush's host-tier removals, until end_flush
+  const wire::PublishRequest* publish_ = nullptr;
+  bool keep_token_ids_ = true;
+  uint32_t tokens_per_page_ = 0;
+  size_t publish_cursor_ = 0;  // the next item of publish_ a stored() may be
+  std::unordered_map<Key, Described, KeyHash> described_;
+  std::vector<Key> gone_;  // left their last tier this turn
 };
 
 }  // namespace kvpool::daemon

@@ -80,6 +80,22 @@ void release_freed_memory() {
 #endif
 }
 
+// Blocks [i, i + n) of `e`: a described stored event is one chain (KvEventBatcher), so a later
+// part's parent is the block before it; its token ids are its blocks' own.
+KvEvent slice(const KvEvent& e, size_t i, size_t n, uint32_t block_size) {
+  const auto at = [](size_t k) { return static_cast<std::ptrdiff_t>(k); };
+  KvEvent part{e.kind, {e.hashes.begin() + at(i), e.hashes.begin() + at(i + n)},
+               e.host, e.parent,
+               {},     e.lora_name};
+  if (i > 0 && (e.parent || !e.token_ids.empty() || !e.lora_name.empty()))
+    part.parent = e.hashes[i - 1];
+  if (!e.token_ids.empty()) {
+    part.token_ids.assign(e.token_ids.begin() + at(i * block_size),
+                          e.token_ids.begin() + at((i + n) * block_size));
+  }
+  return part;
+}
+
 size_t hash_count(const std::vector<KvEvent>& events) {
   size_t n = 0;
   for (const KvEvent& e : events)
@@ -88,6 +104,16 @@ size_t hash_count(const std::vector<KvEvent>& events) {
 }
 
 }  // namespace
+
+bool KvEventPublisher::binds(const EventsConfig& config) {
+  if (config.zmq_mode == "auto") {
+    // vLLM's rule before it always bound: a wildcard host or a local transport binds.
+    const std::string& e = config.zmq_endpoint;
+    return e.find('*') != std::string::npos || e.find("::") != std::string::npos ||
+           e.starts_with("ipc://") || e.starts_with("inproc://");
+  }
+  return config.zmq_mode != "connect";
+}
 
 KvEventPublisher::KvEventPublisher(const EventsConfig& config, boost::asio::io_context& io)
     : config_(config), replay_timer_(io), trim_timer_(io) {}
@@ -127,7 +153,11 @@ wire::Result<bool> KvEventPublisher::bind(boost::asio::io_context& io) {
     zmq_setsockopt(socket, ZMQ_LINGER, &linger, sizeof linger);
     zmq_setsockopt(socket, ZMQ_SNDHWM, &hwm, sizeof hwm);
     zmq_setsockopt(socket, ZMQ_HANDSHAKE_IVL, &handshake_ms, sizeof handshake_ms);
-    if (zmq_bind(socket, endpoint.c_str()) != 0) return fail(key, endpoint, "cannot bind");
+    if (type == ZMQ_PUB && !binds(config_)) {
+      if (zmq_connect(socket, endpoint.c_str()) != 0) return fail(key, endpoint, "cannot connect");
+    } else if (zmq_bind(socket, endpoint.c_str()) != 0) {
+      return fail(key, endpoint, "cannot bind");
+    }
     auto started = ZmqConnectionCap::start(context_, socket, endpoint, "events." + key,
                                            config_.zmq_max_connections, io);
     if (!started.ok()) return started.error();
@@ -146,6 +176,12 @@ wire::Result<bool> KvEventPublisher::bind(boost::asio::io_context& io) {
     }
   }
   return true;
+}
+
+void KvEventPublisher::finish(std::chrono::milliseconds linger) {
+  // The destructor's zmq_ctx_term then waits for what is queued, up to `linger`.
+  const int ms = static_cast<int>(linger.count());
+  if (pub_ != nullptr) zmq_setsockopt(pub_, ZMQ_LINGER, &ms, sizeof ms);
 }
 
 uint64_t KvEventPublisher::connections_refused() const {
@@ -180,8 +216,7 @@ void KvEventPublisher::publish(const std::string& pool_name, const KvEventFormat
     for (size_t i = 0; i < e.hashes.size();) {
       send_if_full();
       const size_t n = std::min(e.hashes.size() - i, kMaxHashesPerMessage - held);
-      const auto first = e.hashes.begin() + static_cast<std::ptrdiff_t>(i);
-      part.push_back(KvEvent{e.kind, {first, first + static_cast<std::ptrdiff_t>(n)}});
+      part.push_back(slice(e, i, n, format.block_size));
       held += n;
       i += n;
     }
@@ -330,6 +365,12 @@ KvEventPublisher::~KvEventPublisher() = default;
 
 uint64_t KvEventPublisher::connections_refused() const {
   return 0;
+}
+
+void KvEventPublisher::finish(std::chrono::milliseconds) {}
+
+bool KvEventPublisher::binds(const EventsConfig& config) {
+  return config.zmq_mode != "connect";
 }
 
 wire::Result<std::unique_ptr<KvEventPublisher>> KvEventPublisher::start(const EventsConfig& config,

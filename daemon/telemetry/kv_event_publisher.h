@@ -1,5 +1,11 @@
 // KvEventPublisher: kvpoold's ZeroMQ endpoint for KV-aware routers, in vLLM's format.
 //
+// Endpoint: bound, or connected to when a router binds and engines connect (llm-d's central
+// indexer does): events.zmq_mode, see binds(). The replay endpoint is always bound. libzmq's
+// connecting PUB takes in the router's subscription only after its first send following the
+// connection (libzmq 4.3, measured), so the batches of that moment are lost to the router,
+// which sees the gap in the sequence numbers and asks the replay socket, as after any gap.
+//
 // Algorithm: the Server hands it, after each turn of requests, every pool's index changes of
 // that turn (KvEventBatcher). A pool's batch becomes one multipart message on a PUB socket, as
 // vLLM's ZmqEventPublisher sends it, or several when it holds more than kMaxHashesPerMessage
@@ -78,6 +84,10 @@ class KvEventPublisher {
   KvEventPublisher(const KvEventPublisher&) = delete;
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;
 
+  // Whether events.zmq_endpoint is bound (else connected to): zmq_mode bind or connect, or for
+  // auto vLLM's older rule (bind a wildcard host, ipc or inproc; connect to anything else).
+  static bool binds(const EventsConfig& config);
+
   // Encodes `events` (one pool's batch) and sends it under the pool's topic.
   void publish(const std::string& pool_name, const KvEventFormat& format,
                const std::vector<KvEvent>& events);
@@ -88,6 +98,9 @@ class KvEventPublisher {
   uint64_t queued_bytes() const { return queued_bytes_.load(std::memory_order_relaxed); }
   // Connections the endpoint shut down past events.zmq_max_connections.
   uint64_t connections_refused() const;
+  // At a clean stop, after the last publish: the destructor waits up to `linger` for libzmq to
+  // hand what is queued (the stop's AllBlocksCleared) to the subscribers.
+  void finish(std::chrono::milliseconds linger);
 
  private:
   KvEventPublisher(const EventsConfig& config, boost::asio::io_context& io);

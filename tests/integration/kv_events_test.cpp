@@ -2,9 +2,10 @@
 // the daemon publishes while a worker (a Connection in this process) allocates, publishes,
 // releases, and an admin evicts and flushes. Every message is held to vLLM's format frame by
 // frame: topic, sequence number (8 bytes big-endian, 0, 1, 2, ...), msgpack KVEventBatch. Also:
-// integer hashes with a data-parallel rank, the map layout, vLLM's replay socket, and a bind
-// failure stopping the start-up with a message that names the key, the endpoint and libzmq's
-// reason.
+// integer hashes with a data-parallel rank, the map layout, vLLM's replay socket, the clears at
+// start and at a clean stop, and a bind failure stopping the start-up with a message that names
+// the key, the endpoint and libzmq's reason. The chains workers describe and the host tier's
+// medium: kv_events_chain_test.cpp.
 #include <zmq.h>
 
 #include <gtest/gtest.h>
@@ -21,6 +22,7 @@
 #include "client/connection/connection.h"
 #include "common/stats_layout.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/kv_events_util.h"
 #include "tests/integration/test_attach.h"
 #include "tests/integration/zmq_test_socket.h"
 
@@ -28,75 +30,6 @@ namespace kvpool::testing {
 namespace {
 
 using client::Connection;
-
-BlockHash hash_of(uint32_t i) {
-  return BlockHash{0xA5A5000000000000ull + i, 0x5A5A0000ull * (i + 1)};
-}
-
-std::string bin_of(const BlockHash& h) {
-  std::string b(16, '\0');
-  for (int i = 0; i < 8; ++i) {
-    b[static_cast<size_t>(i)] = static_cast<char>((h.lo >> (8 * i)) & 0xff);
-    b[static_cast<size_t>(8 + i)] = static_cast<char>((h.hi >> (8 * i)) & 0xff);
-  }
-  return b;
-}
-
-std::string seq_frame(int64_t seq) {
-  std::string b(8, '\0');
-  for (int i = 0; i < 8; ++i)
-    b[static_cast<size_t>(i)] = static_cast<char>((static_cast<uint64_t>(seq) >> (56 - 8 * i)));
-  return b;
-}
-
-std::string config(const std::string& events) {
-  return R"(backend: host
-pools:
-  - name: default
-    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}
-    capacity: 16 pages
-events:
-)" + events;
-}
-
-msgpack::object_handle decode(const std::string& bytes) {
-  size_t offset = 0;
-  msgpack::object_handle oh = msgpack::unpack(bytes.data(), bytes.size(), offset);
-  EXPECT_EQ(offset, bytes.size());
-  return oh;
-}
-
-std::string str(const msgpack::object& o) {
-  EXPECT_EQ(o.type, msgpack::type::STR);
-  return o.type == msgpack::type::STR ? std::string(o.via.str.ptr, o.via.str.size) : "";
-}
-
-const msgpack::object_array& array(const msgpack::object& o, uint32_t size) {
-  EXPECT_EQ(o.type, msgpack::type::ARRAY);
-  EXPECT_EQ(o.via.array.size, size);
-  return o.via.array;
-}
-
-std::vector<std::string> bins(const msgpack::object& o) {
-  std::vector<std::string> out;
-  EXPECT_EQ(o.type, msgpack::type::ARRAY);
-  for (uint32_t i = 0; i < o.via.array.size; ++i) {
-    const msgpack::object& h = o.via.array.ptr[i];
-    EXPECT_EQ(h.type, msgpack::type::BIN);
-    if (h.type == msgpack::type::BIN) out.emplace_back(h.via.bin.ptr, h.via.bin.size);
-  }
-  return out;
-}
-
-// Receives the next message and checks its envelope: 3 frames, the topic, the sequence number.
-msgpack::object_handle next_batch(ZmqSocket& sub, const std::string& topic, int64_t seq) {
-  const std::vector<std::string> frames = sub.receive();
-  EXPECT_EQ(frames.size(), 3u) << "batch " << seq;
-  if (frames.size() != 3) return {};
-  EXPECT_EQ(frames[0], topic);
-  EXPECT_EQ(frames[1], seq_frame(seq)) << "batch " << seq;
-  return decode(frames[2]);
-}
 
 TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
   TempDir dir;
@@ -116,8 +49,10 @@ TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
     items.push_back({pages.value()[i], hash_of(i)});
   ASSERT_TRUE(w->publish(items).ok());
   {
-    const msgpack::object_handle oh = next_batch(sub, "kv@default", 0);
-    const auto& batch = array(oh.get(), 2);  // no data_parallel_rank configured
+    // Batch 0 was the start's AllBlocksCleared, sent before anyone subscribed.
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 1);
+    const auto& batch = array(oh.get(), 3);  // data_parallel_rank 0 by default, as vLLM sends
+    EXPECT_EQ(batch.ptr[2].via.u64, 0u);
     EXPECT_EQ(batch.ptr[0].type, msgpack::type::FLOAT64);
     const double now =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -145,8 +80,8 @@ TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
   ASSERT_EQ(evicted.value(), 1u);
   std::string removed_hash;
   {
-    const msgpack::object_handle oh = next_batch(sub, "kv@default", 1);
-    const auto& events = array(array(oh.get(), 2).ptr[1], 1);
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 2);
+    const auto& events = array(array(oh.get(), 3).ptr[1], 1);
     const auto& removed = array(events.ptr[0], 3);
     EXPECT_EQ(str(removed.ptr[0]), "BlockRemoved");
     const std::vector<std::string> hashes = bins(removed.ptr[1]);
@@ -161,8 +96,8 @@ TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
   ASSERT_TRUE(flushed.ok()) << flushed.error().message;
   EXPECT_EQ(flushed.value(), 2u);
   {
-    const msgpack::object_handle oh = next_batch(sub, "kv@default", 2);
-    const auto& events = array(array(oh.get(), 2).ptr[1], 1);
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 3);
+    const auto& events = array(array(oh.get(), 3).ptr[1], 1);
     EXPECT_EQ(str(array(events.ptr[0], 1).ptr[0]), "AllBlocksCleared");
   }
   // The next publish continues the sequence.
@@ -171,8 +106,8 @@ TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
   const PublishItem again{more.value()[0], hash_of(7)};
   ASSERT_TRUE(w->publish(std::span<const PublishItem>(&again, 1)).ok());
   {
-    const msgpack::object_handle oh = next_batch(sub, "kv@default", 3);
-    const auto& events = array(array(oh.get(), 2).ptr[1], 1);
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 4);
+    const auto& events = array(array(oh.get(), 3).ptr[1], 1);
     const auto& stored = array(events.ptr[0], 8);
     EXPECT_EQ(bins(stored.ptr[1]), std::vector<std::string>{bin_of(hash_of(7))});
   }
@@ -181,10 +116,16 @@ TEST(KvEvents, StoredRemovedAndClearedReachASubscriberInVllmFormat) {
   ASSERT_TRUE(snap.ok()) << snap.error().message;
   stats::Snapshot s;
   ASSERT_EQ(stats::decode(snap.value().bytes, snap.value().layout_version, s), "");
-  EXPECT_EQ(s.daemon.kv_batches_published, 4u);
+  EXPECT_EQ(s.daemon.kv_batches_published, 5u);
   EXPECT_EQ(s.daemon.kv_batches_dropped, 0u);
   w.reset();
+  // A clean stop tells routers to drop the pool: one last AllBlocksCleared.
   EXPECT_EQ(d.stop(), 0);
+  {
+    const msgpack::object_handle oh = next_batch(sub, "kv@default", 5);
+    const auto& events = array(array(oh.get(), 3).ptr[1], 1);
+    EXPECT_EQ(str(array(events.ptr[0], 1).ptr[0]), "AllBlocksCleared");
+  }
   EXPECT_NE(d.log().find("event=kv_events_stopped"), std::string::npos) << d.log();
 }
 
@@ -203,7 +144,7 @@ TEST(KvEvents, IntegerHashesAndTheDataParallelRank) {
   const std::vector<PublishItem> items = {{pages.value()[0], hash_of(0)},
                                           {pages.value()[1], hash_of(1)}};
   ASSERT_TRUE(w->publish(items).ok());
-  const msgpack::object_handle oh = next_batch(sub, "default", 0);  // topic: the pool's name
+  const msgpack::object_handle oh = next_batch(sub, "default", 1);  // topic: the pool's name
   const auto& batch = array(oh.get(), 3);
   EXPECT_EQ(batch.ptr[2].type, msgpack::type::POSITIVE_INTEGER);
   EXPECT_EQ(batch.ptr[2].via.u64, 2u);
@@ -228,12 +169,13 @@ TEST(KvEvents, TheMapLayoutOfVllmMain) {
   ASSERT_TRUE(page.ok());
   const PublishItem item{page.value()[0], hash_of(3)};
   ASSERT_TRUE(w->publish(std::span<const PublishItem>(&item, 1)).ok());
-  const msgpack::object_handle oh = next_batch(sub, "default", 0);
+  const msgpack::object_handle oh = next_batch(sub, "default", 1);
   const msgpack::object& batch = oh.get();
   ASSERT_EQ(batch.type, msgpack::type::MAP);
-  ASSERT_EQ(batch.via.map.size, 2u);
+  ASSERT_EQ(batch.via.map.size, 3u);
   EXPECT_EQ(str(batch.via.map.ptr[0].key), "ts");
   EXPECT_EQ(str(batch.via.map.ptr[1].key), "events");
+  EXPECT_EQ(str(batch.via.map.ptr[2].key), "data_parallel_rank");
   const auto& events = array(batch.via.map.ptr[1].val, 1);
   const msgpack::object& stored = events.ptr[0];
   ASSERT_EQ(stored.type, msgpack::type::MAP);
@@ -263,20 +205,25 @@ TEST(KvEvents, ReplayAnswersFromASequenceNumberThenTheEndMarker) {
     ASSERT_TRUE(w->publish(std::span<const PublishItem>(&item, 1)).ok());
   }
   // vLLM's request, as a DEALER sends it: (empty delimiter, start seq); the ROUTER adds the
-  // identity. Replies: (empty, seq, payload) for seq ≥ 1, then (empty, -1, "").
+  // identity. Replies: (empty, seq, payload) for seq ≥ 0, then (empty, -1, ""). Batch 0 is
+  // the start's AllBlocksCleared, which a router that joins late gets this way.
   ZmqSocket replay(ZMQ_DEALER, replay_endpoint);
-  const std::string start = seq_frame(1);
+  const std::string start = seq_frame(0);
   ASSERT_EQ(zmq_send(replay.get(), "", 0, ZMQ_SNDMORE), 0);
   ASSERT_EQ(zmq_send(replay.get(), start.data(), start.size(), 0), 8);
-  for (int64_t seq = 1; seq <= 2; ++seq) {
+  for (int64_t seq = 0; seq <= 3; ++seq) {
     const std::vector<std::string> frames = replay.receive();
     ASSERT_EQ(frames.size(), 3u) << "replayed batch " << seq;
     EXPECT_EQ(frames[0], "");
     EXPECT_EQ(frames[1], seq_frame(seq));
     const msgpack::object_handle oh = decode(frames[2]);
-    const auto& stored = array(array(array(oh.get(), 2).ptr[1], 1).ptr[0], 8);
-    EXPECT_EQ(bins(stored.ptr[1]),
-              std::vector<std::string>{bin_of(hash_of(static_cast<uint32_t>(seq)))});
+    const auto& event = array(array(oh.get(), 3).ptr[1], 1).ptr[0];
+    if (seq == 0) {
+      EXPECT_EQ(str(array(event, 1).ptr[0]), "AllBlocksCleared");
+      continue;
+    }
+    EXPECT_EQ(bins(array(event, 8).ptr[1]),
+              std::vector<std::string>{bin_of(hash_of(static_cast<uint32_t>(seq - 1)))});
   }
   const std::vector<std::string> end = replay.receive();
   ASSERT_EQ(end.size(), 3u);

@@ -118,3 +118,47 @@ def test_router_decodes_stored_removed_and_cleared(tmp_path, payload):
         assert [e["type"] for e in decode(body)[1]] == ["AllBlocksCleared"]
         conn.close()
         router.close()
+
+
+def low_word(h):
+    return int.from_bytes(bytes(h)[:8], "little")
+
+
+def test_router_gets_the_token_ids_and_parent_a_worker_publishes(tmp_path):
+    endpoint = f"ipc://{tmp_path}/kv-events"
+    config = pool_config(pages=16) + (
+        f"events: {{zmq_endpoint: \"{endpoint}\", zmq_block_hash: uint64}}\n")
+    with LocalDaemon(config) as daemon:
+        router = Router(endpoint)
+        conn = kvpool.attach(daemon.socket, worker="events")
+        hasher = kvpool.BlockHasher()
+        root = hasher.root("m", conn.pool.geometry)
+        router.join(conn, hasher, root, set())
+        while router.sub.poll(300):  # probes published before the subscription took
+            router.next()
+
+        tokens = list(range(100, 112))
+        chain = hasher.chain(root, tokens, 4)
+        pages = conn.alloc(3)
+        conn.publish(pages[:2], chain[:2], token_ids=tokens[:8], lora_name="sql")
+        [stored] = decode_array_batch(router.next()[2])[1]
+        assert stored["block_hashes"] == [low_word(h) for h in chain[:2]]
+        assert stored["parent_block_hash"] is None  # the sequence's first block
+        assert stored["token_ids"] == tokens[:8] and stored["lora_name"] == "sql"
+
+        conn.publish(pages[2:], chain[2:], token_ids=tokens[8:], parent=chain[1])
+        [stored] = decode_array_batch(router.next()[2])[1]
+        assert stored["parent_block_hash"] == low_word(chain[1])
+        assert stored["token_ids"] == tokens[8:]
+
+        # Token ids that do not fill the blocks, or that are not 32-bit, are refused.
+        [page] = conn.alloc(1)
+        other = hasher.chain(root, [7] * 4, 4)
+        with pytest.raises(kvpool.Error, match="3 token ids for 1 blocks of 4 tokens"):
+            conn.publish([page], other, token_ids=[7, 7, 7])
+        with pytest.raises(ValueError, match="token_ids"):
+            conn.publish([page], other, token_ids=[7, 7, 7, 2**32])
+        assert conn.lookup(other) == []
+        assert not router.sub.poll(300)
+        conn.close()
+        router.close()

@@ -67,6 +67,8 @@ events:
   zmq_replay_endpoint: ""
   zmq_replay_batches: 10000
   data_parallel_rank: 0
+  zmq_mode: bind
+  zmq_token_ids: true
 )";
 
 // key → (text in kBase, its replacement).
@@ -136,6 +138,8 @@ const std::map<std::string, std::pair<std::string, std::string>> kSamples = {
      {"zmq_replay_endpoint: \"\"", "zmq_replay_endpoint: \"tcp://127.0.0.1:5559\""}},
     {"events.zmq_replay_batches", {"zmq_replay_batches: 10000", "zmq_replay_batches: 10"}},
     {"events.data_parallel_rank", {"data_parallel_rank: 0", "data_parallel_rank: 1"}},
+    {"events.zmq_mode", {"zmq_mode: bind", "zmq_mode: connect"}},
+    {"events.zmq_token_ids", {"zmq_token_ids: true", "zmq_token_ids: false"}},
 };
 
 Config parse_ok(const std::string& yaml, const std::string& what) {

@@ -327,7 +327,14 @@ TEST(ConfigTest, ZmqEventKeys) {
   EXPECT_EQ(c.events.zmq_block_hash, "bytes");
   EXPECT_EQ(c.events.zmq_payload, "array");
   EXPECT_EQ(parse_ok("events: {zmq_payload: map}\n").events.zmq_payload, "map");
-  EXPECT_FALSE(c.events.data_parallel_rank.has_value());
+  EXPECT_EQ(c.events.data_parallel_rank, std::optional<uint32_t>(0));  // as vLLM sends it
+  EXPECT_FALSE(parse_ok("events: {data_parallel_rank: none}\n").events.data_parallel_rank);
+  EXPECT_EQ(c.events.zmq_mode, "bind");
+  EXPECT_TRUE(c.events.zmq_token_ids);
+  EXPECT_EQ(parse_ok("events: {zmq_mode: auto, zmq_token_ids: false}\n").events.zmq_mode, "auto");
+  expect_error("events: {zmq_mode: dial}\n", 1, "events.zmq_mode", "dial");
+  expect_error("events: {zmq_endpoint: \"tcp://*:5557\", zmq_mode: connect}\n", 1,
+               "events.zmq_mode", "not the wildcard");
   c = parse_ok(
       "events:\n  zmq_endpoint: \"tcp://*:5557\"\n  zmq_topic: \"kv@\"\n"
       "  zmq_block_hash: uint64\n  zmq_send_hwm: 100\n  zmq_replay_endpoint: \"ipc:///tmp/r\"\n"

@@ -49,13 +49,43 @@ std::string bin_of(const BlockHash& h) {
 }
 
 KvEventFormat format(KvHashFormat hashes, std::optional<uint32_t> rank = std::nullopt) {
-  return KvEventFormat{hashes, KvPayloadLayout::array, 16, "GPU", rank};
+  KvEventFormat f;
+  f.hash_format = hashes;
+  f.block_size = 16;
+  f.medium = "GPU";
+  f.data_parallel_rank = rank;
+  return f;
+}
+
+KvEvent event(KvEvent::Kind kind, std::vector<BlockHash> hashes) {
+  KvEvent e;
+  e.kind = kind;
+  e.hashes = std::move(hashes);
+  return e;
+}
+
+std::vector<uint32_t> tokens_from(uint32_t first, size_t n) {
+  std::vector<uint32_t> t(n);
+  for (size_t i = 0; i < n; ++i)
+    t[i] = first + static_cast<uint32_t>(i);
+  return t;
+}
+
+std::vector<uint64_t> uints_of(const msgpack::object& o) {
+  std::vector<uint64_t> v;
+  if (o.type != msgpack::type::ARRAY) {
+    ADD_FAILURE() << "not an array";
+    return v;
+  }
+  for (uint32_t i = 0; i < o.via.array.size; ++i)
+    v.push_back(as_uint(o.via.array.ptr[i]));
+  return v;
 }
 
 TEST(KvEventEncoder, AllThreeEventKindsWithByteHashes) {
-  const std::vector<KvEvent> events = {{KvEvent::Kind::stored, {kA, kB}},
-                                       {KvEvent::Kind::removed, {kB}},
-                                       {KvEvent::Kind::cleared, {}}};
+  const std::vector<KvEvent> events = {event(KvEvent::Kind::stored, {kA, kB}),
+                                       event(KvEvent::Kind::removed, {kB}),
+                                       event(KvEvent::Kind::cleared, {})};
   std::string out;
   encode_kv_event_batch(1764669600.25, events, format(KvHashFormat::bytes), out);
   const msgpack::object_handle oh = decode(out);
@@ -143,9 +173,9 @@ const msgpack::object& at(const msgpack::object& o, const std::string& key) {
 }
 
 TEST(KvEventEncoder, MapLayoutNamesEveryFieldAfterTheTypeTag) {
-  const std::vector<KvEvent> events = {{KvEvent::Kind::stored, {kA}},
-                                       {KvEvent::Kind::removed, {kA, kB}},
-                                       {KvEvent::Kind::cleared, {}}};
+  const std::vector<KvEvent> events = {event(KvEvent::Kind::stored, {kA}),
+                                       event(KvEvent::Kind::removed, {kA, kB}),
+                                       event(KvEvent::Kind::cleared, {})};
   KvEventFormat f = format(KvHashFormat::bytes);
   f.layout = KvPayloadLayout::map;
   std::string out;
@@ -210,6 +240,102 @@ TEST(KvEventBatcher, MergesConsecutiveEventsOfOneKindInOrder) {
   EXPECT_EQ(events[2].hashes, (std::vector<BlockHash>{kA}));
   EXPECT_EQ(events[3].kind, KvEvent::Kind::cleared);
   EXPECT_EQ(events[4].kind, KvEvent::Kind::cleared);
+}
+
+constexpr BlockHash kC{0x3333ull, 0x4444ull};
+constexpr BlockHash kRoot{0x5555ull, 0x6666ull};
+
+TEST(KvEventEncoder, DescribedStoresCarryParentTokensAdapterAndTheirMedium) {
+  KvEventBatcher b;
+  const std::vector<uint32_t> ta = tokens_from(100, 16);
+  const std::vector<uint32_t> tb = tokens_from(200, 16);
+  b.stored(kA, false, BlockChainInfo{kRoot, ta, "sql-lora"});
+  b.stored(kB, false, BlockChainInfo{kA, tb, "sql-lora"});  // kA's child: one event
+  b.removed(kA);
+  b.stored(kA, /*host=*/true, BlockChainInfo{kRoot, ta, "sql-lora"});  // demoted
+  std::vector<KvEvent> events = b.take();
+  ASSERT_EQ(events.size(), 3u);
+  EXPECT_EQ(events[0].hashes, (std::vector<BlockHash>{kA, kB}));
+  EXPECT_EQ(events[0].token_ids.size(), 32u);
+
+  KvEventFormat f = format(KvHashFormat::uint64);
+  std::string out;
+  encode_kv_event_batch(1.0, events, f, out);
+  msgpack::object_handle oh = decode(out);
+  const auto& evs = as_array(as_array(oh.get(), 2).ptr[1], 3);
+  const auto& stored = as_array(evs.ptr[0], 8);
+  EXPECT_EQ(uints_of(stored.ptr[1]), (std::vector<uint64_t>{kA.lo, kB.lo}));
+  EXPECT_EQ(as_uint(stored.ptr[2]), kRoot.lo);  // parent_block_hash
+  std::vector<uint64_t> want(ta.begin(), ta.end());
+  want.insert(want.end(), tb.begin(), tb.end());
+  EXPECT_EQ(uints_of(stored.ptr[3]), want);  // token_ids, both blocks in order
+  EXPECT_EQ(as_str(stored.ptr[6]), "GPU");
+  EXPECT_EQ(as_str(stored.ptr[7]), "sql-lora");  // lora_name
+  const auto& removed = as_array(evs.ptr[1], 3);
+  EXPECT_EQ(as_str(removed.ptr[2]), "GPU");
+  const auto& demoted = as_array(evs.ptr[2], 8);
+  EXPECT_EQ(as_str(demoted.ptr[6]), "CPU");  // the host tier's medium
+  EXPECT_EQ(uints_of(demoted.ptr[3]), std::vector<uint64_t>(ta.begin(), ta.end()));
+
+  // Token ids off (events.zmq_token_ids: false): the parent stays, the ids go.
+  f.token_ids = false;
+  out.clear();
+  encode_kv_event_batch(1.0, events, f, out);
+  oh = decode(out);
+  const auto& lean = as_array(as_array(as_array(oh.get(), 2).ptr[1], 3).ptr[0], 8);
+  as_array(lean.ptr[3], 0);
+  EXPECT_EQ(as_uint(lean.ptr[2]), kRoot.lo);
+}
+
+TEST(KvEventEncoder, AGroupOfAHybridModelSendsGroupIdxInBothLayouts) {
+  KvEventFormat f = format(KvHashFormat::uint64);
+  f.group_idx = 1;
+  const std::vector<KvEvent> events = {event(KvEvent::Kind::stored, {kA}),
+                                       event(KvEvent::Kind::removed, {kA})};
+  std::string out;
+  encode_kv_event_batch(1.0, events, f, out);
+  msgpack::object_handle oh = decode(out);
+  const auto& evs = as_array(as_array(oh.get(), 2).ptr[1], 2);
+  const auto& stored = as_array(evs.ptr[0], 10);
+  EXPECT_EQ(stored.ptr[8].type, msgpack::type::NIL);  // extra_keys
+  EXPECT_EQ(as_uint(stored.ptr[9]), 1u);              // group_idx
+  const auto& removed = as_array(evs.ptr[1], 4);
+  EXPECT_EQ(as_uint(removed.ptr[3]), 1u);
+
+  f.layout = KvPayloadLayout::map;
+  out.clear();
+  encode_kv_event_batch(1.0, events, f, out);
+  oh = decode(out);
+  const auto& mevs = as_array(at(oh.get(), "events"), 2);
+  EXPECT_EQ(keys_of(mevs.ptr[0]),
+            (std::vector<std::string>{"type", "block_hashes", "parent_block_hash", "token_ids",
+                                      "block_size", "lora_id", "medium", "lora_name", "extra_keys",
+                                      "group_idx"}));
+  EXPECT_EQ(as_uint(at(mevs.ptr[1], "group_idx")), 1u);
+}
+
+TEST(KvEventBatcher, DescribedStoresMergeOnlyAlongTheirChain) {
+  KvEventBatcher b;
+  const std::vector<uint32_t> t = tokens_from(0, 16);
+  b.stored(kA, false, BlockChainInfo{std::nullopt, t, ""});  // a sequence's first block
+  b.stored(kC, false, BlockChainInfo{kB, t, ""});            // not kA's child
+  b.stored(kB, false, BlockChainInfo{kC, {}, ""});           // kC's child, but without ids
+  b.stored(kA);                                              // undescribed
+  b.stored(kB);                                              // merges with the undescribed
+  b.stored(kC, false, BlockChainInfo{kB, t, "other"});       // described: not into undescribed
+  b.stored(kA, true, BlockChainInfo{kC, t, "other"});        // another medium
+  const std::vector<KvEvent> events = b.take();
+  ASSERT_EQ(events.size(), 6u);
+  EXPECT_FALSE(events[0].parent.has_value());
+  EXPECT_EQ(events[0].hashes, std::vector<BlockHash>{kA});
+  EXPECT_EQ(events[1].hashes, std::vector<BlockHash>{kC});
+  EXPECT_EQ(*events[1].parent, kB);
+  EXPECT_EQ(events[2].hashes, std::vector<BlockHash>{kB});
+  EXPECT_TRUE(events[2].token_ids.empty());
+  EXPECT_EQ(events[3].hashes, (std::vector<BlockHash>{kA, kB}));
+  EXPECT_FALSE(events[3].parent.has_value());
+  EXPECT_EQ(events[4].lora_name, "other");
+  EXPECT_TRUE(events[5].host);
 }
 
 }  // namespace

@@ -636,7 +636,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                9,    0,                               // version
+                                10,   0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -826,7 +826,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 9, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 10, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -848,8 +848,8 @@ TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
   // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
   // counter list; 6: before the attention kind in PoolInfo; 7: before lookups with holes; 8:
-  // before hybrid models.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 0x100, 0xffff};
+  // before hybrid models; 9: before publish's chain.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
@@ -907,8 +907,11 @@ TEST(ProtocolDecodeRequest, TruncatedAtEveryCut) {
 
 TEST(ProtocolDecodeRequest, TrailingBytes) {
   for (const Request& req : sample_requests()) {
-    // A hello's optional link_session reads what follows its names (HelloLinkSession).
-    if (std::holds_alternative<HelloRequest>(req)) continue;
+    // A hello's optional link_session and a publish's optional chain read what follows
+    // (HelloLinkSession, PublishChain).
+    if (std::holds_alternative<HelloRequest>(req) || std::holds_alternative<PublishRequest>(req)) {
+      continue;
+    }
     const Bytes frame = encode(1, req);
     for (size_t extra : {1u, 3u, 64u}) {
       Bytes payload = exact(payload_of(frame));
@@ -945,6 +948,74 @@ TEST(ProtocolDecodeRequest, HelloLinkSession) {
   Bytes trailing = Builder().str("w").str("p").u64(5).u8(0).bytes();
   EXPECT_TRUE(
       fails_with(Errc::malformed_frame, decode_request_bytes(req_op(Opcode::hello), trailing)));
+}
+
+// publish's chain: after the items (and hints), u8 flags, [parent], u32 m token ids, the
+// adapter's name; present only when it says something, every cut inside it malformed.
+TEST(ProtocolDecodeRequest, PublishChain) {
+  PublishRequest full{{PublishItem{5, BlockHash{1, 2}}, PublishItem{6, BlockHash{3, 4}}},
+                      PageHints{Priority::system, 7}};
+  full.parent = BlockHash{0x11, 0x22};
+  full.token_ids = {10, 11, 12, 13, UINT32_MAX, 0, 1, 2};
+  full.lora_name = "sql";
+  const Bytes frame = encode(1, Request{full});
+  const Bytes want = Builder()
+                         .u32(2 | kHintsFlag)
+                         .u32(5)
+                         .u64(1)
+                         .u64(2)
+                         .u32(6)
+                         .u64(3)
+                         .u64(4)
+                         .u8(3)
+                         .u32(7)  // hints
+                         .u8(1)
+                         .u64(0x11)
+                         .u64(0x22)
+                         .u32(8)
+                         .u32(10)
+                         .u32(11)
+                         .u32(12)
+                         .u32(13)
+                         .u32(UINT32_MAX)
+                         .u32(0)
+                         .u32(1)
+                         .u32(2)
+                         .str("sql")
+                         .bytes();
+  EXPECT_EQ(exact(payload_of(frame)), want);
+  for (PublishRequest req : {full, PublishRequest{{PublishItem{1, BlockHash{9, 9}}}}}) {
+    if (req.items.size() == 1) req.lora_name = "only-an-adapter";
+    const Bytes f = encode(1, Request{req});
+    auto r = decode_request_bytes(req_op(Opcode::publish), exact(payload_of(f)));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(std::get<PublishRequest>(r.value()), req);
+  }
+  // Every cut inside the chain is malformed (a cut before it is a publish without one).
+  const size_t plain = want.size() - (1 + 16 + 4 + 8 * 4 + 4 + 3);
+  for (size_t cut = plain + 1; cut < want.size(); ++cut) {
+    const Bytes part(want.begin(), want.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_TRUE(
+        fails_with(Errc::malformed_frame, decode_request_bytes(req_op(Opcode::publish), part)))
+        << cut;
+  }
+  const Bytes items = Builder().u32(1).u32(5).u64(1).u64(2).bytes();
+  auto with = [&](const Bytes& chain) {
+    Bytes b = items;
+    b.insert(b.end(), chain.begin(), chain.end());
+    return decode_request_bytes(req_op(Opcode::publish), b);
+  };
+  auto unknown = with(Builder().u8(2).u32(0).str("").bytes());
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, unknown));
+  EXPECT_NE(unknown.error().message.find("chain.flags 2"), std::string::npos);
+  auto empty = with(Builder().u8(0).u32(0).str("").bytes());
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, empty));
+  EXPECT_NE(empty.error().message.find("send none"), std::string::npos);
+  auto short_ids = with(Builder().u8(0).u32(3).u32(1).bytes());
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, short_ids));
+  EXPECT_NE(short_ids.error().message.find("chain.token_ids"), std::string::npos);
+  EXPECT_TRUE(
+      fails_with(Errc::malformed_frame, with(Builder().u8(0).u32(0).str("a").u8(0).bytes())));
 }
 
 // A group lookup's reply: as many pages and tiers per group as hits, 1..kMaxGroups groups, and
