@@ -136,7 +136,11 @@ TEST(StatsSeqlock, ReadersSeeOnlyWholeSnapshots) {
     }
   });
   int reads = 0;
-  for (int i = 0; i < 20000; ++i) {
+  // Reads until 20,000 attempts have run and the writer has rewritten the snapshot 100 times
+  // meanwhile, however the two threads are scheduled (a loaded machine may run the reader first).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  for (int i = 0;
+       (i < 20000 || writes.load() <= 100) && std::chrono::steady_clock::now() < deadline; ++i) {
     if (!seqlock_read(segment.data(), segment.size(), out).empty()) continue;
     Snapshot r;
     ASSERT_EQ(decode(out, kLayoutVersion, r), "");

@@ -1,0 +1,188 @@
+"""kvpool.router.KvRouter against real daemons: two kvpoold "nodes" (fake-device pools, so the
+pool's medium is GPU and its host tier's CPU) serve a workload of prompts with shared prefixes
+through small pools, so blocks are evicted, demoted, promoted and dropped; an operator evicts
+and flushes; one node restarts; the router loses one node's connection and catches up by
+replay. After every step the router's view of each node equals the node's own index: its GPU
+blocks are exactly the blocks `kvpoolctl prefixes` lists, its CPU blocks as many as the host
+tier holds and disjoint from them.
+"""
+
+import grp
+import json
+import os
+import random
+import subprocess
+
+import pytest
+
+import kvpool
+from kvpool.local_daemon import LocalDaemon
+from kvpool.router import Endpoints, KvRouter
+
+TPP = 4
+
+
+def node_config(tmp_path, name):
+    return f"""backend: fake-device
+admin_group: {grp.getgrgid(os.getgid()).gr_name}
+pools:
+  - name: default
+    geometry: {{layers: 2, kv_heads: 2, head_dim: 8, tokens_per_page: {TPP}, dtype: fp16}}
+    capacity: 24 pages
+    host_tier: 16 pages
+events:
+  zmq_endpoint: "ipc://{tmp_path}/{name}-events"
+  zmq_replay_endpoint: "ipc://{tmp_path}/{name}-replay"
+"""
+
+
+def indexed_on_gpu(daemon):
+    """The node's device-tier index, as kvpoolctl lists it."""
+    out = subprocess.run([os.environ["KVPOOLCTL_BIN"], "--socket", daemon.socket, "--json",
+                          "prefixes", "--limit", "10000"], check=True, capture_output=True,
+                         text=True).stdout
+    listed = json.loads(out)
+    assert listed["indexed"] == len(listed["prefixes"])
+    return {bytes.fromhex(p["hash"]) for p in listed["prefixes"]}
+
+
+class Node:
+    def __init__(self, tmp_path, name):
+        self.config = node_config(tmp_path, name)
+        self.endpoints = Endpoints(f"ipc://{tmp_path}/{name}-events",
+                                   f"ipc://{tmp_path}/{name}-replay")
+        self.start()
+
+    def start(self):
+        self.daemon = LocalDaemon(self.config).start()
+        self.conn = kvpool.attach(self.daemon.socket, worker="router-test")
+        self.hasher = kvpool.BlockHasher()
+        self.root = self.hasher.root("router-test", self.conn.pool.geometry)
+
+    def restart(self):
+        self.conn.close()
+        self.daemon.close()
+        self.start()
+
+    def serve(self, prompt):
+        """A request: look the prompt up, compute the rest, publish it, let it go."""
+        with kvpool.SequenceCache(self.conn, self.hasher, self.root) as seq:
+            seq.begin(prompt)
+            seq.publish_full()
+
+    def close(self):
+        self.conn.close()
+        self.daemon.close()
+
+
+def check_agreement(router, nodes, step):
+    router.drain()
+    for name, node in nodes.items():
+        gpu = indexed_on_gpu(node.daemon)
+        assert router.cached(name, medium="GPU") == gpu, f"step {step}: node {name} GPU"
+        cpu = router.cached(name, medium="CPU")
+        assert len(cpu) == node.conn.stats()["host_held"], f"step {step}: node {name} CPU"
+        assert not cpu & gpu, f"step {step}: node {name}: a block in both tiers"
+
+
+def test_the_router_view_equals_every_node_index_through_moves_restarts_and_lost_batches(tmp_path):
+    nodes = {name: Node(tmp_path, name) for name in ("a", "b")}
+    router = KvRouter({name: n.endpoints for name, n in nodes.items()})
+    try:
+        rng = random.Random(7)
+        # Prompts of 2..8 blocks over 6 shared system prompts: hits, misses, evictions.
+        systems = [[1000 * s + t for t in range(3 * TPP)] for s in range(6)]
+        # Wait out ZeroMQ's slow joiner: serve new blocks until both nodes' batches arrive (the
+        # router replays what it missed from each node's start).
+        for attempt in range(50):
+            for n in nodes.values():
+                n.serve([10**6 + attempt] * TPP)
+            router.poll(200)
+            if all(router.nodes[name].batches for name in nodes):
+                break
+        check_agreement(router, nodes, "join")
+        moved = {"demoted": 0, "promoted": 0}
+        for step in range(60):
+            name = rng.choice(list(nodes))
+            node = nodes[name]
+            if step == 20:
+                assert node.conn.evict(4) >= 1  # the operator's evict: blocks go down
+            elif step == 30:
+                node.conn.flush()  # both tiers: one AllBlocksCleared
+            elif step == 40:
+                nodes["b"].restart()  # a new daemon: the router forgets the old one's blocks
+            elif step == 45:
+                router.disconnect("a")  # what a publishes now is lost, then replayed
+                for _ in range(3):
+                    nodes["a"].serve(systems[rng.randrange(6)] + [rng.randrange(99)] * TPP)
+                router.connect("a")
+                before = router.nodes["a"].batches
+                for _ in range(50):  # until the new connection carries a batch
+                    nodes["a"].serve(systems[rng.randrange(6)] + [rng.randrange(99)] * TPP)
+                    router.poll(100)
+                    if router.nodes["a"].batches > before:
+                        break
+            else:
+                prompt = systems[rng.randrange(6)] + [rng.randrange(10**6)
+                                                      for _ in range(rng.randrange(4) * TPP)]
+                node.serve(prompt)
+            check_agreement(router, nodes, step)
+            stats = node.conn.stats()
+            moved["demoted"] = max(moved["demoted"], stats["host_demoted"])
+            moved["promoted"] = max(moved["promoted"], stats["host_promoted"])
+        # The workload did what the test is about.
+        assert moved["demoted"] > 0 and moved["promoted"] > 0, moved
+        assert router.nodes["b"].restarts >= 1
+        assert router.nodes["a"].replayed >= 1 and router.nodes["a"].resyncs == 0
+        # A query: the node that served a prompt holds its prefix, the other not (unless it
+        # served the same system prompt).
+        prompt = systems[5] + [424242] * TPP
+        nodes["a"].serve(prompt)
+        router.drain()
+        chain = [bytes(h) for h in nodes["a"].hasher.chain(nodes["a"].root, prompt, TPP)]
+        prefixes = router.longest_prefix(chain)
+        assert prefixes["a"].blocks == len(chain)
+        assert prefixes["a"].by_medium.get("GPU") == len(chain)
+        assert router.route(chain) == "a"
+    finally:
+        router.close()
+        for n in nodes.values():
+            n.close()
+
+
+def test_a_gap_the_node_cannot_replay_makes_the_router_forget_it(tmp_path):
+    config = node_config(tmp_path, "solo").replace(
+        "  zmq_replay_endpoint", "  zmq_replay_batches: 1\n  zmq_replay_endpoint")
+    with LocalDaemon(config) as daemon:
+        endpoints = Endpoints(f"ipc://{tmp_path}/solo-events", f"ipc://{tmp_path}/solo-replay")
+        conn = kvpool.attach(daemon.socket, worker="router-test")
+        hasher = kvpool.BlockHasher()
+        root = hasher.root("router-test", conn.pool.geometry)
+
+        def serve(tokens):
+            with kvpool.SequenceCache(conn, hasher, root) as seq:
+                seq.begin(tokens)
+                seq.publish_full()
+
+        with KvRouter({"solo": endpoints}) as router:
+            for i in range(50):
+                serve([i] * TPP)
+                if router.poll(200):
+                    break
+            router.drain()
+            assert router.cached("solo")
+            # Joining past what one buffered batch can replay already counted a resync.
+            joined = router.nodes["solo"].resyncs
+            router.disconnect("solo")
+            for i in range(5):  # five batches lost; the node keeps one for replay
+                serve([100 + i] * TPP)
+            router.connect("solo")
+            for i in range(50):
+                serve([200 + i] * TPP)
+                if router.poll(200):
+                    break
+            router.drain()
+            assert router.nodes["solo"].resyncs == joined + 1
+            # It under-reports (forgot what came before), never over-reports.
+            assert router.cached("solo", medium="GPU") <= indexed_on_gpu(daemon)
+        conn.close()
