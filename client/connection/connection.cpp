@@ -505,9 +505,15 @@ Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishIt
                                              " tokens (tokens_per_page): pass " +
                                              std::to_string(items.size() * tpp) + " or none");
   }
-  // A frame carries at most kMaxBatch token ids: a longer chain goes in parts, each continuing
-  // from the last block of the one before.
-  const size_t per_call = chain.token_ids.empty() ? items.size() + 1 : wire::kMaxBatch / tpp;
+  if (chain.lora_name.size() > wire::kMaxNameBytes) {
+    return error(Errc::invalid_argument,
+                 "publish: lora_name is " + std::to_string(chain.lora_name.size()) +
+                     " bytes; at most " + std::to_string(wire::kMaxNameBytes));
+  }
+  // A frame carries at most kMaxBatch items and kMaxBatch token ids: a longer call goes in
+  // parts, each continuing the chain from the last block of the one before.
+  const size_t per_call =
+      chain.token_ids.empty() ? wire::kMaxBatch : std::max<size_t>(1, wire::kMaxBatch / tpp);
   std::vector<PublishResult> results;
   results.reserve(items.size());
   size_t i = 0;
@@ -525,7 +531,16 @@ Result<std::vector<PublishResult>> Connection::publish(std::span<const PublishIt
       req.token_ids.assign(ids.begin(), ids.end());
     }
     auto r = expect<wire::PublishReply>(call(std::move(req)));
-    if (!r.ok()) return r.error();
+    if (!r.ok()) {
+      // The parts before were published; their duplicates' pages were retained for this
+      // session, which will not learn of them: give those back.
+      std::vector<PageId> retained;
+      for (const PublishResult& done : results) {
+        if (done.kind == PublishResult::Kind::duplicate) retained.push_back(done.page);
+      }
+      if (!retained.empty()) (void)release(retained);
+      return r.error();
+    }
     if (r.value().results.size() != n) {
       return broken(error(Errc::malformed_frame,
                           "publish reply with " + std::to_string(r.value().results.size()) +

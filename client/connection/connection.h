@@ -136,7 +136,9 @@ class Connection {
   // (the daemon's KV events carry it; docs/ARCHITECTURE.md, "KV events for routers"): when set,
   // the items must be one chain (item i the child of item i − 1, item 0 of chain.parent, or its
   // sequence's first block when that is absent) and chain.token_ids hold tokens_per_page ids per
-  // item. A call larger than one frame carries goes as several, each continuing the chain.
+  // item. A call larger than one frame carries goes as several, each continuing the chain; when
+  // a later part fails, the parts before stay published (the pages their duplicates retained
+  // are given back) and the error is returned.
   Result<std::vector<PublishResult>> publish(std::span<const PublishItem> items,
                                              const PageHints& hints = {},
                                              const PublishChain& chain = {});

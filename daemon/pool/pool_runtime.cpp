@@ -157,6 +157,8 @@ wire::Result<bool> PoolRuntime::attach_host_tier() {
   auto tier = PoolHostTier::create(*pages_, index_events_.get(), pc.geometry,
                                    static_cast<uint32_t>(slots), info_.device, pc.name);
   if (!tier.ok()) return tier.error();
+  // Its moves' KV events carry what the blocks were published with.
+  index_events_->set_keep_chains(true);
   host_tier_ = std::move(tier.value());
   log_event(LogLevel::info, "host_tier_ready",
             {kv("pool", pc.name), kv("pages", slots), kv("bytes", host_tier_->bytes()),
@@ -233,8 +235,7 @@ std::pair<uint32_t, uint32_t> PoolRuntime::flush() {
   index_events_->begin_flush();
   const uint32_t n = pages_->flush();
   const uint32_t host = host_tier_ ? host_tier_->flush() : 0;
-  index_events_->end_flush(pages_->indexed() == 0 &&
-                           (host_tier_ == nullptr || host_tier_->tier().held() == 0));
+  index_events_->end_flush(tiers_empty());
   return {n, host};
 }
 

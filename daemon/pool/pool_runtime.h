@@ -153,6 +153,10 @@ class PoolRuntime {
   // An operator's evict of `count` cached pages; with a host tier they go down first (into
   // `tier`, held until their copy is done). The pages evicted.
   uint32_t evict(uint32_t count, TierCopy& tier);
+  // No block is indexed in the pool or its host tier (a flush's end: one AllBlocksCleared).
+  bool tiers_empty() const {
+    return pages_->indexed() == 0 && (host_tier_ == nullptr || host_tier_->tier().held() == 0);
+  }
   // Empties the cache, the host tier's blocks included: (device pages, host blocks) flushed.
   std::pair<uint32_t, uint32_t> flush();
   // The error for a refusal that is the pool's own (its capacity, or no page to be had), or

@@ -185,7 +185,7 @@ wire::Result<bool> PoolRuntime::shrink_last(LooseSegment* loose) {
                 {kv("pool", config_.name), kv("error", err)});
       index_events_->begin_flush();
       pages_->flush();
-      index_events_->end_flush(pages_->indexed() == 0);
+      index_events_->end_flush(tiers_empty());
     }
   }
   if (host_tier_) host_tier_->demote(tail);

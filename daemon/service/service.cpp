@@ -339,7 +339,7 @@ wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishR
   const Namespace ns = s.tenant + 1;
   const uint32_t tpp = s.pool->config().geometry.tokens_per_page;
   if (!r.token_ids.empty() && r.token_ids.size() != r.items.size() * uint64_t{tpp}) {
-    return wire::Error{Status(Errc::invalid_argument, 0, r.token_ids.size()),
+    return wire::Error{Status(Errc::invalid_argument, kNoItem, r.token_ids.size()),
                        "publish: chain.token_ids holds " + std::to_string(r.token_ids.size()) +
                            " ids for " + std::to_string(r.items.size()) + " blocks of " +
                            std::to_string(tpp) + " tokens (tokens_per_page): send " +

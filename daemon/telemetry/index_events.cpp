@@ -33,6 +33,10 @@ void PoolIndexEvents::stored(Namespace ns, const BlockHash& hash, PageId page) {
   log_.append(LoggedEvent{hash, 0, page, ns, pool_, wire::Event::kStored, wire::Event::kNone});
   if (kv_events_ == nullptr) return;
   BlockChainInfo chain = publish_chain(hash);
+  if (!keep_chains_) {
+    kv_events_->stored(hash, /*host=*/false, chain);
+    return;
+  }
   if (!chain.empty()) {
     Described& d = described_[Key{ns, hash}];
     d.parent = chain.parent;
@@ -92,6 +96,7 @@ void PoolIndexEvents::end_turn() {
     if (it != described_.end() && it->second.tiers == 0) described_.erase(it);
   }
   gone_.clear();
+  if (gone_.capacity() > 4096) gone_.shrink_to_fit();  // a large flush should not pin it
 }
 
 void PoolIndexEvents::begin_flush() {

@@ -13,11 +13,12 @@
 // pool's medium then BlockStored of the host tier's, a promotion the reverse.
 //
 // What a worker told of a block on publish (parent, token ids, adapter: wire::PublishRequest's
-// chain) is kept while the block is in either tier, so that its demotion and promotion events
-// carry it too. Invariant: an entry of described_ is in a tier, or in gone_ until end_turn(); a
-// demotion's host_stored() comes in the turn of its eviction, so the entry survives the move.
-// A promotion whose copy runs off the loop ends in a later turn: its BlockStored then says
-// nothing of the block (nil parent, no token ids), as one the worker did not describe.
+// chain) is kept, in a pool with a host tier, while the block is in either tier, so that its
+// demotion and promotion events carry it too (about 100 bytes and 4 a token per block). Invariant:
+// an entry of described_ is in a tier, or in gone_ until end_turn(); a demotion's host_stored()
+// comes in the turn of its eviction, so the entry survives the move. A promotion whose copy runs
+// off the loop ends in a later turn: its BlockStored then says nothing of the block (nil parent, no
+// token ids), as one the worker did not describe.
 //
 // Thread-safety: none; called on the event loop from inside pool operations.
 #pragma once
@@ -64,8 +65,9 @@ class PoolIndexEvents final : public core::IndexObserver {
    private:
     PoolIndexEvents& events_;
   };
-  // Token ids are kept for the host tier's events only when they are sent
-  // (events.zmq_token_ids); the parent and adapter always.
+  // Keep what blocks were published with for the host tier's events (a pool with a host tier;
+  // without one nothing reads it). Token ids only when they are sent (events.zmq_token_ids).
+  void set_keep_chains(bool keep) { keep_chains_ = keep; }
   void set_keep_token_ids(bool keep) { keep_token_ids_ = keep; }
 
   void begin_flush();
@@ -114,6 +116,7 @@ class PoolIndexEvents final : public core::IndexObserver {
   std::vector<LoggedEvent> held_;     // a flush's removals, until end_flush
   std::vector<BlockHash> held_host_;  // a flush's host-tier removals, until end_flush
   const wire::PublishRequest* publish_ = nullptr;
+  bool keep_chains_ = false;
   bool keep_token_ids_ = true;
   uint32_t tokens_per_page_ = 0;
   size_t publish_cursor_ = 0;  // the next item of publish_ a stored() may be

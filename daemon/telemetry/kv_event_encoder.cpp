@@ -71,21 +71,22 @@ class StructWriter {
 void KvEventBatcher::stored(const BlockHash& hash, bool host, const BlockChainInfo& chain) {
   if (!events_.empty()) {
     KvEvent& last = events_.back();
-    const bool same = last.kind == KvEvent::Kind::stored && last.host == host;
+    const bool described = !chain.empty();
+    const bool same =
+        last.kind == KvEvent::Kind::stored && last.host == host && last.described == described;
     // Blocks the worker described merge only into their parent's event, with the same adapter
     // and both with or both without token ids; undescribed blocks only into undescribed ones.
-    const bool plain =
-        chain.empty() && !last.parent && last.token_ids.empty() && last.lora_name.empty();
-    const bool child = !chain.empty() && chain.parent && *chain.parent == last.hashes.back() &&
+    const bool child = chain.parent && *chain.parent == last.hashes.back() &&
                        chain.lora_name == last.lora_name &&
                        chain.token_ids.empty() == last.token_ids.empty();
-    if (same && (plain || child)) {
+    if (same && (!described || child)) {
       last.hashes.push_back(hash);
       last.token_ids.insert(last.token_ids.end(), chain.token_ids.begin(), chain.token_ids.end());
       return;
     }
   }
-  KvEvent e{KvEvent::Kind::stored, {hash}, host, chain.parent, {}, std::string(chain.lora_name)};
+  KvEvent e{KvEvent::Kind::stored,       {hash}, host, !chain.empty(), chain.parent, {},
+            std::string(chain.lora_name)};
   e.token_ids.assign(chain.token_ids.begin(), chain.token_ids.end());
   events_.push_back(std::move(e));
 }
@@ -93,7 +94,7 @@ void KvEventBatcher::stored(const BlockHash& hash, bool host, const BlockChainIn
 void KvEventBatcher::removed(const BlockHash& hash, bool host) {
   if (events_.empty() || events_.back().kind != KvEvent::Kind::removed ||
       events_.back().host != host) {
-    events_.push_back(KvEvent{KvEvent::Kind::removed, {}, host, {}, {}, {}});
+    events_.push_back(KvEvent{KvEvent::Kind::removed, {}, host, false, {}, {}, {}});
   }
   events_.back().hashes.push_back(hash);
 }

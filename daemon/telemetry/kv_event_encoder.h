@@ -60,8 +60,10 @@ struct KvEvent {
   Kind kind = Kind::stored;
   std::vector<BlockHash> hashes{};  // stored, removed; empty for cleared
   bool host = false;                // in the pool's host tier (KvEventFormat::host_medium)
-  // stored, when the worker said: the first block's parent (absent: nil), every block's token
-  // ids (block_size each, or none), the adapter's name.
+  // stored: the worker described its blocks (a chain), then the first block's parent (absent:
+  // nil, a sequence's first block), every block's token ids (block_size each, or none), the
+  // adapter's name. Undescribed blocks need not form one chain.
+  bool described = false;
   std::optional<BlockHash> parent{};
   std::vector<uint32_t> token_ids{};
   std::string lora_name{};
@@ -106,7 +108,9 @@ class KvEventBatcher {
   void removed(const BlockHash& hash, bool host = false);
   // The pool's index is empty now: earlier events of this batch are superseded but kept (a
   // router replaying them ends in the same state), and the clear follows them.
-  void cleared() { events_.push_back(KvEvent{KvEvent::Kind::cleared, {}, false, {}, {}, {}}); }
+  void cleared() {
+    events_.push_back(KvEvent{KvEvent::Kind::cleared, {}, false, false, {}, {}, {}});
+  }
 
   bool empty() const { return events_.empty(); }
   // Hands over the events collected and starts a new batch.

@@ -84,11 +84,11 @@ void release_freed_memory() {
 // part's parent is the block before it; its token ids are its blocks' own.
 KvEvent slice(const KvEvent& e, size_t i, size_t n, uint32_t block_size) {
   const auto at = [](size_t k) { return static_cast<std::ptrdiff_t>(k); };
-  KvEvent part{e.kind, {e.hashes.begin() + at(i), e.hashes.begin() + at(i + n)},
-               e.host, e.parent,
-               {},     e.lora_name};
-  if (i > 0 && (e.parent || !e.token_ids.empty() || !e.lora_name.empty()))
-    part.parent = e.hashes[i - 1];
+  KvEvent part{e.kind,     {e.hashes.begin() + at(i), e.hashes.begin() + at(i + n)},
+               e.host,     e.described,
+               e.parent,   {},
+               e.lora_name};
+  if (i > 0 && e.described) part.parent = e.hashes[i - 1];
   if (!e.token_ids.empty()) {
     part.token_ids.assign(e.token_ids.begin() + at(i * block_size),
                           e.token_ids.begin() + at((i + n) * block_size));
@@ -104,6 +104,11 @@ size_t hash_count(const std::vector<KvEvent>& events) {
 }
 
 }  // namespace
+
+size_t KvEventPublisher::max_blocks_per_message(const KvEventFormat& format) {
+  if (!format.token_ids || format.block_size == 0) return kMaxHashesPerMessage;
+  return std::clamp<size_t>(kMaxTokensPerMessage / format.block_size, 1, kMaxHashesPerMessage);
+}
 
 bool KvEventPublisher::binds(const EventsConfig& config) {
   if (config.zmq_mode == "auto") {
@@ -193,7 +198,8 @@ void KvEventPublisher::publish(const std::string& pool_name, const KvEventFormat
   if (events.empty()) return;
   const double ts = unix_seconds();
   const std::string topic = config_.zmq_topic + pool_name;
-  if (hash_count(events) <= kMaxHashesPerMessage) {
+  const size_t limit = max_blocks_per_message(format);
+  if (hash_count(events) <= limit) {
     send_batch(topic, format, ts, events);
     return;
   }
@@ -201,7 +207,7 @@ void KvEventPublisher::publish(const std::string& pool_name, const KvEventFormat
   std::vector<KvEvent> part;
   size_t held = 0;
   const auto send_if_full = [&] {
-    if (held < kMaxHashesPerMessage) return;
+    if (held < limit) return;
     send_batch(topic, format, ts, part);
     part.clear();
     held = 0;
@@ -215,7 +221,7 @@ void KvEventPublisher::publish(const std::string& pool_name, const KvEventFormat
     }
     for (size_t i = 0; i < e.hashes.size();) {
       send_if_full();
-      const size_t n = std::min(e.hashes.size() - i, kMaxHashesPerMessage - held);
+      const size_t n = std::min(e.hashes.size() - i, limit - held);
       part.push_back(slice(e, i, n, format.block_size));
       held += n;
       i += n;

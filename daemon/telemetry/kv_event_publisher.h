@@ -9,8 +9,8 @@
 // Algorithm: the Server hands it, after each turn of requests, every pool's index changes of
 // that turn (KvEventBatcher). A pool's batch becomes one multipart message on a PUB socket, as
 // vLLM's ZmqEventPublisher sends it, or several when it holds more than kMaxHashesPerMessage
-// block hashes (a batch of 262,144 blocks would otherwise be one 4.7 MiB message, and libzmq
-// queues whole messages):
+// block hashes or, with token ids, kMaxTokensPerMessage ids (a batch of 262,144 blocks would
+// otherwise be one 4.7 MiB message, far more with its tokens, and libzmq queues whole messages):
 //   frame 0: topic   = events.zmq_topic + the pool's name (subscribers filter by prefix)
 //   frame 1: seq     = 8-byte big-endian unsigned, 0 for the first message, +1 per message (one
 //                      counter for the endpoint, all pools)
@@ -72,7 +72,8 @@ class KvEventPublisher {
   static constexpr std::chrono::milliseconds kReplayPoll{100};
   static constexpr size_t kMaxReplayRequestsPerPoll = 16;
   static constexpr size_t kMaxReplayBytes = size_t{64} << 20;
-  static constexpr size_t kMaxHashesPerMessage = 4096;  // ≤ ~74 KiB of payload
+  static constexpr size_t kMaxHashesPerMessage = 4096;   // ≤ ~74 KiB of hashes
+  static constexpr size_t kMaxTokensPerMessage = 65536;  // ≤ ~320 KiB of token ids
   static constexpr std::chrono::milliseconds kHandshakeInterval{2000};
   static constexpr std::chrono::milliseconds kTrimDelay{100};
   static constexpr int kTrimAttempts = 20;  // tries over 2 s for libzmq to free a left queue
@@ -83,6 +84,10 @@ class KvEventPublisher {
   ~KvEventPublisher();
   KvEventPublisher(const KvEventPublisher&) = delete;
   KvEventPublisher& operator=(const KvEventPublisher&) = delete;
+
+  // Blocks one message may carry: kMaxHashesPerMessage, fewer when token ids are sent so that
+  // a message stays under kMaxTokensPerMessage ids (at least one block).
+  static size_t max_blocks_per_message(const KvEventFormat& format);
 
   // Whether events.zmq_endpoint is bound (else connected to): zmq_mode bind or connect, or for
   // auto vLLM's older rule (bind a wildcard host, ipc or inproc; connect to anything else).

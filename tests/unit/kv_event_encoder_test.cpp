@@ -5,6 +5,8 @@
 // layout of vLLM's main branch, key by key.
 #include "daemon/telemetry/kv_event_encoder.h"
 
+#include "daemon/telemetry/kv_event_publisher.h"
+
 #include <gtest/gtest.h>
 #define MSGPACK_NO_BOOST 1
 #include <msgpack.hpp>
@@ -336,6 +338,25 @@ TEST(KvEventBatcher, DescribedStoresMergeOnlyAlongTheirChain) {
   EXPECT_FALSE(events[3].parent.has_value());
   EXPECT_EQ(events[4].lora_name, "other");
   EXPECT_TRUE(events[5].host);
+
+  // A block described by its parent alone never joins undescribed blocks, even its parent's.
+  b.stored(kA);
+  b.stored(kB, false, BlockChainInfo{kA, {}, ""});
+  const std::vector<KvEvent> split = b.take();
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_FALSE(split[0].described);
+  EXPECT_TRUE(split[1].described);
+}
+
+TEST(KvEventPublisher, TokenIdsBoundTheBlocksOfAMessage) {
+  KvEventFormat f = format(KvHashFormat::bytes);
+  EXPECT_EQ(KvEventPublisher::max_blocks_per_message(f), 4096u);  // 16 tokens a block
+  f.block_size = 64;
+  EXPECT_EQ(KvEventPublisher::max_blocks_per_message(f), 1024u);
+  f.block_size = 1u << 20;
+  EXPECT_EQ(KvEventPublisher::max_blocks_per_message(f), 1u);
+  f.token_ids = false;  // ids not sent: hashes alone bound it
+  EXPECT_EQ(KvEventPublisher::max_blocks_per_message(f), 4096u);
 }
 
 }  // namespace

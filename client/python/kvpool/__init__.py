@@ -11,6 +11,8 @@ copy as numpy arrays (host pools) or torch tensors (any pool, through DLPack)::
     cached = conn.lookup(chain)                      # pages of the longest cached prefix
     fresh = conn.alloc(len(chain) - len(cached))     # pages for the rest: write K/V, then
     conn.publish(fresh, chain[len(cached):])         # name them so every worker finds them
+    # (kvpool.SequenceCache does all of this, and publishes each block's token ids and parent,
+    # which KV-aware routers need: publish(..., token_ids=, parent=))
     k_cache, v_cache = kvpool.kv_cache_view(conn, layer=0)   # vLLM's per-layer shape
     # (a latent / MLA pool: one [num_blocks, block_size, head_dim] tensor, FlashMLA's)
 
