@@ -296,34 +296,12 @@ TEST(KvEventsChain, ConnectModeReachesARouterThatBindsAndHearsTheStop) {
   TempDir dir;
   const std::string endpoint = "ipc://" + dir.file("router");
   // The router binds (llm-d's central indexer does) and the daemon connects to it.
-  void* ctx = zmq_ctx_new();
-  void* sub = zmq_socket(ctx, ZMQ_SUB);
-  const int linger = 0;
-  const int timeout_ms = 5000;
-  zmq_setsockopt(sub, ZMQ_LINGER, &linger, sizeof linger);
-  zmq_setsockopt(sub, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
-  zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
-  ASSERT_EQ(zmq_bind(sub, endpoint.c_str()), 0) << zmq_strerror(zmq_errno());
+  ZmqSocket sub(ZMQ_SUB, endpoint, nullptr, ZmqSocket::Mode::bind);
   Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n  zmq_mode: connect\n"));
   ASSERT_TRUE(d.start()) << d.log();
   EXPECT_NE(d.log().find("mode=connect"), std::string::npos) << d.log();
   let_subscription_arrive();
   std::string last_seq;
-  auto receive = [&] {
-    std::vector<std::string> frames;
-    for (;;) {
-      zmq_msg_t msg;
-      zmq_msg_init(&msg);
-      if (zmq_msg_recv(&msg, sub, 0) < 0) {
-        zmq_msg_close(&msg);
-        return frames;
-      }
-      frames.emplace_back(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-      const bool more = zmq_msg_more(&msg) != 0;
-      zmq_msg_close(&msg);
-      if (!more) return frames;
-    }
-  };
   {
     auto w = attach(d, "connect-feed");
     ASSERT_NE(w, nullptr);
@@ -333,8 +311,7 @@ TEST(KvEventsChain, ConnectModeReachesARouterThatBindsAndHearsTheStop) {
     std::vector<std::string> frames;
     for (uint32_t attempt = 0; attempt < 50 && frames.empty(); ++attempt) {
       publish_blocks(*w, Prompt(1, 7000 + 100 * attempt), 0, 1);
-      zmq_pollitem_t item{sub, 0, ZMQ_POLLIN, 0};
-      if (zmq_poll(&item, 1, 200) == 1) frames = receive();
+      if (sub.readable(200)) frames = sub.receive();
     }
     ASSERT_EQ(frames.size(), 3u);
     const auto oh = decode(frames[2]);
@@ -344,7 +321,7 @@ TEST(KvEventsChain, ConnectModeReachesARouterThatBindsAndHearsTheStop) {
     last_seq = frames[1];
   }
   EXPECT_EQ(d.stop(), 0);
-  const std::vector<std::string> last = receive();
+  const std::vector<std::string> last = sub.receive();
   ASSERT_EQ(last.size(), 3u);
   uint64_t seq = 0;
   for (const char c : last_seq)
@@ -352,8 +329,6 @@ TEST(KvEventsChain, ConnectModeReachesARouterThatBindsAndHearsTheStop) {
   EXPECT_EQ(last[1], seq_frame(static_cast<int64_t>(seq) + 1));  // the stop's batch is the next
   const auto oh = decode(last[2]);
   EXPECT_EQ(str(array(array(array(oh.get(), 3).ptr[1], 1).ptr[0], 1).ptr[0]), "AllBlocksCleared");
-  zmq_close(sub);
-  zmq_ctx_term(ctx);
 }
 
 }  // namespace

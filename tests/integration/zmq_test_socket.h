@@ -1,4 +1,5 @@
-// ZmqSocket: a test's ZeroMQ socket (its own context), connected to a daemon's endpoint.
+// ZmqSocket: a test's ZeroMQ socket (its own context), connected to a daemon's endpoint (or bound
+// to one the daemon connects to).
 #pragma once
 
 #include <zmq.h>
@@ -17,8 +18,10 @@ namespace kvpool::testing {
 // A ZeroMQ context and one socket, closed without lingering.
 class ZmqSocket {
  public:
+  enum class Mode { connect, bind };
   // `before_connect` sets options that must precede the connection (e.g. ZMQ_RCVHWM).
-  ZmqSocket(int type, const std::string& endpoint, void (*before_connect)(void*) = nullptr) {
+  ZmqSocket(int type, const std::string& endpoint, void (*before_connect)(void*) = nullptr,
+            Mode mode = Mode::connect) {
     context_ = zmq_ctx_new();
     socket_ = zmq_socket(context_, type);
     if (before_connect != nullptr) before_connect(socket_);
@@ -27,7 +30,9 @@ class ZmqSocket {
     const int timeout_ms = 5000;
     zmq_setsockopt(socket_, ZMQ_RCVTIMEO, &timeout_ms, sizeof timeout_ms);
     if (type == ZMQ_SUB) zmq_setsockopt(socket_, ZMQ_SUBSCRIBE, "", 0);
-    EXPECT_EQ(zmq_connect(socket_, endpoint.c_str()), 0) << zmq_strerror(zmq_errno());
+    const int rc = mode == Mode::bind ? zmq_bind(socket_, endpoint.c_str())
+                                      : zmq_connect(socket_, endpoint.c_str());
+    EXPECT_EQ(rc, 0) << zmq_strerror(zmq_errno());
   }
   ~ZmqSocket() {
     zmq_close(socket_);
