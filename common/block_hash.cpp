@@ -158,6 +158,27 @@ BlockHash BlockHasher::block(const BlockHash& parent, std::span<const uint32_t> 
   return impl_->finish();
 }
 
+HashScheme BlockHasher::scheme() {
+  // docs/BLOCK_HASH.md's root 1 and its block 0: the first vector every implementation checks.
+  Geometry g;
+  g.layers = 32;
+  g.kv_heads = 8;
+  g.head_dim = 128;
+  g.tokens_per_page = 16;
+  g.dtype = KvDtype::bf16;
+  const BlockHash r = root(ModelIdentity{"llama-3.1-8b", g, "", ""});
+  std::array<uint32_t, 16> tokens{};
+  for (uint32_t i = 0; i < tokens.size(); ++i)
+    tokens[i] = i;
+  return HashScheme{"kvpool-" + std::string(hash_algorithm_name(algorithm_)) + "/1",
+                    block(r, tokens)};
+}
+
+const HashScheme& default_hash_scheme() {
+  static const HashScheme scheme = BlockHasher().scheme();
+  return scheme;
+}
+
 size_t BlockHasher::chain(const BlockHash& root, std::span<const uint32_t> tokens,
                           uint32_t tokens_per_block, std::span<BlockHash> out) {
   if (tokens_per_block == 0) return 0;

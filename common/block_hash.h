@@ -51,6 +51,19 @@ struct ModelIdentity {
 enum class HashAlgorithm : uint8_t { sha256, sha512_256, blake2s256, blake2b512 };
 std::string_view hash_algorithm_name(HashAlgorithm a);
 
+// How a worker names blocks, as its hello tells the daemon: the scheme's name ("kvpool-sha256/1":
+// docs/BLOCK_HASH.md, version 1, with H = SHA-256) and `check`, the hash its implementation gives
+// that page's first block vector (tokens 0..15 under root 1), which tells two implementations
+// of one name apart. A worker whose scheme differs from the daemon's would silently never share
+// a block, so the daemon refuses it. An empty name says nothing (no check).
+struct HashScheme {
+  std::string name{};
+  BlockHash check{};
+  friend bool operator==(const HashScheme&, const HashScheme&) = default;
+};
+// The scheme of BlockHasher{} (the library's default), computed once.
+const HashScheme& default_hash_scheme();
+
 class BlockHasher {
  public:
   explicit BlockHasher(HashAlgorithm algorithm = HashAlgorithm::sha256);
@@ -61,6 +74,8 @@ class BlockHasher {
   BlockHasher& operator=(BlockHasher&&) noexcept;
 
   HashAlgorithm algorithm() const { return algorithm_; }
+  // This hasher's scheme (HashScheme): its name and its hash of the check vector.
+  HashScheme scheme();
 
   BlockHash root(const ModelIdentity& id);
 

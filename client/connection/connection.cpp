@@ -111,10 +111,15 @@ std::string default_socket_path() {
 Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket_path,
                                                        const std::string& worker_name,
                                                        const std::string& pool_name, Memory memory,
-                                                       uint64_t link_session) {
+                                                       uint64_t link_session,
+                                                       const HashScheme& hash_scheme) {
   if (worker_name.size() > wire::kMaxNameBytes || pool_name.size() > wire::kMaxNameBytes) {
     return error(Errc::invalid_argument, "worker and pool names are limited to " +
                                              std::to_string(wire::kMaxNameBytes) + " bytes");
+  }
+  if (hash_scheme.name.size() > wire::kMaxSchemeBytes) {
+    return error(Errc::invalid_argument, "a hash scheme's name is limited to " +
+                                             std::to_string(wire::kMaxSchemeBytes) + " bytes");
   }
   sockaddr_un addr{};
   if (socket_path.size() >= sizeof addr.sun_path) {
@@ -143,7 +148,8 @@ Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket
   std::unique_ptr<Connection> c(new Connection(fd));
   c->out_.clear();
   const uint32_t id = c->next_id_++;
-  wire::encode_request(id, wire::HelloRequest{worker_name, pool_name, link_session}, c->out_);
+  wire::encode_request(id, wire::HelloRequest{worker_name, pool_name, link_session, hash_scheme},
+                       c->out_);
   std::vector<int> fds;
   auto reply = c->round_trip(id, &fds);
   auto hello = expect<wire::HelloReply>(std::move(reply));

@@ -69,11 +69,13 @@ class Connection {
   enum class Memory { map, none };
   // `link_session`: for a group of a hybrid model, a session of this process attached to
   // another group of the model, which this one joins (ModelConnection does this); 0: none.
-  static Result<std::unique_ptr<Connection>> attach(const std::string& socket_path,
-                                                    const std::string& worker_name,
-                                                    const std::string& pool_name = "",
-                                                    Memory memory = Memory::map,
-                                                    uint64_t link_session = 0);
+  // `hash_scheme`: how this worker hashes blocks (BlockHasher::scheme() of the hasher it uses;
+  // the library's default unless it says otherwise): the daemon refuses a scheme other than its
+  // own, naming both, instead of letting the worker miss every block. An empty one says nothing.
+  static Result<std::unique_ptr<Connection>> attach(
+      const std::string& socket_path, const std::string& worker_name,
+      const std::string& pool_name = "", Memory memory = Memory::map, uint64_t link_session = 0,
+      const HashScheme& hash_scheme = default_hash_scheme());
   ~Connection();
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;

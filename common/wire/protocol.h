@@ -12,6 +12,8 @@
 //   hello    string worker_name, string pool_name          (≤ kMaxNameBytes each)
 //            [u64 link_session]   (a session of the same process attached to another group of
 //            the same hybrid model, which this one joins; absent, never 0, when there is none)
+//            [u64 link_session (0: none), string hash_scheme (1..kMaxSchemeBytes), hash check]
+//                                 (how the worker hashes blocks; present only with a name)
 //   alloc    u32 count                                [hints]
 //   retain   u32 n, n × u32 page                       [hints]
 //   release  u32 n, n × u32 page
@@ -102,6 +104,7 @@
 #include <variant>
 #include <vector>
 
+#include "common/block_hash.h"
 #include "common/geometry.h"
 #include "common/status.h"
 #include "common/types.h"
@@ -116,13 +119,14 @@ inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // kNoPage (tier kTierNone) for blocks before the window its hit needs; 9: hybrid models (the
 // model and groups in PoolInfo, hello's link_session, lookup_groups) and static reservations
 // (reserve, unreserve); 10: publish's optional chain (parent, token ids, adapter name) for the
-// KV events.
-inline constexpr uint16_t kProtocolVersion = 10;
+// KV events; 11: hello's hash scheme.
+inline constexpr uint16_t kProtocolVersion = 11;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
 inline constexpr uint32_t kHintsFlag = 1u << 31;        // on a count: hints follow the items
 inline constexpr uint32_t kMaxNameBytes = 256;
+inline constexpr uint32_t kMaxSchemeBytes = 64;  // a hash scheme's name in hello
 inline constexpr uint16_t kReplyBit = 0x8000;
 // A pool's segments travel in one SCM_RIGHTS message, which Linux limits to 253 descriptors.
 inline constexpr uint32_t kMaxSegments = 253;
@@ -231,6 +235,9 @@ struct HelloRequest {
   // joins it, so that lookup_groups on either takes each group's pages into that group's
   // session. 0: none.
   uint64_t link_session = 0;
+  // How this worker hashes blocks (common/block_hash.h); an empty name says nothing. The daemon
+  // refuses a scheme other than its own.
+  HashScheme hash_scheme{};
   friend bool operator==(const HelloRequest&, const HelloRequest&) = default;
 };
 struct AllocRequest {

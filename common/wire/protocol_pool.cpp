@@ -82,7 +82,9 @@ bool get_hints(Reader& r, bool hinted, PageHints& h) {
 
 // Payload sizes (replies: without the status code).
 size_t body_size(const HelloRequest& m) {
-  return 2 * kU32 + m.worker_name.size() + m.pool_name.size() + (m.link_session != 0 ? kU64 : 0);
+  size_t n = 2 * kU32 + m.worker_name.size() + m.pool_name.size();
+  if (!m.hash_scheme.name.empty()) return n + kU64 + kU32 + m.hash_scheme.name.size() + kHashBytes;
+  return n + (m.link_session != 0 ? kU64 : 0);
 }
 size_t body_size(const AllocRequest& m) {
   return kU32 + hints_size(m.hints);
@@ -175,7 +177,14 @@ size_t body_size(const SessionsReply& m) {
 void put_body(Writer& w, const HelloRequest& m) {
   w.str(m.worker_name);
   w.str(m.pool_name);
-  if (m.link_session != 0) w.put(m.link_session);
+  if (!m.hash_scheme.name.empty()) {
+    w.put(m.link_session);
+    w.str(m.hash_scheme.name);
+    w.put(m.hash_scheme.check.lo);
+    w.put(m.hash_scheme.check.hi);
+  } else if (m.link_session != 0) {
+    w.put(m.link_session);
+  }
 }
 void put_body(Writer& w, const AllocRequest& m) {
   w.put(flagged(m.count, m.hints));
@@ -319,9 +328,21 @@ void put_body(Writer& w, const SessionsReply& m) {
 bool get_body(Reader& r, HelloRequest& m) {
   if (!(r.str(m.worker_name, "worker_name") && r.str(m.pool_name, "pool_name"))) return false;
   if (r.left() == 0) return true;
+  const bool scheme = r.left() > kU64;  // names, link_session, then the hash scheme
   if (!r.get(m.link_session, "link_session")) return false;
-  if (m.link_session == 0) {
-    return r.fail(0, cat({r.what(), ": link_session 0 names no session: send none"}));
+  if (!scheme) {
+    if (m.link_session == 0) {
+      return r.fail(0, cat({r.what(), ": link_session 0 names no session: send none"}));
+    }
+    return true;
+  }
+  if (!r.str(m.hash_scheme.name, "hash_scheme", kMaxSchemeBytes, "kMaxSchemeBytes") ||
+      !r.get(m.hash_scheme.check.lo, "hash_scheme.check") ||
+      !r.get(m.hash_scheme.check.hi, "hash_scheme.check")) {
+    return false;
+  }
+  if (m.hash_scheme.name.empty()) {
+    return r.fail(0, cat({r.what(), ": an empty hash_scheme says nothing: send none"}));
   }
   return true;
 }

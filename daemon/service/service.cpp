@@ -226,6 +226,18 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
     }
   }
   if (pool == nullptr) return wire::Error::of(Errc::no_such_pool, "no pool named " + r.pool_name);
+  if (!r.hash_scheme.name.empty() && r.hash_scheme != default_hash_scheme()) {
+    // Its blocks would never match the other workers': refuse rather than miss silently.
+    const HashScheme& ours = default_hash_scheme();
+    const bool same_name = r.hash_scheme.name == ours.name;
+    return wire::Error::of(
+        Errc::invalid_argument,
+        "this worker hashes blocks with " + r.hash_scheme.name + " (check " +
+            to_hex(r.hash_scheme.check) + "), the daemon's scheme is " + ours.name + " (check " +
+            to_hex(ours.check) + ", docs/BLOCK_HASH.md)" +
+            (same_name ? ": the worker's implementation of it differs from the specification"
+                       : ": its block hashes would never match another worker's"));
+  }
   // Operators (root, admin_group) inspect every pool (kvpoolctl --pool); they are trusted with
   // its bytes as they are with the daemon.
   const std::string& tenant = access_.tenant_name(s.tenant);

@@ -232,3 +232,10 @@ def test_the_documented_vectors_hold_in_python_c_and_the_spec(libkvpool):
                                              "little") for i in (0, 8)))
     assert [h.hex() for h in hasher.chain(root, list(range(48)), 16)] == \
         [b["hash"] for b in vectors["blocks"][:3]]
+
+
+def test_the_daemon_refuses_a_worker_that_hashes_with_another_scheme(daemon):
+    with pytest.raises(kvpool.Error, match="kvpool-blake2s256/1.*kvpool-sha256/1"):
+        kvpool.attach(daemon.socket, worker="blake", hasher=kvpool.BlockHasher("blake2s256"))
+    with kvpool.attach(daemon.socket, worker="sha", hasher=kvpool.BlockHasher()) as conn:
+        assert conn.pool.geometry.tokens_per_page > 0

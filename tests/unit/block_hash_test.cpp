@@ -180,6 +180,19 @@ TEST(BlockHash, EveryAlgorithmWorksAndTheyDiffer) {
   EXPECT_EQ(seen.size(), 4u);
 }
 
+// The scheme hello carries: the algorithm's name and its hash of docs/BLOCK_HASH.md's first
+// block vector (block 0 of tokens 0..15 under root 1), whose SHA-256 value the page prints.
+TEST(BlockHash, TheSchemeNamesTheAlgorithmAndChecksTheFirstBlockVector) {
+  const HashScheme& ours = default_hash_scheme();
+  EXPECT_EQ(ours.name, "kvpool-sha256/1");
+  EXPECT_EQ(to_hex(ours.check), "2177765eb5319c61ee270a6eb3074e5d");
+  BlockHasher blake(HashAlgorithm::blake2s256);
+  const HashScheme other = blake.scheme();
+  EXPECT_EQ(other.name, "kvpool-blake2s256/1");
+  EXPECT_NE(other.check, ours.check);
+  EXPECT_EQ(BlockHasher().scheme(), ours);
+}
+
 TEST(BlockHash, HexIsLittleEndianBytes) {
   EXPECT_EQ(to_hex(BlockHash{0x0123456789abcdefull, 0x1ull}),
             "efcdab8967452301"

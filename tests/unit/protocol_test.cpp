@@ -636,7 +636,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                10,   0,                               // version
+                                11,   0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -826,7 +826,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 10, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 11, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -848,8 +848,8 @@ TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
   // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
   // counter list; 6: before the attention kind in PoolInfo; 7: before lookups with holes; 8:
-  // before hybrid models; 9: before publish's chain.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 0x100, 0xffff};
+  // before hybrid models; 9: before publish's chain; 10: before hello's hash scheme.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
@@ -948,6 +948,32 @@ TEST(ProtocolDecodeRequest, HelloLinkSession) {
   Bytes trailing = Builder().str("w").str("p").u64(5).u8(0).bytes();
   EXPECT_TRUE(
       fails_with(Errc::malformed_frame, decode_request_bytes(req_op(Opcode::hello), trailing)));
+}
+
+// hello's hash scheme: link_session (0 allowed here), the scheme's name, its check hash; a
+// hello without one is what it was.
+TEST(ProtocolDecodeRequest, HelloHashScheme) {
+  const HelloRequest with{"w", "p", 0, HashScheme{"kvpool-sha256/1", BlockHash{7, 9}}};
+  const Bytes frame = encode(1, Request{with});
+  EXPECT_EQ(exact(payload_of(frame)),
+            Builder().str("w").str("p").u64(0).str("kvpool-sha256/1").u64(7).u64(9).bytes());
+  for (const HelloRequest& h : {with, HelloRequest{"w", "p", 42, HashScheme{"x", {}}}}) {
+    auto r = decode_request_bytes(req_op(Opcode::hello), exact(payload_of(encode(1, Request{h}))));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(std::get<HelloRequest>(r.value()), h);
+  }
+  const Bytes empty = Builder().str("w").str("p").u64(0).str("").u64(7).u64(9).bytes();
+  auto e = decode_request_bytes(req_op(Opcode::hello), empty);
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, e));
+  EXPECT_NE(e.error().message.find("send none"), std::string::npos);
+  const Bytes long_name =
+      Builder().str("w").str("p").u64(0).str(std::string(kMaxSchemeBytes + 1, 's')).bytes();
+  auto l = decode_request_bytes(req_op(Opcode::hello), long_name);
+  ASSERT_TRUE(fails_with(Errc::malformed_frame, l));
+  EXPECT_NE(l.error().message.find("kMaxSchemeBytes"), std::string::npos);
+  const Bytes short_check = Builder().str("w").str("p").u64(0).str("s").u64(7).bytes();
+  EXPECT_TRUE(
+      fails_with(Errc::malformed_frame, decode_request_bytes(req_op(Opcode::hello), short_check)));
 }
 
 // publish's chain: after the items (and hints), u8 flags, [parent], u32 m token ids, the

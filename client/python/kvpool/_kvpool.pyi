@@ -154,7 +154,8 @@ class Connection:
     def __exit__(self, *exc: object) -> None: ...
 
 def attach(socket: Optional[str] = None, worker: str = "python", pool: str = "",
-           map_memory: bool = True, link_session: int = 0) -> Connection: ...
+           map_memory: bool = True, link_session: int = 0,
+           hasher: Optional[BlockHasher] = None) -> Connection: ...
 
 class SequenceCache:
     @property
