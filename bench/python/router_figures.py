@@ -28,7 +28,7 @@ import time
 
 import kvpool
 from kvpool.local_daemon import LocalDaemon
-from kvpool.router import KvRouter
+from kvpool.router import Endpoints, KvRouter
 
 TPP = 4  # tokens per page; a trace block is one page whose tokens are its hash id
 
@@ -55,7 +55,8 @@ def load_trace(path, limit):
 class Node:
     def __init__(self, name, pages, events_dir):
         self.name = name
-        self.endpoint = f"ipc://{events_dir}/{name}-events"
+        self.endpoints = Endpoints(f"ipc://{events_dir}/{name}-events",
+                                   f"ipc://{events_dir}/{name}-replay")
         self.daemon = LocalDaemon(config(pages, events_dir, name)).start()
         self.conn = kvpool.attach(self.daemon.socket, worker="router-figures")
 
@@ -132,7 +133,7 @@ def main():
 
             nodes = {f"n{k}": Node(f"n{k}", args.capacity, d) for k in range(n)}
             names = list(nodes)
-            router = KvRouter({name: nodes[name].endpoint for name in names})
+            router = KvRouter({name: nodes[name].endpoints for name in names})
             # Wait out ZeroMQ's slow joiner before the replay: a probe per node until it is heard.
             for _ in range(100):
                 for node in nodes.values():
@@ -145,7 +146,7 @@ def main():
             query_s = []
 
             def route(i, chain):
-                router.poll(1)  # the previous requests' events
+                router.poll(1)  # the previous requests' events (the last may still be on its way)
                 t = time.perf_counter()
                 prefixes = router.longest_prefix(keys[i])
                 query_s.append(time.perf_counter() - t)

@@ -9,18 +9,23 @@ node holds (all of it in one medium or spread over both) and which node to send 
 Keeping the view exact:
   * Batches are applied in sequence order. A batch whose sequence number skips ahead (messages
     lost to a slow subscriber, a reconnect, ZeroMQ's slow joiner) is a gap: the router asks the
-    node's replay socket for the missing batches and applies them first. When the node cannot
-    replay them (no replay endpoint, or they left its buffer), the router forgets what it holds
-    of that node (it under-reports hits until the node publishes again, it never over-reports)
-    and counts a resync. vLLM's replay replies carry no topic, so they can be placed only on a
-    node whose events the router has seen for one pool (the pool of the batch that showed the
-    gap); a node with several pools is forgotten on a gap instead.
-  * The first batch the router hears of a node (it joined late, or lost the first batches to
-    ZeroMQ's slow joiner) brings the node's batches from 0, its start, by replay.
-  * A sequence number that goes back means the node restarted: its pools start empty, so the
-    router forgets that node (the new daemon's first batch is an AllBlocksCleared per pool
-    anyway; this covers a router that missed it).
-  * AllBlocksCleared empties one pool of one node, in every medium.
+    node's replay socket for the batches from the last one it applied on, checks that the node
+    gives that one back unchanged (else the node restarted and published past the router's
+    number meanwhile: see below), and applies the missing ones. When the node cannot replay
+    them (no replay endpoint, or they left its buffer), the router forgets what it holds of
+    that node (it under-reports hits until the node publishes again) and counts a resync.
+  * The first batch heard of a node, and the first after a restart (a sequence number that went
+    back, or a replay that contradicts what was applied), bring the node's batches from 0, its
+    start (an AllBlocksCleared per pool), by replay; if they cannot be had, the view starts
+    from that batch and a resync is counted.
+  * AllBlocksCleared empties one pool of one node, in every medium; a batch the router cannot
+    read makes it forget the node (ValueError, naming it).
+  * vLLM's replay replies carry no topic, so they are placed only on a node of one pool: one
+    whose Endpoints list a single pool, or, when they list none, one whose events have only
+    ever named one. A node with several pools is forgotten on a gap instead; list its pools
+    (Endpoints.pools) so that a late join does not file their replayed batches under one pool.
+  So the router never claims a block a node does not hold, as long as a node that has several
+  pools says so.
 
 Block hashes are kept as sent: 16-byte ``bytes`` (events.zmq_block_hash: bytes, the default) or
 ``int`` (uint64); pass chains in the same form (``bytes(h)`` of a kvpool BlockHash, or its low
@@ -32,6 +37,7 @@ naming the node; ZeroMQ errors propagate.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional, Sequence, Union
@@ -45,9 +51,12 @@ _END = (1 << 64) - 1  # the replay socket's end marker, -1 as 8 bytes
 
 @dataclass
 class Endpoints:
-    """Where a node publishes (events.zmq_endpoint) and answers replays (zmq_replay_endpoint)."""
+    """Where a node publishes (events.zmq_endpoint) and answers replays (zmq_replay_endpoint),
+    and, for a node with several pools, their names (replayed batches carry no topic, so the
+    router can place them only on a node of one pool)."""
     events: str
     replay: Optional[str] = None
+    pools: Optional[Sequence[str]] = None
 
 
 @dataclass
@@ -57,7 +66,9 @@ class NodeState:
     endpoints: Endpoints
     # pool (topic without the router's prefix) -> medium -> block hashes
     pools: dict[str, dict[str, set[BlockKey]]] = field(default_factory=dict)
+    topics: set[str] = field(default_factory=set)  # every pool heard of, never forgotten
     last_seq: Optional[int] = None
+    last_digest: bytes = b""  # of the last batch applied: a replay from it must give it back
     batches: int = 0
     replayed: int = 0
     resyncs: int = 0
@@ -86,10 +97,14 @@ class KvRouter:
         self.nodes: dict[str, NodeState] = {}
         self._subs: dict[str, zmq.Socket] = {}
         self._poller = zmq.Poller()
-        for name, where in nodes.items():
-            endpoints = where if isinstance(where, Endpoints) else Endpoints(where)
-            self.nodes[name] = NodeState(name, endpoints)
-            self._subscribe(name)
+        try:
+            for name, where in nodes.items():
+                endpoints = where if isinstance(where, Endpoints) else Endpoints(where)
+                self.nodes[name] = NodeState(name, endpoints)
+                self._subscribe(name)
+        except Exception:
+            self.close()
+            raise
 
     # -- subscription --------------------------------------------------------------------------
 
@@ -128,20 +143,21 @@ class KvRouter:
 
     # -- events --------------------------------------------------------------------------------
 
-    def poll(self, timeout_ms: int = 0) -> int:
-        """Applies every batch that arrives within timeout_ms (then what is already queued);
-        returns how many were applied."""
+    def poll(self, timeout_ms: int = 0, max_batches: int = 10000) -> int:
+        """Applies the batches that arrive within timeout_ms and what is queued behind them, at
+        most max_batches; returns how many were applied. A malformed batch makes the router
+        forget its node and raises ValueError naming the node (the batches after it are
+        applied by the next poll)."""
         applied = 0
         ready = dict(self._poller.poll(timeout_ms))
-        while ready:
+        while ready and applied < max_batches:
             for name, sub in list(self._subs.items()):
-                if sub in ready:
-                    while True:
-                        try:
-                            frames = sub.recv_multipart(zmq.DONTWAIT)
-                        except zmq.Again:
-                            break
-                        applied += self._receive(name, frames)
+                while sub in ready and applied < max_batches:
+                    try:
+                        frames = sub.recv_multipart(zmq.DONTWAIT)
+                    except zmq.Again:
+                        break
+                    applied += self._receive(name, frames)
             ready = dict(self._poller.poll(0))
         return applied
 
@@ -150,69 +166,96 @@ class KvRouter:
         applied = 0
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
-            n = self.poll(quiet_ms)
+            n = self.poll(quiet_ms, max_batches=1000)
             applied += n
             if n == 0:
                 break
         return applied
 
     def _receive(self, name: str, frames: list[bytes]) -> int:
+        node = self.nodes[name]
         if len(frames) != 3 or len(frames[1]) != 8:
             raise ValueError(f"node {name}: a KV event message of {len(frames)} frames")
-        node = self.nodes[name]
-        topic, seq, payload = frames[0].decode(), int.from_bytes(frames[1], "big"), frames[2]
-        if node.last_seq is None:
-            # The first batch heard: what the node published since it started (batch 0, its
-            # AllBlocksCleared, on) comes from its replay socket, or the view stays partial.
-            if seq > 0 and not self._replay(node, self._pool_of(topic), 0, seq):
-                node.resyncs += 1
-                node.forget()
-        elif seq <= node.last_seq:
-            # The sequence went back: a new daemon behind the endpoint, its pools empty.
-            node.restarts += 1
+        seq = int.from_bytes(frames[1], "big")
+        try:
+            self._receive_batch(node, frames[0].decode(), seq, frames[2])
+        except (ValueError, TypeError, KeyError, IndexError, msgpack.UnpackException) as e:
+            # A batch the router cannot read: what it held of the node is no longer known.
+            node.resyncs += 1
             node.forget()
-        elif seq > node.last_seq + 1:
-            if not self._replay(node, self._pool_of(topic), node.last_seq + 1, seq):
-                node.resyncs += 1
-                node.forget()
-        self._apply(node, topic, payload)
-        node.last_seq = seq
+            node.last_seq, node.last_digest = seq, b""
+            raise ValueError(f"node {name}: KV event batch {seq}: {e}") from e
         return 1
 
-    def _replay(self, node: NodeState, pool: str, first: int, upto: int) -> bool:
-        """Applies batches [first, upto) of `pool` from the node's replay socket; False when
-        they cannot all be had and placed (the router then forgets the node)."""
-        if node.endpoints.replay is None:
-            return False
+    def _receive_batch(self, node: NodeState, topic: str, seq: int, payload: bytes) -> None:
+        pool = self._pool_of(topic)
+        if node.last_seq is not None and seq <= node.last_seq:
+            # The sequence went back: a new daemon behind the endpoint, its pools empty.
+            node.restarts += 1
+            node.last_seq = None
+        elif node.last_seq is not None and seq > node.last_seq + 1:
+            # A gap. The replay starts at the last batch applied: if the node gives back another
+            # one there, it restarted (and published past our number meanwhile).
+            got = self._replay(node, pool, node.last_seq, seq)
+            if got is None:
+                node.resyncs += 1
+                node.forget()
+            elif _digest(got[0]) != node.last_digest:
+                node.restarts += 1
+                node.last_seq = None
+            else:
+                for replayed in got[1:]:
+                    self._apply(node, self._topic + pool, replayed)
+                node.replayed += len(got) - 1
+        if node.last_seq is None:
+            # First heard of, or restarted: what the node published since it started (batch 0,
+            # its AllBlocksCleared, on) comes from its replay socket, or the view stays partial.
+            node.forget()
+            got = self._replay(node, pool, 0, seq) if seq > 0 else []
+            if got is None:
+                node.resyncs += 1
+            else:
+                for replayed in got:
+                    self._apply(node, self._topic + pool, replayed)
+                node.replayed += len(got)
+        self._apply(node, topic, payload)
+        node.last_seq = seq
+
+    def _placeable(self, node: NodeState, pool: str) -> bool:
+        """Whether replayed batches (no topic) of `node` belong to `pool`: the node has one."""
+        declared = node.endpoints.pools
+        if declared is not None:
+            return list(declared) == [pool]
+        return node.topics <= {pool}
+
+    def _replay(self, node: NodeState, pool: str, first: int, upto: int) -> Optional[list[bytes]]:
+        """The payloads of batches [first, upto) from the node's replay socket, or None when
+        they cannot all be had, or placed in `pool` (module doc)."""
+        if node.endpoints.replay is None or not self._placeable(node, pool):
+            return None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.RCVTIMEO, self._replay_timeout_ms)
         try:
             dealer.connect(node.endpoints.replay)
             dealer.send_multipart([b"", first.to_bytes(8, "big")])
-            got: list[tuple[int, bytes]] = []
+            got: list[bytes] = []
             while True:
                 try:
-                    _, seq_bytes, payload = dealer.recv_multipart()
+                    frames = dealer.recv_multipart()
                 except zmq.Again:
-                    return False
-                seq = int.from_bytes(seq_bytes, "big")
+                    return None
+                if len(frames) != 3 or len(frames[1]) != 8:
+                    return None
+                seq = int.from_bytes(frames[1], "big")
                 if seq == _END:
                     break
-                if seq < upto:
-                    got.append((seq, payload))
-            if [s for s, _ in got] != list(range(first, upto)):
-                return False
-            # vLLM's replay replies carry no topic: they belong to the pool of the live batch
-            # that showed the gap when that is the only pool the router knows of the node.
-            # A node with several pools cannot place them; the caller forgets it instead.
-            known = set(node.pools) - {pool}
-            if known:
-                return False
-            for _, payload in got:
-                self._apply(node, self._topic + pool, payload)
-            node.replayed += len(got)
-            return True
+                if seq >= upto:
+                    continue
+                if seq != first + len(got):
+                    return None  # the buffer no longer starts where the router needs it
+                got.append(frames[2])
+            return got if len(got) == upto - first else None
         finally:
             dealer.close(linger=0)
 
@@ -221,6 +264,8 @@ class KvRouter:
 
     def _apply(self, node: NodeState, topic: str, payload: bytes) -> None:
         pool = self._pool_of(topic)
+        node.topics.add(pool)
+        node.last_digest = _digest(payload)
         batch = msgpack.unpackb(payload, raw=False)
         events = batch["events"] if isinstance(batch, dict) else batch[1]
         node.batches += 1
@@ -267,6 +312,10 @@ class KvRouter:
         names = list(candidates) if candidates is not None else list(self.nodes)
         prefixes = self.longest_prefix(chain, pool)
         return max(names, key=lambda n: prefixes[n].blocks)
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
 
 
 def _leading(chain: Sequence[BlockKey], held) -> int:
