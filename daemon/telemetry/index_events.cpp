@@ -84,6 +84,7 @@ void PoolIndexEvents::host_removed(Namespace ns, const BlockHash& hash, bool /*p
 }
 
 void PoolIndexEvents::leave(Namespace ns, const BlockHash& hash, uint8_t tier) {
+  if (!keep_chains_) return;  // every eviction passes here: no probe of an empty map
   const auto it = described_.find(Key{ns, hash});
   if (it == described_.end()) return;
   it->second.tiers &= static_cast<uint8_t>(~tier);
