@@ -67,17 +67,20 @@ wire::Result<std::unique_ptr<Daemon>> Daemon::start(const DaemonOptions& options
   d->service_ = std::move(service.value());
   d->service_->set_inline_copy_bytes(options.inline_copy_bytes);
 
-  // Bound before the socket listens, so a bad endpoint stops the start-up with libzmq's reason
-  // before any worker attaches.
-  if (auto ok = d->start_kv_events(); !ok.ok()) return ok.error();
   d->server_ = std::make_unique<Server>(d->io_, *d->service_,
                                         std::chrono::milliseconds(options.frame_timeout_ms));
-  d->server_->set_kv_event_publisher(d->kv_publisher_.get());
-  if (d->kv_publisher_) d->service_->set_kv_event_counters(&d->kv_publisher_->counters());
   const Config& c = d->config_;
+  // The socket first: it is where a second kvpoold of the same config finds the first one and
+  // stops. Binding the events endpoint before it would take an ipc endpoint from the running
+  // daemon (libzmq replaces the path), whose subscribers would then hear nothing.
   if (auto ok = d->server_->listen(c.socket_path, c.socket_mode, c.socket_group); !ok.ok()) {
     return failed("listen_failed", ok.error());
   }
+  // Before the loop runs, so no worker is served until the events are bound, and a bad endpoint
+  // stops the start-up with libzmq's reason.
+  if (auto ok = d->start_kv_events(); !ok.ok()) return ok.error();
+  d->server_->set_kv_event_publisher(d->kv_publisher_.get());
+  if (d->kv_publisher_) d->service_->set_kv_event_counters(&d->kv_publisher_->counters());
   d->status_ = "serving " + std::to_string(d->service_->pools().size()) + " pool(s) on " +
                c.socket_path + " (" + std::string(d->service_->backend().name()) + " backend)";
   d->service_->set_reload_handler([daemon = d.get()] { return daemon->reload(); });
