@@ -243,7 +243,7 @@ void KvEventPublisher::send_batch(const std::string& topic, const KvEventFormat&
   } else {
     count_drop(why);
   }
-  if (replay_ != nullptr) remember(seq, std::move(kept));
+  if (replay_ != nullptr) remember(seq, topic, std::move(kept));
 }
 
 bool KvEventPublisher::send_counted(const std::string& topic, const std::string& seq,
@@ -322,12 +322,12 @@ bool KvEventPublisher::send_message(void* socket, const std::vector<std::string_
   return true;
 }
 
-void KvEventPublisher::remember(uint64_t seq, std::string payload) {
-  buffer_bytes_ += payload.size();
-  buffer_.emplace_back(seq, std::move(payload));
+void KvEventPublisher::remember(uint64_t seq, const std::string& topic, std::string payload) {
+  buffer_bytes_ += topic.size() + payload.size();
+  buffer_.push_back(Buffered{seq, topic, std::move(payload)});
   while (!buffer_.empty() &&
          (buffer_.size() > config_.zmq_replay_batches || buffer_bytes_ > kMaxReplayBytes)) {
-    buffer_bytes_ -= buffer_.front().second.size();
+    buffer_bytes_ -= buffer_.front().topic.size() + buffer_.front().payload.size();
     buffer_.pop_front();
   }
 }
@@ -337,13 +337,15 @@ void KvEventPublisher::poll_replay() {
     const std::vector<std::string> frames = receive_message(replay_);
     if (frames.empty()) break;
     ++counters_.replay_requests;
-    // vLLM's request: identity, empty delimiter, start sequence (8 bytes big-endian).
-    if (frames.size() != 3 || !frames[1].empty() || frames[2].size() != 8) {
+    // vLLM's request: identity, empty delimiter, start sequence (8 bytes big-endian); kvpool's
+    // adds a frame "topic" asking for each batch's topic.
+    const bool with_topic = frames.size() == 4 && frames[3] == kReplayTopicFrame;
+    if ((frames.size() != 3 && !with_topic) || !frames[1].empty() || frames[2].size() != 8) {
       log_event(LogLevel::warn, "kv_events_bad_replay_request",
                 {kv("endpoint", config_.zmq_replay_endpoint), kv("frames", frames.size())});
       continue;
     }
-    answer_replay(frames[0], frames[2]);
+    answer_replay(frames[0], frames[2], with_topic);
   }
   replay_timer_.expires_after(kReplayPoll);
   replay_timer_.async_wait([this](const boost::system::error_code& ec) {
@@ -351,15 +353,25 @@ void KvEventPublisher::poll_replay() {
   });
 }
 
-void KvEventPublisher::answer_replay(const std::string& identity, const std::string& start_seq) {
+void KvEventPublisher::answer_replay(const std::string& identity, const std::string& start_seq,
+                                     bool with_topic) {
   const uint64_t start = seq_value(start_seq);
-  for (const auto& [seq, payload] : buffer_) {
-    if (seq < start) continue;
+  for (const Buffered& b : buffer_) {
+    if (b.seq < start) continue;
     // ROUTER drops what passes its HWM for this peer; the client then misses the tail and
     // waits for the end marker in vain, as with vLLM's own publisher (it has a timeout).
-    (void)send_message(replay_, {identity, "", seq_bytes(seq), payload});
+    const std::string seq = seq_bytes(b.seq);
+    if (with_topic) {
+      (void)send_message(replay_, {identity, "", seq, b.payload, b.topic});
+    } else {
+      (void)send_message(replay_, {identity, "", seq, b.payload});
+    }
   }
-  (void)send_message(replay_, {identity, "", seq_bytes(~uint64_t{0}), ""});
+  if (with_topic) {
+    (void)send_message(replay_, {identity, "", seq_bytes(~uint64_t{0}), "", ""});
+  } else {
+    (void)send_message(replay_, {identity, "", seq_bytes(~uint64_t{0}), ""});
+  }
 }
 
 #else  // KVPOOL_ZMQ=OFF: no endpoint can be started; the rest is never reached.

@@ -32,12 +32,16 @@
 // Replay (optional, events.zmq_replay_endpoint): a ROUTER socket answering vLLM's replay
 // requests (identity, "", start seq 8 B BE) with every buffered batch of seq ≥ start as
 // (identity, "", seq, payload) and then (identity, "", -1 as 8 B BE, ""). The buffer keeps the
-// newest events.zmq_replay_batches batches and at most kMaxReplayBytes. The protocol carries no
-// topic: replayed batches are those of every pool. The socket is polled every kReplayPoll on the
-// event loop (only when replay is on), at most kMaxReplayRequestsPerPoll requests a poll, so a
-// flood of requests cannot hold the loop for long; one request costs one send (a copy into
-// libzmq) per buffered batch it asks for. Replies past the ROUTER's HWM for that peer are dropped
-// by libzmq (the end marker with them), as with vLLM's publisher; its client has a timeout.
+// newest events.zmq_replay_batches batches and at most kMaxReplayBytes. vLLM's protocol carries
+// no topic: replayed batches are those of every pool, which a router cannot place on a node with
+// several pools. kvpool's extension: a request with a fourth frame "topic" (kReplayTopicFrame)
+// gets (identity, "", seq, payload, topic) for each batch and (identity, "", -1, "", "") at the
+// end; a request of three frames is answered exactly as vLLM's publisher does. The socket is polled
+// every kReplayPoll on the event loop (only when replay is on), at most kMaxReplayRequestsPerPoll
+// requests a poll, so a flood of requests cannot hold the loop for long; one request costs one send
+// (a copy into libzmq) per buffered batch it asks for. Replies past the ROUTER's HWM for that peer
+// are dropped by libzmq (the end marker with them), as with vLLM's publisher; its client has a
+// timeout.
 //
 // Thread-safety: the event-loop thread only (libzmq sockets are not thread-safe); libzmq's own
 // I/O thread does the network work and frees sent payloads (queued_bytes_ is atomic for that).
@@ -57,6 +61,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/wire/protocol.h"
@@ -72,6 +77,8 @@ class KvEventPublisher {
   static constexpr std::chrono::milliseconds kReplayPoll{100};
   static constexpr size_t kMaxReplayRequestsPerPoll = 16;
   static constexpr size_t kMaxReplayBytes = size_t{64} << 20;
+  // The fourth frame of a replay request that asks for each batch's topic.
+  static constexpr std::string_view kReplayTopicFrame = "topic";
   static constexpr size_t kMaxHashesPerMessage = 4096;   // ≤ ~74 KiB of hashes
   static constexpr size_t kMaxTokensPerMessage = 65536;  // ≤ ~320 KiB of token ids
   static constexpr std::chrono::milliseconds kHandshakeInterval{2000};
@@ -124,9 +131,9 @@ class KvEventPublisher {
   // After a subscriber left: give what libzmq freed back to the system, a little later (libzmq
   // frees a connection's queue after it reports the disconnect).
   void trim_soon(int attempts_left);
-  void remember(uint64_t seq, std::string payload);
+  void remember(uint64_t seq, const std::string& topic, std::string payload);
   void poll_replay();
-  void answer_replay(const std::string& identity, const std::string& start_seq);
+  void answer_replay(const std::string& identity, const std::string& start_seq, bool with_topic);
 
   EventsConfig config_;
   boost::asio::steady_timer replay_timer_;
@@ -140,7 +147,12 @@ class KvEventPublisher {
   std::atomic<uint64_t> queued_bytes_{0};  // outlives the context: freed payloads subtract
   uint64_t next_seq_ = 0;
   KvEventCounters counters_;
-  std::deque<std::pair<uint64_t, std::string>> buffer_;  // (seq, payload), oldest first
+  struct Buffered {
+    uint64_t seq = 0;
+    std::string topic;
+    std::string payload;
+  };
+  std::deque<Buffered> buffer_;  // oldest first
   size_t buffer_bytes_ = 0;
   std::chrono::steady_clock::time_point last_drop_log_{};
   uint64_t drops_logged_ = 0;  // batches_dropped when the last drop was logged

@@ -230,6 +230,55 @@ TEST(KvEvents, ReplayAnswersFromASequenceNumberThenTheEndMarker) {
   EXPECT_EQ(end[0], "");
   EXPECT_EQ(end[1], seq_frame(-1));
   EXPECT_EQ(end[2], "");
+
+  // kvpool's extension: a fourth request frame "topic" adds each batch's topic (the pool's), so
+  // a router can place the batches of a node with several pools; the end marker has one too.
+  const std::string from = seq_frame(2);
+  ASSERT_EQ(zmq_send(replay.get(), "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(replay.get(), from.data(), from.size(), ZMQ_SNDMORE), 8);
+  ASSERT_EQ(zmq_send(replay.get(), "topic", 5, 0), 5);
+  for (int64_t seq = 2; seq <= 3; ++seq) {
+    const std::vector<std::string> frames = replay.receive();
+    ASSERT_EQ(frames.size(), 4u) << "replayed batch " << seq;
+    EXPECT_EQ(frames[1], seq_frame(seq));
+    EXPECT_EQ(frames[3], "default");
+  }
+  const std::vector<std::string> end_with_topic = replay.receive();
+  ASSERT_EQ(end_with_topic.size(), 4u);
+  EXPECT_EQ(end_with_topic[1], seq_frame(-1));
+  EXPECT_EQ(end_with_topic[3], "");
+  // Any other fourth frame is not a request: nothing comes back.
+  ASSERT_EQ(zmq_send(replay.get(), "", 0, ZMQ_SNDMORE), 0);
+  ASSERT_EQ(zmq_send(replay.get(), from.data(), from.size(), ZMQ_SNDMORE), 8);
+  ASSERT_EQ(zmq_send(replay.get(), "topics", 6, 0), 6);
+  EXPECT_FALSE(replay.readable(300));
+}
+
+// A second kvpoold started on the same socket and config (by hand beside systemd's) stops at the
+// socket, before it binds the events endpoint: libzmq would replace the first daemon's ipc path
+// and its subscribers would hear nothing more.
+TEST(KvEvents, ASecondDaemonOnTheSameSocketLeavesTheFirstsEndpoint) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  std::string out;
+  const int rc = run_command(
+      kvpoold_binary() + " --socket " + d.socket() + " --config " + d.config_path(), out);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("another kvpoold is listening there"), std::string::npos) << out;
+  EXPECT_EQ(out.find("kv_events_publishing"), std::string::npos) << out;
+  auto w = attach(d, "after-the-second");
+  ASSERT_NE(w, nullptr);
+  auto pages = w->alloc(1);
+  ASSERT_TRUE(pages.ok());
+  const std::vector<PublishItem> items = {{pages.value()[0], hash_of(0)}};
+  ASSERT_TRUE(w->publish(items).ok());
+  ASSERT_TRUE(sub.readable(5000)) << "the first daemon's subscribers hear nothing";
+  const msgpack::object_handle oh = next_batch(sub, "default", 1);
+  EXPECT_EQ(str(array(array(array(oh.get(), 3).ptr[1], 1).ptr[0], 8).ptr[0]), "BlockStored");
 }
 
 TEST(KvEvents, AnEndpointThatCannotBeBoundStopsTheStartUp) {

@@ -20,12 +20,12 @@ Keeping the view exact:
     from that batch and a resync is counted.
   * AllBlocksCleared empties one pool of one node, in every medium; a batch the router cannot
     read makes it forget the node (ValueError, naming it).
-  * vLLM's replay replies carry no topic, so they are placed only on a node of one pool: one
-    whose Endpoints list a single pool, or, when they list none, one whose events have only
-    ever named one. A node with several pools is forgotten on a gap instead; list its pools
-    (Endpoints.pools) so that a late join does not file their replayed batches under one pool.
-  So the router never claims a block a node does not hold, as long as a node that has several
-  pools says so.
+  * Replayed batches go under their own pool: kvpoold's replay socket gives each batch's topic
+    when asked (a fourth request frame "topic"). vLLM's replay replies carry no topic; for such
+    a node (Endpoints.replay_topics False) they are placed only on a node of one pool: one whose
+    Endpoints list a single pool, or, when they list none, one whose events have only ever named
+    one; a node with several pools is forgotten on a gap instead.
+  So the router never claims a block a node does not hold.
 
 Block hashes are kept as sent: 16-byte ``bytes`` (events.zmq_block_hash: bytes, the default) or
 ``int`` (uint64); pass chains in the same form (``bytes(h)`` of a kvpool BlockHash, or its low
@@ -51,12 +51,14 @@ _END = (1 << 64) - 1  # the replay socket's end marker, -1 as 8 bytes
 
 @dataclass
 class Endpoints:
-    """Where a node publishes (events.zmq_endpoint) and answers replays (zmq_replay_endpoint),
-    and, for a node with several pools, their names (replayed batches carry no topic, so the
-    router can place them only on a node of one pool)."""
+    """Where a node publishes (events.zmq_endpoint) and answers replays (zmq_replay_endpoint).
+    replay_topics: the replay socket gives each batch's topic (kvpoold does); False for a vLLM
+    engine, whose replayed batches the router then places only on a node of one pool, named in
+    `pools` when the node has several."""
     events: str
     replay: Optional[str] = None
     pools: Optional[Sequence[str]] = None
+    replay_topics: bool = True
 
 
 @dataclass
@@ -200,13 +202,11 @@ class KvRouter:
             if got is None:
                 node.resyncs += 1
                 node.forget()
-            elif _digest(got[0]) != node.last_digest:
+            elif _digest(got[0][1]) != node.last_digest:
                 node.restarts += 1
                 node.last_seq = None
             else:
-                for replayed in got[1:]:
-                    self._apply(node, self._topic + pool, replayed)
-                node.replayed += len(got) - 1
+                self._apply_replayed(node, got[1:])
         if node.last_seq is None:
             # First heard of, or restarted: what the node published since it started (batch 0,
             # its AllBlocksCleared, on) comes from its replay socket, or the view stays partial.
@@ -215,11 +215,17 @@ class KvRouter:
             if got is None:
                 node.resyncs += 1
             else:
-                for replayed in got:
-                    self._apply(node, self._topic + pool, replayed)
-                node.replayed += len(got)
+                self._apply_replayed(node, got)
         self._apply(node, topic, payload)
         node.last_seq = seq
+
+    def _apply_replayed(self, node: NodeState, got: list[tuple[str, bytes]]) -> None:
+        """Applies replayed batches; those of topics the subscription leaves out are skipped,
+        as the events socket would have."""
+        for topic, payload in got:
+            if topic.startswith(self._topic):
+                self._apply(node, topic, payload)
+            node.replayed += 1
 
     def _placeable(self, node: NodeState, pool: str) -> bool:
         """Whether replayed batches (no topic) of `node` belong to `pool`: the node has one."""
@@ -228,24 +234,28 @@ class KvRouter:
             return list(declared) == [pool]
         return node.topics <= {pool}
 
-    def _replay(self, node: NodeState, pool: str, first: int, upto: int) -> Optional[list[bytes]]:
-        """The payloads of batches [first, upto) from the node's replay socket, or None when
-        they cannot all be had, or placed in `pool` (module doc)."""
-        if node.endpoints.replay is None or not self._placeable(node, pool):
+    def _replay(self, node: NodeState, pool: str, first: int,
+                upto: int) -> Optional[list[tuple[str, bytes]]]:
+        """(topic, payload) of batches [first, upto) from the node's replay socket, or None when
+        they cannot all be had, or placed (module doc). Without the node's topics, every batch
+        is taken for `pool`'s."""
+        topics = node.endpoints.replay_topics
+        if node.endpoints.replay is None or (not topics and not self._placeable(node, pool)):
             return None
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.RCVTIMEO, self._replay_timeout_ms)
         try:
             dealer.connect(node.endpoints.replay)
-            dealer.send_multipart([b"", first.to_bytes(8, "big")])
-            got: list[bytes] = []
+            request = [b"", first.to_bytes(8, "big")] + ([b"topic"] if topics else [])
+            dealer.send_multipart(request)
+            got: list[tuple[str, bytes]] = []
             while True:
                 try:
                     frames = dealer.recv_multipart()
                 except zmq.Again:
                     return None
-                if len(frames) != 3 or len(frames[1]) != 8:
+                if len(frames) != (4 if topics else 3) or len(frames[1]) != 8:
                     return None
                 seq = int.from_bytes(frames[1], "big")
                 if seq == _END:
@@ -254,7 +264,8 @@ class KvRouter:
                     continue
                 if seq != first + len(got):
                     return None  # the buffer no longer starts where the router needs it
-                got.append(frames[2])
+                topic = frames[3].decode() if topics else self._topic + pool
+                got.append((topic, frames[2]))
             return got if len(got) == upto - first else None
         finally:
             dealer.close(linger=0)
