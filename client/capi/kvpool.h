@@ -122,6 +122,22 @@ int kvpool_lookup_with_tiers(kvpool_conn* c, const kvpool_hash* chain, size_t n,
                              kvpool_page_id* out, uint8_t* tiers, uint32_t* hits);
 int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
                    kvpool_publish_result* out /* n */);
+/* What a router needs to know of a publish's blocks (the pool's KV events carry it: BlockStored's
+ * parent_block_hash, token_ids and lora_name). The items are consecutive blocks of one sequence;
+ * parent is item 0's parent block (NULL: item 0 is the sequence's first block); token_ids holds
+ * tokens_per_page ids per item (NULL with n_token_ids 0: none); lora_name names the adapter the
+ * blocks were computed with (NULL or "": none; at most 256 bytes). */
+typedef struct {
+  const kvpool_hash* parent;
+  const uint32_t* token_ids;
+  size_t n_token_ids;
+  const char* lora_name;
+} kvpool_block_chain;
+/* kvpool_publish with the blocks' chain (NULL: as kvpool_publish). Token ids that do not fill the
+ * blocks (n_token_ids other than n · tokens_per_page) are refused (invalid_argument) before
+ * anything is sent. */
+int kvpool_publish_chain(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
+                         const kvpool_block_chain* chain, kvpool_publish_result* out /* n */);
 /* The daemon copies pages src[i] -> dst[i] (all layers and scales): pages this session holds,
  * destinations not published, no page both read and written. Returns when the copy is done. */
 int kvpool_copy(kvpool_conn* c, const kvpool_page_id* src, const kvpool_page_id* dst, size_t n);

@@ -173,13 +173,31 @@ int kvpool_lookup_with_tiers(kvpool_conn* c, const kvpool_hash* chain, size_t n,
 
 int kvpool_publish(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
                    kvpool_publish_result* out) {
+  return kvpool_publish_chain(c, items, n, nullptr, out);
+}
+
+int kvpool_publish_chain(kvpool_conn* c, const kvpool_publish_item* items, size_t n,
+                         const kvpool_block_chain* chain, kvpool_publish_result* out) {
   if (n > kvpool::wire::kMaxBatch) return too_many(c, n);
   std::vector<kvpool::PublishItem> in(n);
   for (size_t i = 0; i < n; ++i) {
     in[i] =
         kvpool::PublishItem{items[i].page, kvpool::BlockHash{items[i].hash.lo, items[i].hash.hi}};
   }
-  auto r = c->conn->publish(in, c->hints);
+  kvpool::client::PublishChain described;
+  if (chain != nullptr) {
+    if (chain->token_ids == nullptr && chain->n_token_ids != 0) {
+      c->last_error = "kvpool_publish_chain: token_ids is NULL but n_token_ids is " +
+                      std::to_string(chain->n_token_ids);
+      return static_cast<int>(kvpool::Errc::invalid_argument);
+    }
+    if (chain->parent != nullptr) {
+      described.parent = kvpool::BlockHash{chain->parent->lo, chain->parent->hi};
+    }
+    if (chain->n_token_ids != 0) described.token_ids = {chain->token_ids, chain->n_token_ids};
+    if (chain->lora_name != nullptr) described.lora_name = chain->lora_name;
+  }
+  auto r = c->conn->publish(in, c->hints, described);
   if (!r.ok()) return fail(c, r);
   for (size_t i = 0; i < n; ++i) {
     out[i].duplicate = r.value()[i].kind == kvpool::PublishResult::Kind::duplicate ? 1 : 0;

@@ -154,6 +154,11 @@ void bind_sequence_cache(py::module_& m) {
           py::arg("priority") = py::none(), py::arg("pin_ttl_ms") = 0,
           "Hints for the pages this sequence takes from now on: a priority class by name "
           "(\"none\", \"one_off\", \"conversation\", \"system\") or 0..3, and a pin TTL.")
+      .def_property(
+          "lora_name", [](const PySequenceCache& s) { return s.get().lora_name(); },
+          [](PySequenceCache& s, std::string name) { s.get().set_lora_name(std::move(name)); },
+          "The adapter (LoRA) named in the KV events of the blocks publish_full() publishes from "
+          "now on (\"\" = none; at most 256 bytes). The hash chain's root names it for lookups.")
       .def_property_readonly(
           "tokens", [](const PySequenceCache& s) { return s.get().tokens(); },
           "Tokens the sequence holds.")

@@ -102,6 +102,7 @@ Result<uint32_t> SequenceCache::publish_full() {
     PublishChain chain;
     if (first > 0) chain.parent = hashes_[first - 1];
     chain.token_ids = std::span(tokens_).subspan(uint64_t{first} * tpp_, items.size() * tpp_);
+    chain.lora_name = lora_name_;
     auto results = conn_.publish(items, hints_, chain);
     if (!results.ok()) {
       if (!own_copies.empty()) (void)conn_.release(own_copies);  // replaced by earlier runs
@@ -129,6 +130,7 @@ Result<uint32_t> SequenceCache::publish_full() {
 Result<std::unique_ptr<SequenceCache>> SequenceCache::fork() {
   auto child = std::make_unique<SequenceCache>(conn_, hasher_, root_);
   child->hints_ = hints_;
+  child->lora_name_ = lora_name_;
   const uint32_t full = full_blocks();
   std::vector<PageId> shared;
   for (uint32_t b = 0; b < full; ++b) {

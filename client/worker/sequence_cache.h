@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "client/connection/connection.h"
@@ -92,6 +93,12 @@ class SequenceCache {
   // outlive the pause. The daemon bounds pins per tenant; a refused pin fails the call.
   void set_hints(const PageHints& hints) { hints_ = hints; }
   const PageHints& hints() const { return hints_; }
+  // The adapter (LoRA) the sequence's K/V are computed with, named in the KV events of the blocks
+  // publish_full() publishes from now on ("" = none; at most 256 bytes, else publish_full()
+  // fails naming lora_name). The root names it for the hash chain (ModelIdentity::adapter_id);
+  // this names it for routers.
+  void set_lora_name(std::string name) { lora_name_ = std::move(name); }
+  const std::string& lora_name() const { return lora_name_; }
 
   uint32_t tokens() const { return static_cast<uint32_t>(tokens_.size()); }
   uint32_t tokens_per_page() const { return tpp_; }
@@ -115,6 +122,7 @@ class SequenceCache {
   std::vector<BlockHash> hashes_;  // one per full block
   uint32_t published_ = 0;
   PageHints hints_;
+  std::string lora_name_;
 };
 
 }  // namespace kvpool::client

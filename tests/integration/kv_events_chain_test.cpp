@@ -3,7 +3,8 @@
 // parent, a later publish naming its parent); the host tier's moves are BlockRemoved of the
 // pool's medium and BlockStored "CPU" with the same chain, and back; a publish whose token ids
 // do not match its blocks is refused naming the field and changes nothing; the endpoint
-// connects to a router that binds (zmq_mode: connect), which hears the clean stop's clear.
+// connects to a router that binds (zmq_mode: connect), which hears the clean stop's clear; the
+// C API's kvpool_publish_chain sends the same chain.
 #include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "client/capi/kvpool.h"
 #include "client/connection/connection.h"
 #include "common/block_hash.h"
 #include "tests/integration/daemon_harness.h"
@@ -233,6 +235,68 @@ TEST(KvEventsChain, TokenIdsAndParentsAWorkerPublishesReachTheRouter) {
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("15 token ids for 1 blocks"), std::string::npos)
       << refused.error().message;
+}
+
+// A C worker (FFI from Rust, Go, ctypes) describes its blocks as the C++ one does.
+TEST(KvEventsChain, TheCApiPublishesAChainWithTokenIdsParentAndAdapter) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n  zmq_block_hash: uint64\n"));
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  kvpool_conn* c = nullptr;
+  char err[256] = {};
+  ASSERT_EQ(kvpool_attach(d.socket().c_str(), "c-chain", nullptr, &c, err, sizeof err), KVPOOL_OK)
+      << err;
+  const Prompt p(3);
+  kvpool_page_id pages[3];
+  ASSERT_EQ(kvpool_alloc(c, 3, pages), KVPOOL_OK) << kvpool_last_error(c);
+  kvpool_publish_item items[3];
+  for (size_t i = 0; i < 3; ++i)
+    items[i] = {pages[i], {p.chain[i].lo, p.chain[i].hi}};
+  kvpool_publish_result out[3];
+
+  // Blocks 1 and 2, their parent block 0 (published by someone else), an adapter.
+  const kvpool_hash parent{p.chain[0].lo, p.chain[0].hi};
+  const std::span<const uint32_t> tokens = p.tokens_of(1, 2);
+  const kvpool_block_chain chain{&parent, tokens.data(), tokens.size(), "sql-adapter"};
+  ASSERT_EQ(kvpool_publish_chain(c, items + 1, 2, &chain, out), KVPOOL_OK) << kvpool_last_error(c);
+  EXPECT_EQ(out[0].duplicate, 0);
+  {
+    const Batch b = next_events(sub, "default", 1, 1);
+    ASSERT_NE(b.events, nullptr);
+    const auto& stored = array(b.events->ptr[0], 8);
+    EXPECT_EQ(uints(stored.ptr[1]), (std::vector<uint64_t>{p.chain[1].lo, p.chain[2].lo}));
+    EXPECT_EQ(stored.ptr[2].via.u64, p.chain[0].lo);
+    EXPECT_EQ(uints(stored.ptr[3]), widened(tokens));
+    EXPECT_EQ(str(stored.ptr[7]), "sql-adapter");
+  }
+  // Token ids that do not fill the block, or a NULL array with a count: refused, naming the
+  // cause, nothing published.
+  const kvpool_block_chain short_chain{nullptr, p.tokens_of(0, 1).data(), 15, nullptr};
+  EXPECT_EQ(kvpool_publish_chain(c, items, 1, &short_chain, out),
+            static_cast<int>(Errc::invalid_argument));
+  EXPECT_NE(std::string(kvpool_last_error(c)).find("15 token ids for 1 blocks"), std::string::npos)
+      << kvpool_last_error(c);
+  const kvpool_block_chain null_tokens{nullptr, nullptr, 16, nullptr};
+  EXPECT_EQ(kvpool_publish_chain(c, items, 1, &null_tokens, out),
+            static_cast<int>(Errc::invalid_argument));
+  EXPECT_NE(std::string(kvpool_last_error(c)).find("token_ids is NULL but n_token_ids is 16"),
+            std::string::npos)
+      << kvpool_last_error(c);
+  EXPECT_FALSE(sub.readable(300));
+  // A NULL chain is a plain publish: the block's event has no parent and no tokens.
+  ASSERT_EQ(kvpool_publish_chain(c, items, 1, nullptr, out), KVPOOL_OK) << kvpool_last_error(c);
+  {
+    const Batch b = next_events(sub, "default", 2, 1);
+    ASSERT_NE(b.events, nullptr);
+    const auto& stored = array(b.events->ptr[0], 8);
+    EXPECT_EQ(uints(stored.ptr[1]), std::vector<uint64_t>{p.chain[0].lo});
+    EXPECT_EQ(stored.ptr[2].type, msgpack::type::NIL);
+    EXPECT_TRUE(uints(stored.ptr[3]).empty());
+  }
+  kvpool_detach(c);
 }
 
 TEST(KvEventsChain, DemotionAndPromotionMoveABlockBetweenMediaWithItsChain) {

@@ -160,5 +160,31 @@ def test_router_gets_the_token_ids_and_parent_a_worker_publishes(tmp_path):
             conn.publish([page], other, token_ids=[7, 7, 7, 2**32])
         assert conn.lookup(other) == []
         assert not router.sub.poll(300)
+        conn.release([page])
+
+        # A SequenceCache names its adapter in every publish; a fork keeps the name.
+        seq = kvpool.SequenceCache(conn, hasher, hasher.root("m", conn.pool.geometry, "sql"))
+        assert seq.lora_name == ""
+        seq.lora_name = "sql"
+        prompt = list(range(500, 508))
+        seq.begin(prompt)
+        seq.publish_full()
+        [stored] = decode_array_batch(router.next()[2])[1]
+        assert stored["token_ids"] == prompt and stored["lora_name"] == "sql"
+        child = seq.fork()
+        assert child.lora_name == "sql"
+        for t in range(600, 604):
+            child.append(t)
+        child.publish_full()
+        [stored] = decode_array_batch(router.next()[2])[1]
+        assert stored["token_ids"] == list(range(600, 604)) and stored["lora_name"] == "sql"
+        assert stored["parent_block_hash"] == low_word(seq.block_hashes[-1])
+        seq.lora_name = "x" * 257
+        for t in range(700, 704):
+            seq.append(t)
+        with pytest.raises(kvpool.Error, match="lora_name"):
+            seq.publish_full()
+        child.close()
+        seq.close()
         conn.close()
         router.close()
