@@ -1,9 +1,9 @@
 // The KV-event endpoint under misuse, through a real kvpoold: a subscriber that never reads while
-// workers publish batches of 65,536 blocks (the daemon's memory stays within
-// events.zmq_queue_bytes and zmq_dropped counts what it dropped), a big batch split into messages
-// of at most 4,096 hashes with consecutive sequence numbers, and a flood of TCP connections that
-// never complete ZeroMQ's handshake (workers still attach and allocate at once, and a real
-// subscriber gets events afterwards).
+// workers publish batches of 65,536 blocks, with and without token ids (the daemon's memory
+// stays within events.zmq_queue_bytes and zmq_dropped counts what it dropped), a big batch split
+// into messages of at most 4,096 hashes with consecutive sequence numbers, and a flood of TCP
+// connections that never complete ZeroMQ's handshake (workers still attach and allocate at once,
+// and a real subscriber gets events afterwards).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -21,6 +21,7 @@
 #include <chrono>
 #include <csignal>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,15 +110,35 @@ TEST(KvEventsLimits, ABigBatchIsSplitIntoMessagesOfAtMost4096HashesInOrder) {
   EXPECT_EQ(daemon_stats(*w).kv_batches_published, 4u);
 }
 
+// Publishes `n` new blocks of `tpp` tokens as one chain with its token ids (the client splits
+// the call at kMaxBatch ids, chaining each part to the last) and releases them to the cache.
+void publish_chain_round(client::Connection& w, uint32_t round, uint32_t n, uint32_t tpp) {
+  auto pages = w.alloc(n);
+  ASSERT_TRUE(pages.ok()) << pages.error().message;
+  std::vector<PublishItem> items;
+  items.reserve(n);
+  for (uint32_t i = 0; i < n; ++i)
+    items.push_back({pages.value()[i], test_hash((uint64_t{round} << 32) | i)});
+  std::vector<uint32_t> tokens(size_t{n} * tpp);
+  for (size_t t = 0; t < tokens.size(); ++t)
+    tokens[t] = static_cast<uint32_t>(100000 + (t * 7919 + round) % 150000);  // 5-byte msgpack ints
+  client::PublishChain chain;
+  chain.token_ids = tokens;
+  auto published = w.publish(items, {}, chain);
+  ASSERT_TRUE(published.ok()) << published.error().message;
+  ASSERT_TRUE(w.release(pages.value()).ok());
+}
+
 // The issue's attack: a subscriber connects and never reads while workers publish big batches.
-// Before the budget, libzmq queued every batch for it and the daemon grew by gigabytes.
-TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
+// Before the budget, libzmq queued every batch for it and the daemon grew by gigabytes. Each
+// round publishes 65,536 blocks and evicts them: 16 messages stored and 16 removed.
+void never_reading_subscriber(const std::string& pool_config, uint32_t rounds,
+                              const std::function<void(client::Connection&, uint32_t)>& publish) {
   constexpr uint64_t kBudget = uint64_t{64} << 20;  // the default events.zmq_queue_bytes
   constexpr uint64_t kSlack = uint64_t{24} << 20;   // index, encoder buffers, allocator
-  constexpr uint32_t kRounds = 60;                  // ~140 MiB of events, over twice the budget
   TempDir dir;
   const std::string endpoint = "ipc://" + dir.file("kv-events");
-  Daemon d(config("  zmq_endpoint: \"" + endpoint + "\"\n"));
+  Daemon d(pool_config + "  zmq_endpoint: \"" + endpoint + "\"\n");
   ASSERT_TRUE(d.start()) << d.log();
   auto w = attach(d, "publisher");
   ASSERT_NE(w, nullptr);
@@ -130,18 +151,21 @@ TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
   let_subscription_arrive();
   const uint64_t idle = rss_bytes(d.pid());
   uint64_t peak = idle;
-  for (uint32_t round = 0; round < kRounds; ++round) {
-    publish_round(*w, round, kBatchBlocks);
+  for (uint32_t round = 0; round < rounds; ++round) {
+    publish(*w, round);
+    if (::testing::Test::HasFatalFailure()) return;
     auto evicted = w->evict(kBatchBlocks);  // one BlockRemoved of 65,536 hashes
     ASSERT_TRUE(evicted.ok()) << evicted.error().message;
     ASSERT_EQ(evicted.value(), kBatchBlocks);
     peak = std::max(peak, rss_bytes(d.pid()));
   }
   const stats::DaemonStats s = daemon_stats(*w);
-  // Every batch went out as 16 messages (stored) and 16 (removed), each sent or dropped, after
-  // the start's AllBlocksCleared.
-  EXPECT_EQ(s.kv_batches_published + s.kv_batches_dropped, uint64_t{kRounds} * 32 + 1);
+  // Every round went out as 32 messages, each sent or dropped, after the start's
+  // AllBlocksCleared.
+  EXPECT_EQ(s.kv_batches_published + s.kv_batches_dropped, uint64_t{rounds} * 32 + 1);
   EXPECT_GT(s.kv_batches_dropped, 0u) << "nothing was dropped: the subscriber read it all?";
+  ::testing::Test::RecordProperty("dropped_messages", std::to_string(s.kv_batches_dropped));
+  ::testing::Test::RecordProperty("peak_over_idle_mib", std::to_string((peak - idle) >> 20));
   EXPECT_NE(d.log().find("event=kv_events_dropped"), std::string::npos) << d.log();
   if (kRssMeansHeld) {
     EXPECT_LE(peak, idle + kBudget + kSlack)
@@ -158,11 +182,36 @@ TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
   // With the budget free again, a reading subscriber gets what follows.
   ZmqSocket reader(ZMQ_SUB, endpoint);
   let_subscription_arrive();
-  publish_round(*w, kRounds, 10);
+  publish_round(*w, rounds, 10);
   const std::vector<std::string> frames = reader.receive();
   ASSERT_EQ(frames.size(), 3u);
-  EXPECT_EQ(seq_of(frames[1]), uint64_t{kRounds} * 32 + 1);
+  EXPECT_EQ(seq_of(frames[1]), uint64_t{rounds} * 32 + 1);
   EXPECT_EQ(hashes_in(frames[2]), 10u);
+}
+
+// ~140 MiB of events (60 rounds of hashes only), over twice the budget.
+TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
+  never_reading_subscriber(config(""), 60, [](client::Connection& w, uint32_t round) {
+    publish_round(w, round, kBatchBlocks);
+  });
+}
+
+// The same with token ids in every BlockStored: 16 per block, ~5 bytes each, so a round's
+// stores are ~5 MiB and 30 rounds are ~150 MiB. The per-message cap of 65,536 ids and the byte
+// budget must hold with them as they do for hashes alone.
+TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudgetWithTokenIds) {
+  constexpr uint32_t kTokensPerPage = 16;
+  const std::string cfg = R"(backend: host
+pools:
+  - name: default
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16}
+    capacity: 65536 pages
+events:
+  zmq_token_ids: true
+)";
+  never_reading_subscriber(cfg, 30, [](client::Connection& w, uint32_t round) {
+    publish_chain_round(w, round, kBatchBlocks, kTokensPerPage);
+  });
 }
 
 // Descriptors a process holds now.
