@@ -17,6 +17,7 @@ packages=(
   libzmq3-dev libmsgpack-cxx-dev  # KV events for routers: ZeroMQ PUB, msgpack batches
   python3-dev pybind11-dev libdlpack-dev  # the Python module (DLPack: zero-copy tensors)
   python3-pytest python3-numpy python3-torch python3-zmq python3-msgpack  # its tests, example
+  python3-cbor2  # the reference for vLLM's block hash (sha256 over canonical CBOR) in tests
 )
 
 missing=()

@@ -20,7 +20,9 @@ Error failure(Errc code, std::string message) {
 Result<std::unique_ptr<EventStream>> EventStream::open(const std::string& socket_path,
                                                        const std::string& pool_name,
                                                        uint64_t from_seq) {
-  auto c = Connection::attach(socket_path, "kvpoolctl-events", pool_name, Connection::Memory::none);
+  // A reader hashes nothing: no scheme, so it follows pools of every scheme.
+  auto c = Connection::attach(socket_path, "kvpoolctl-events", pool_name, Connection::Memory::none,
+                              0, HashScheme{});
   if (!c.ok()) return c.error();
   std::unique_ptr<EventStream> s(new EventStream(std::move(c.value())));
   std::vector<std::byte> out;

@@ -8,8 +8,9 @@ namespace kvpool::client {
 Result<std::unique_ptr<ModelConnection>> ModelConnection::attach(const std::string& socket_path,
                                                                  const std::string& worker_name,
                                                                  const std::string& model,
-                                                                 Connection::Memory memory) {
-  auto first = Connection::attach(socket_path, worker_name, model, memory);
+                                                                 Connection::Memory memory,
+                                                                 const HashScheme& hash_scheme) {
+  auto first = Connection::attach(socket_path, worker_name, model, memory, 0, hash_scheme);
   if (!first.ok()) return first.error();
   std::unique_ptr<ModelConnection> m(new ModelConnection);
   const wire::PoolInfo info = first.value()->pool();
@@ -27,7 +28,7 @@ Result<std::unique_ptr<ModelConnection>> ModelConnection::attach(const std::stri
   for (size_t g = 0; g < info.groups.size(); ++g) {
     if (m->groups_[g]) continue;
     const std::string pool = info.model + "/" + info.groups[g];
-    auto c = Connection::attach(socket_path, worker_name, pool, memory, link);
+    auto c = Connection::attach(socket_path, worker_name, pool, memory, link, hash_scheme);
     if (!c.ok()) {
       Error e = c.error();
       e.message = "group " + info.groups[g] + " (pool " + pool + "): " + e.message;

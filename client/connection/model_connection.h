@@ -23,10 +23,12 @@ namespace kvpool::client {
 
 class ModelConnection {
  public:
-  // Attaches to every group of `model` (a hybrid model's name, or any of its groups' pools).
+  // Attaches to every group of `model` (a hybrid model's name, or any of its groups' pools),
+  // each hello naming `hash_scheme` (Connection::attach).
   static Result<std::unique_ptr<ModelConnection>> attach(
       const std::string& socket_path, const std::string& worker_name, const std::string& model,
-      Connection::Memory memory = Connection::Memory::map);
+      Connection::Memory memory = Connection::Memory::map,
+      const HashScheme& hash_scheme = default_hash_scheme());
 
   // Groups in the model's order; their names (group g's pool is model()/name).
   size_t num_groups() const { return groups_.size(); }

@@ -44,8 +44,9 @@ std::string duration_text(double ns) {
 }
 
 std::unique_ptr<client::Connection> connect(const Globals& g) {
-  auto c =
-      client::Connection::attach(g.socket, "kvpoolctl", g.pool, client::Connection::Memory::none);
+  // kvpoolctl hashes nothing: its hello names no scheme, so it inspects pools of every scheme.
+  auto c = client::Connection::attach(g.socket, "kvpoolctl", g.pool,
+                                      client::Connection::Memory::none, 0, HashScheme{});
   if (!c.ok()) {
     std::fprintf(stderr, "kvpoolctl: %s\n", display_text(c.error().message).c_str());
     return nullptr;

@@ -60,6 +60,7 @@ Priority priority_of(const py::handle& priority);
 
 void bind_errors(py::module_& m);
 void bind_hashing(py::module_& m);
+void bind_vllm_hashing(py::module_& m);
 void bind_connection(py::module_& m);
 void bind_memory(py::module_& m);
 void bind_sequence_cache(py::module_& m);

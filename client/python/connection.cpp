@@ -12,6 +12,7 @@
 #include "client/python/bindings.h"
 #include "client/python/py_connection.h"
 #include "common/stats_counters.h"
+#include "common/vllm_block_hash.h"
 
 namespace kvpool::python {
 
@@ -338,11 +339,20 @@ void bind_connection(py::module_& m) {
   m.def(
       "attach",
       [](const std::optional<std::string>& socket, const std::string& worker,
-         const std::string& pool, bool map_memory, uint64_t link_session, BlockHasher* hasher) {
+         const std::string& pool, bool map_memory, uint64_t link_session,
+         const py::object& hasher) {
         const std::string path = socket.value_or(client::default_socket_path());
         const auto memory =
             map_memory ? client::Connection::Memory::map : client::Connection::Memory::none;
-        const HashScheme scheme = hasher != nullptr ? hasher->scheme() : default_hash_scheme();
+        HashScheme scheme = default_hash_scheme();
+        if (py::isinstance<BlockHasher>(hasher)) {
+          scheme = hasher.cast<BlockHasher&>().scheme();
+        } else if (py::isinstance<VllmBlockHasher>(hasher)) {
+          scheme = VllmBlockHasher::scheme();
+        } else if (!hasher.is_none()) {
+          throw py::type_error("hasher: expected a BlockHasher or a VllmBlockHasher, got " +
+                               std::string(py::str(hasher.get_type())));
+        }
         auto r = [&] {
           py::gil_scoped_release nogil;
           return client::Connection::attach(path, worker, pool, memory, link_session, scheme);
@@ -352,13 +362,14 @@ void bind_connection(py::module_& m) {
         return PyConnection{std::move(shared)};
       },
       py::arg("socket") = py::none(), py::arg("worker") = "python", py::arg("pool") = "",
-      py::arg("map_memory") = true, py::arg("link_session") = 0, py::arg("hasher") = nullptr,
+      py::arg("map_memory") = true, py::arg("link_session") = 0, py::arg("hasher") = py::none(),
       "Connects to kvpoold (socket: $KVPOOL_SOCKET or the daemon's default) and attaches to a "
       "pool (the default pool when empty), mapping its memory unless map_memory is False. For a "
       "group of a hybrid model, link_session names this process's session of another group of "
       "the model, so that lookup_groups on either answers for every group. hasher: the "
-      "BlockHasher this worker names blocks with (default: the library's); the daemon refuses "
-      "a hashing scheme other than its own, naming both.");
+      "BlockHasher or VllmBlockHasher this worker names blocks with (default: the library's "
+      "BlockHasher); the daemon refuses a hashing scheme other than the pool's "
+      "(pools[].hash_scheme), naming both.");
   m.def("default_socket_path", &client::default_socket_path);
 }
 

@@ -7,6 +7,7 @@ PYBIND11_MODULE(_kvpool, m) {
   m.doc() = "kvpool's worker client: attach to kvpoold, share KV-cache pages, view them zero-copy";
   kvpool::python::bind_errors(m);
   kvpool::python::bind_hashing(m);
+  kvpool::python::bind_vllm_hashing(m);
   kvpool::python::bind_connection(m);
   kvpool::python::bind_memory(m);
   kvpool::python::bind_sequence_cache(m);

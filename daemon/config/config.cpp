@@ -55,6 +55,8 @@ const std::vector<std::string_view> kEventsKeys = keys_under("events.");
 // KV groups one hybrid model may have (Gemma-3, gpt-oss and Llama-4 have two).
 constexpr size_t kMaxGroups = 8;
 constexpr std::string_view kLayouts[] = {"page_major", "layer_major"};
+// HashScheme names: BlockHasher's (SHA-256) and VllmBlockHasher's.
+constexpr std::string_view kHashSchemes[] = {"kvpool-sha256/1", "vllm-sha256-cbor/1"};
 constexpr uint64_t kMinBufferedBytes = uint64_t{16} << 20;
 constexpr uint64_t kMaxHelloTimeoutMs = uint64_t{3600} * 1000;
 constexpr uint64_t kMaxPinTtlMs = uint64_t{24} * 3600 * 1000;
@@ -263,6 +265,7 @@ class Parser : private NodeReader {
         }
       }
       if (auto* p = find(f, "policy")) pool.policy = get_choice(*p, core::policy_names());
+      if (auto* h = find(f, "hash_scheme")) pool.hash_scheme = get_choice(*h, kHashSchemes);
       if (auto* b = find(f, "share_between_tenants")) pool.share_between_tenants = get_bool(*b);
       if (auto* l = find(f, "layout")) pool.layout = *parse_layout(get_choice(*l, kLayouts));
       pool.geometry = parse_geometry(required(f, item, "geometry"));

@@ -18,6 +18,7 @@
 //   pools:    [ { name: STR, policy: prefix | lru | s3fifo,
 //                 capacity: "1GiB" | "4096 pages" | "40%",
 //                 share_between_tenants: BOOL, layout: page_major | layer_major,
+//                 hash_scheme: kvpool-sha256/1 | vllm-sha256-cbor/1,
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8,
 //                             kind: full | sliding | chunked | latent, window: INT },
@@ -87,6 +88,8 @@ struct PoolConfig {
   Geometry geometry;
   Capacity capacity;
   std::string policy = "prefix";  // core::kDefaultPolicy; reloadable (PagePool::set_policy)
+  // How the pool's workers name blocks (docs/BLOCK_HASH.md): hello refuses another scheme.
+  std::string hash_scheme = "kvpool-sha256/1";
   // Several tenant entries may list this pool: they then read and write each other's pages.
   bool share_between_tenants = false;
   // How the pool's memory orders KV (common/geometry.h); like the geometry, fixed until a restart.

@@ -72,6 +72,8 @@ constexpr std::array kTable = {
                 n.pools[i].name = r.pools[i].name;
             }),
     LIVE("pools[].policy"),
+    // Workers attached under the old scheme would publish keys the new one never looks up.
+    RESTART("pools[].hash_scheme", "pools", KEEP_POOL(hash_scheme)),
     // A hybrid model's capacity is its groups' budget (model_budget).
     RESTART("pools[].capacity", "pools",
             [](Config& n, const Config& r) {

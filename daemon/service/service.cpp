@@ -8,6 +8,7 @@
 #include <random>
 
 #include "common/stats_counters.h"
+#include "common/vllm_block_hash.h"
 #include "daemon/config/config_keys.h"
 #include "daemon/core/check.h"
 #include "daemon/telemetry/log.h"
@@ -226,15 +227,17 @@ wire::Result<wire::Reply> Service::hello(SessionState& s, const wire::HelloReque
     }
   }
   if (pool == nullptr) return wire::Error::of(Errc::no_such_pool, "no pool named " + r.pool_name);
-  if (!r.hash_scheme.name.empty() && r.hash_scheme != default_hash_scheme()) {
+  const HashScheme& ours = pool->config().hash_scheme == VllmBlockHasher::scheme().name
+                               ? VllmBlockHasher::scheme()
+                               : default_hash_scheme();
+  if (!r.hash_scheme.name.empty() && r.hash_scheme != ours) {
     // Its blocks would never match the other workers': refuse rather than miss silently.
-    const HashScheme& ours = default_hash_scheme();
     const bool same_name = r.hash_scheme.name == ours.name;
     return wire::Error::of(
         Errc::invalid_argument,
         "this worker hashes blocks with " + r.hash_scheme.name + " (check " +
-            to_hex(r.hash_scheme.check) + "), the daemon's scheme is " + ours.name + " (check " +
-            to_hex(ours.check) + ", docs/BLOCK_HASH.md)" +
+            to_hex(r.hash_scheme.check) + "), pool " + pool->name() + "'s scheme is " + ours.name +
+            " (check " + to_hex(ours.check) + ", pools[].hash_scheme, " + "docs/BLOCK_HASH.md)" +
             (same_name ? ": the worker's implementation of it differs from the specification"
                        : ": its block hashes would never match another worker's"));
   }

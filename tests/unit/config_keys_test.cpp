@@ -32,6 +32,7 @@ limits:
 pools:
   - name: a
     policy: prefix
+    hash_scheme: kvpool-sha256/1
     capacity: 64 pages
     share_between_tenants: false
     geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16,
@@ -93,6 +94,7 @@ const std::map<std::string, std::pair<std::string, std::string>> kSamples = {
      {"max_pinned_pool_percent: 50", "max_pinned_pool_percent: 10"}},
     {"pools[].name", {"name: a\n", "name: b\n"}},
     {"pools[].policy", {"policy: prefix", "policy: lru"}},
+    {"pools[].hash_scheme", {"hash_scheme: kvpool-sha256/1", "hash_scheme: vllm-sha256-cbor/1"}},
     {"pools[].capacity", {"capacity: 64 pages", "capacity: 96 pages"}},
     {"pools[].share_between_tenants",
      {"share_between_tenants: false", "share_between_tenants: true"}},

@@ -508,6 +508,21 @@ TEST(ConfigErrorTest, PoolLayout) {
   expect_error(with_pools("    layout: \n"), 10, "pools[0].layout", "");
 }
 
+TEST(ConfigTest, PoolHashScheme) {
+  auto absent = parse_config(with_pools(""), "t.yaml");
+  ASSERT_TRUE(absent.ok()) << absent.error().message;
+  EXPECT_EQ(absent.value().pools[0].hash_scheme, "kvpool-sha256/1");
+  auto vllm = parse_config(with_pools("    hash_scheme: vllm-sha256-cbor/1\n"), "t.yaml");
+  ASSERT_TRUE(vllm.ok()) << vllm.error().message;
+  EXPECT_EQ(vllm.value().pools[0].hash_scheme, "vllm-sha256-cbor/1");
+  EXPECT_NE(vllm.value().pools, absent.value().pools);  // a reload names it for a restart
+}
+
+TEST(ConfigErrorTest, PoolHashScheme) {
+  expect_error(with_pools("    hash_scheme: sha256_cbor\n"), 10, "pools[0].hash_scheme",
+               "\"sha256_cbor\" is not one of kvpool-sha256/1, vllm-sha256-cbor/1");
+}
+
 TEST(ConfigErrorTest, Geometry) {
   std::string yaml = with_pools("");
   yaml.replace(yaml.find("dtype: fp16"), 11, "dtype: fp32");
