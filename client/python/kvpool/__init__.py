@@ -38,6 +38,7 @@ from ._kvpool import (
     default_socket_path,
     error_name,
 )
+from .hybrid import HybridModel, HybridSequence
 from .layers import element_dtype, kv_cache_view, kv_cache_views, page_bytes
 
 __all__ = [
@@ -49,6 +50,8 @@ __all__ = [
     "Event",
     "EventStream",
     "Geometry",
+    "HybridModel",
+    "HybridSequence",
     "POOL_COUNTERS",
     "PoolInfo",
     "PoolView",
