@@ -29,10 +29,14 @@ py::bytes digest_bytes(const VllmDigest& d) {
   return {reinterpret_cast<const char*>(d.data()), d.size()};
 }
 
-// vLLM's extra keys as cbor2 encodes them: None, or tuples/lists of str, bytes, int and tuples.
+// vLLM's extra keys as cbor2 encodes them: None, or tuples/lists of str, bytes, int (−2^63 to
+// 2^64 − 1), None and tuples. An empty tuple is an empty array, as cbor2 writes it (vLLM passes
+// None, not (), for a block without extra keys).
 void encode_key(CborWriter& w, const py::handle& v, int depth) {
   if (depth > 16) throw py::value_error("extra_keys: nested more than 16 deep");
-  if (py::isinstance<py::bool_>(v)) {
+  if (v.is_none()) {
+    w.null();
+  } else if (py::isinstance<py::bool_>(v)) {
     throw py::type_error("extra_keys: bool is not a key vLLM uses");  // before int: bool is one
   } else if (py::isinstance<py::int_>(v)) {
     const py::int_ i = py::reinterpret_borrow<py::int_>(v);
@@ -42,15 +46,19 @@ void encode_key(CborWriter& w, const py::handle& v, int depth) {
       w.integer(s);
     } else if (overflow > 0) {
       const unsigned long long u = PyLong_AsUnsignedLongLong(i.ptr());
-      if (PyErr_Occurred()) throw py::error_already_set();
+      if (PyErr_Occurred()) {
+        PyErr_Clear();
+        throw py::value_error("extra_keys: an integer of 2**64 or more");
+      }
       w.uint(u);
     } else {
       throw py::value_error("extra_keys: an integer below -2**63");
     }
   } else if (py::isinstance<py::str>(v)) {
     w.text(v.cast<std::string>());
-  } else if (py::isinstance<py::bytes>(v)) {
-    const std::string b = v.cast<py::bytes>();
+  } else if (py::isinstance<py::bytes>(v) || py::isinstance<py::bytearray>(v)) {
+    const std::string b = py::isinstance<py::bytes>(v) ? std::string(v.cast<py::bytes>())
+                                                       : std::string(v.cast<py::bytearray>());
     w.bytes(std::span(reinterpret_cast<const uint8_t*>(b.data()), b.size()));
   } else if (py::isinstance<py::tuple>(v) || py::isinstance<py::list>(v)) {
     const py::sequence seq = py::reinterpret_borrow<py::sequence>(v);
@@ -59,7 +67,7 @@ void encode_key(CborWriter& w, const py::handle& v, int depth) {
       encode_key(w, item, depth + 1);
   } else {
     throw py::type_error("extra_keys: " + std::string(py::str(v.get_type())) +
-                         " is not one of None, tuple, list, str, bytes, int");
+                         " is not one of None, tuple, list, str, bytes, bytearray, int");
   }
 }
 

@@ -80,6 +80,22 @@ uint64_t hashes_in(const std::string& payload) {
   return n;
 }
 
+// The token ids one message's BlockStored events carry.
+uint64_t token_ids_in(const std::string& payload) {
+  size_t offset = 0;
+  const msgpack::object_handle oh = msgpack::unpack(payload.data(), payload.size(), offset);
+  const msgpack::object& events = oh.get().via.array.ptr[1];
+  uint64_t n = 0;
+  for (uint32_t i = 0; i < events.via.array.size; ++i) {
+    const msgpack::object& e = events.via.array.ptr[i];
+    const msgpack::object& tag = e.via.array.ptr[0];
+    if (std::string(tag.via.str.ptr, tag.via.str.size) == "BlockStored") {
+      n += e.via.array.ptr[3].via.array.size;
+    }
+  }
+  return n;
+}
+
 uint64_t seq_of(const std::string& frame) {
   uint64_t v = 0;
   for (const char c : frame)
@@ -132,7 +148,9 @@ void publish_chain_round(client::Connection& w, uint32_t round, uint32_t n, uint
 // The issue's attack: a subscriber connects and never reads while workers publish big batches.
 // Before the budget, libzmq queued every batch for it and the daemon grew by gigabytes. Each
 // round publishes 65,536 blocks and evicts them: 16 messages stored and 16 removed.
+// `tokens_per_page`: 0 when the pool's events carry no token ids, else what each block carries.
 void never_reading_subscriber(const std::string& pool_config, uint32_t rounds,
+                              uint32_t tokens_per_page,
                               const std::function<void(client::Connection&, uint32_t)>& publish) {
   constexpr uint64_t kBudget = uint64_t{64} << 20;  // the default events.zmq_queue_bytes
   constexpr uint64_t kSlack = uint64_t{24} << 20;   // index, encoder buffers, allocator
@@ -179,19 +197,24 @@ void never_reading_subscriber(const std::string& pool_config, uint32_t rounds,
     EXPECT_LE(after, idle + kSlack)
         << "idle " << (idle >> 20) << " MiB, after " << (after >> 20) << " MiB";
   }
-  // With the budget free again, a reading subscriber gets what follows.
+  // With the budget free again, a reading subscriber gets what follows, token ids included.
   ZmqSocket reader(ZMQ_SUB, endpoint);
   let_subscription_arrive();
-  publish_round(*w, rounds, 10);
+  if (tokens_per_page == 0) {
+    publish_round(*w, rounds, 10);
+  } else {
+    publish_chain_round(*w, rounds, 10, tokens_per_page);
+  }
   const std::vector<std::string> frames = reader.receive();
   ASSERT_EQ(frames.size(), 3u);
   EXPECT_EQ(seq_of(frames[1]), uint64_t{rounds} * 32 + 1);
   EXPECT_EQ(hashes_in(frames[2]), 10u);
+  EXPECT_EQ(token_ids_in(frames[2]), uint64_t{10} * tokens_per_page);
 }
 
 // ~140 MiB of events (60 rounds of hashes only), over twice the budget.
 TEST(KvEventsLimits, ASubscriberThatNeverReadsHoldsAtMostTheQueueBudget) {
-  never_reading_subscriber(config(""), 60, [](client::Connection& w, uint32_t round) {
+  never_reading_subscriber(config(""), 60, 0, [](client::Connection& w, uint32_t round) {
     publish_round(w, round, kBatchBlocks);
   });
 }
@@ -209,7 +232,7 @@ pools:
 events:
   zmq_token_ids: true
 )";
-  never_reading_subscriber(cfg, 30, [](client::Connection& w, uint32_t round) {
+  never_reading_subscriber(cfg, 30, kTokensPerPage, [](client::Connection& w, uint32_t round) {
     publish_chain_round(w, round, kBatchBlocks, kTokensPerPage);
   });
 }

@@ -304,3 +304,67 @@ events:
             assert router.nodes["two"].resyncs == 0 and router.nodes["two"].restarts == 0
         for conn in conns.values():
             conn.close()
+
+
+def test_a_node_that_replays_as_vllm_does_is_asked_vllms_way(tmp_path):
+    # A vLLM-style node: a PUB socket and a replay ROUTER that answers three-frame requests only
+    # (vLLM's publisher ignores any other form). The router's first replay asks for topics, hears
+    # nothing, and asks vLLM's way; the node's batches from 0 are all applied.
+    import threading
+
+    import msgpack
+    import zmq
+
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(f"ipc://{tmp_path}/v-events")
+    batches = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def serve_replay():
+        replay = ctx.socket(zmq.ROUTER)
+        replay.bind(f"ipc://{tmp_path}/v-replay")
+        while not stop.is_set():
+            if not replay.poll(20):
+                continue
+            frames = replay.recv_multipart()
+            if len(frames) != 3:
+                continue
+            start = int.from_bytes(frames[2], "big")
+            with lock:
+                kept = list(batches)
+            for seq, payload in kept:
+                if seq >= start:
+                    replay.send_multipart([frames[0], b"", seq.to_bytes(8, "big"), payload])
+            replay.send_multipart([frames[0], b"", ((1 << 64) - 1).to_bytes(8, "big"), b""])
+        replay.close(linger=0)
+
+    def publish(block):
+        payload = msgpack.packb([time.time(), [["BlockStored", [block], None, [], 16, None, "GPU",
+                                                None]], 0])
+        with lock:
+            seq = len(batches)
+            batches.append((seq, payload))
+        pub.send_multipart([b"default", seq.to_bytes(8, "big"), payload])
+
+    server = threading.Thread(target=serve_replay)
+    server.start()
+    try:
+        for block in range(5):  # before the router listens: only a replay brings them
+            publish(1000 + block)
+        endpoints = Endpoints(f"ipc://{tmp_path}/v-events", f"ipc://{tmp_path}/v-replay")
+        with KvRouter({"v": endpoints}, context=ctx, replay_timeout_ms=300) as router:
+            for block in range(5, 60):
+                publish(1000 + block)
+                if router.poll(100):
+                    break
+            router.drain()
+            node = router.nodes["v"]
+            assert node.replay_topics is False and node.resyncs == 0
+            assert router.cached("v", medium="GPU") == {1000 + b for b, _ in enumerate(batches)}
+    finally:
+        stop.set()
+        server.join()
+        pub.close(linger=0)
+        ctx.term()

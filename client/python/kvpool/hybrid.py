@@ -65,6 +65,7 @@ class HybridModel:
 
     @property
     def num_groups(self) -> int:
+        """The model's KV groups (1 for a plain pool)."""
         return len(self._groups)
 
     def group(self, g: int) -> Connection:
@@ -80,6 +81,7 @@ class HybridModel:
         return self._groups[0].lookup_groups(chain)
 
     def close(self) -> None:
+        """Closes every group's session (the daemon releases what each still held)."""
         for c in self._groups:
             c.close()
 
@@ -100,14 +102,17 @@ class HybridSequence:
                         for g in range(model.num_groups)]
 
     def group(self, g: int) -> SequenceCache:
+        """Group g's SequenceCache: its block table and slots."""
         return self._groups[g]
 
     @property
     def num_groups(self) -> int:
+        """The model's KV groups."""
         return len(self._groups)
 
     @property
     def tokens(self) -> int:
+        """Tokens the sequence holds (every group holds the same)."""
         return self._groups[0].tokens
 
     def begin(self, prompt: Sequence[int]) -> int:
@@ -155,6 +160,7 @@ class HybridSequence:
             raise first
 
     def close(self) -> None:
+        """Releases every group's pages and closes the caches."""
         for s in self._groups:
             s.close()
 

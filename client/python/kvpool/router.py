@@ -21,8 +21,10 @@ Keeping the view exact:
   * AllBlocksCleared empties one pool of one node, in every medium; a batch the router cannot
     read makes it forget the node (ValueError, naming it).
   * Replayed batches go under their own pool: kvpoold's replay socket gives each batch's topic
-    when asked (a fourth request frame "topic"). vLLM's replay replies carry no topic; for such
-    a node (Endpoints.replay_topics False) they are placed only on a node of one pool: one whose
+    when asked (a fourth request frame "topic"). vLLM's replay socket ignores such a request and
+    its replies carry no topic: a node that does not answer the first one (within
+    replay_timeout_ms) is asked vLLM's way from then on (Endpoints.replay_topics False says so
+    from the start), and its replayed batches are placed only on a node of one pool: one whose
     Endpoints list a single pool, or, when they list none, one whose events have only ever named
     one; a node with several pools is forgotten on a gap instead.
   So the router never claims a block a node does not hold.
@@ -47,18 +49,19 @@ import zmq
 
 BlockKey = Union[bytes, int]
 _END = (1 << 64) - 1  # the replay socket's end marker, -1 as 8 bytes
+_NO_ANSWER = object()  # a replay request nothing answered
 
 
 @dataclass
 class Endpoints:
     """Where a node publishes (events.zmq_endpoint) and answers replays (zmq_replay_endpoint).
-    replay_topics: the replay socket gives each batch's topic (kvpoold does); False for a vLLM
-    engine, whose replayed batches the router then places only on a node of one pool, named in
-    `pools` when the node has several."""
+    replay_topics: whether the replay socket gives each batch's topic (kvpoold does; None: ask
+    and see); False for a vLLM engine, whose replayed batches the router then places only on a
+    node of one pool, named in `pools` when the node has several."""
     events: str
     replay: Optional[str] = None
     pools: Optional[Sequence[str]] = None
-    replay_topics: bool = True
+    replay_topics: Optional[bool] = None
 
 
 @dataclass
@@ -71,6 +74,7 @@ class NodeState:
     topics: set[str] = field(default_factory=set)  # every pool heard of, never forgotten
     last_seq: Optional[int] = None
     last_digest: bytes = b""  # of the last batch applied: a replay from it must give it back
+    replay_topics: Optional[bool] = None  # what its replay socket answers (Endpoints'; learned)
     batches: int = 0
     replayed: int = 0
     resyncs: int = 0
@@ -102,7 +106,8 @@ class KvRouter:
         try:
             for name, where in nodes.items():
                 endpoints = where if isinstance(where, Endpoints) else Endpoints(where)
-                self.nodes[name] = NodeState(name, endpoints)
+                self.nodes[name] = NodeState(name, endpoints,
+                                             replay_topics=endpoints.replay_topics)
                 self._subscribe(name)
         except Exception:
             self.close()
@@ -192,9 +197,11 @@ class KvRouter:
     def _receive_batch(self, node: NodeState, topic: str, seq: int, payload: bytes) -> None:
         pool = self._pool_of(topic)
         if node.last_seq is not None and seq <= node.last_seq:
-            # The sequence went back: a new daemon behind the endpoint, its pools empty.
+            # The sequence went back: a new daemon behind the endpoint, its pools empty (and
+            # perhaps another build: what its replay socket answers is learned again).
             node.restarts += 1
             node.last_seq = None
+            node.replay_topics = node.endpoints.replay_topics
         elif node.last_seq is not None and seq > node.last_seq + 1:
             # A gap. The replay starts at the last batch applied: if the node gives back another
             # one there, it restarted (and published past our number meanwhile).
@@ -220,12 +227,12 @@ class KvRouter:
         node.last_seq = seq
 
     def _apply_replayed(self, node: NodeState, got: list[tuple[str, bytes]]) -> None:
-        """Applies replayed batches; those of topics the subscription leaves out are skipped,
-        as the events socket would have."""
+        """Applies replayed batches; those of topics the subscription leaves out are skipped
+        (not counted), as the events socket would have."""
         for topic, payload in got:
             if topic.startswith(self._topic):
                 self._apply(node, topic, payload)
-            node.replayed += 1
+                node.replayed += 1
 
     def _placeable(self, node: NodeState, pool: str) -> bool:
         """Whether replayed batches (no topic) of `node` belong to `pool`: the node has one."""
@@ -237,11 +244,24 @@ class KvRouter:
     def _replay(self, node: NodeState, pool: str, first: int,
                 upto: int) -> Optional[list[tuple[str, bytes]]]:
         """(topic, payload) of batches [first, upto) from the node's replay socket, or None when
-        they cannot all be had, or placed (module doc). Without the node's topics, every batch
-        is taken for `pool`'s."""
-        topics = node.endpoints.replay_topics
-        if node.endpoints.replay is None or (not topics and not self._placeable(node, pool)):
+        they cannot all be had, or placed (module doc)."""
+        if node.endpoints.replay is None:
             return None
+        if node.replay_topics is None:  # not known yet: ask kvpoold's way, then vLLM's
+            got = self._ask_replay(node, pool, first, upto, topics=True)
+            if got is not _NO_ANSWER:
+                node.replay_topics = True
+                return got
+            node.replay_topics = False
+        if not node.replay_topics and not self._placeable(node, pool):
+            return None
+        got = self._ask_replay(node, pool, first, upto, topics=node.replay_topics)
+        return None if got is _NO_ANSWER else got
+
+    def _ask_replay(self, node: NodeState, pool: str, first: int, upto: int, topics: bool):
+        """One replay request: the batches, None when they cannot all be had, or _NO_ANSWER
+        when nothing came back at all (a socket that ignores the request's form). Without the
+        node's topics, every batch is taken for `pool`'s."""
         dealer = self._ctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.setsockopt(zmq.RCVTIMEO, self._replay_timeout_ms)
@@ -250,11 +270,13 @@ class KvRouter:
             request = [b"", first.to_bytes(8, "big")] + ([b"topic"] if topics else [])
             dealer.send_multipart(request)
             got: list[tuple[str, bytes]] = []
+            answered = False
             while True:
                 try:
                     frames = dealer.recv_multipart()
                 except zmq.Again:
-                    return None
+                    return None if answered else _NO_ANSWER
+                answered = True
                 if len(frames) != (4 if topics else 3) or len(frames[1]) != 8:
                     return None
                 seq = int.from_bytes(frames[1], "big")
