@@ -170,8 +170,11 @@ HashScheme BlockHasher::scheme() {
   std::array<uint32_t, 16> tokens{};
   for (uint32_t i = 0; i < tokens.size(); ++i)
     tokens[i] = i;
-  return HashScheme{"kvpool-" + std::string(hash_algorithm_name(algorithm_)) + "/1",
-                    block(r, tokens)};
+  return HashScheme{scheme_name(), block(r, tokens)};
+}
+
+std::string BlockHasher::scheme_name() const {
+  return "kvpool-" + std::string(hash_algorithm_name(algorithm_)) + "/1";
 }
 
 const HashScheme& default_hash_scheme() {

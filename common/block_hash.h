@@ -76,6 +76,7 @@ class BlockHasher {
   HashAlgorithm algorithm() const { return algorithm_; }
   // This hasher's scheme (HashScheme): its name and its hash of the check vector.
   HashScheme scheme();
+  std::string scheme_name() const;  // scheme().name, without hashing anything
 
   BlockHash root(const ModelIdentity& id);
 

@@ -89,6 +89,22 @@ typedef struct {
  * copied into err (if err_len > 0). */
 int kvpool_attach(const char* socket_path, const char* worker_name, const char* pool_name,
                   kvpool_conn** out, char* err, size_t err_len);
+/* kvpool_attach with options (NULL: none, as kvpool_attach):
+ *   link         another group of a hybrid model this process attached (its first group): the
+ *                new session joins link's, so a lookup_groups on either answers for both;
+ *   hash_scheme  how this worker names blocks, which the pool's pools[].hash_scheme must match
+ *                (the daemon refuses another, naming both): KVPOOL_HASH_SCHEME_KVPOOL, the
+ *                kvpool_hash_* functions' (kvpool_attach's), or KVPOOL_HASH_SCHEME_VLLM,
+ *                kvpool_vllm_hash_*'s. */
+#define KVPOOL_HASH_SCHEME_KVPOOL 0
+#define KVPOOL_HASH_SCHEME_VLLM 1
+typedef struct {
+  const kvpool_conn* link;
+  uint8_t hash_scheme;
+} kvpool_attach_options;
+int kvpool_attach_ex(const char* socket_path, const char* worker_name, const char* pool_name,
+                     const kvpool_attach_options* options, kvpool_conn** out, char* err,
+                     size_t err_len);
 /* Closes the connection; the daemon releases every page it still held. */
 void kvpool_detach(kvpool_conn* c);
 const char* kvpool_last_error(const kvpool_conn* c);
@@ -165,6 +181,32 @@ int kvpool_poll_notices(kvpool_conn* c, int* changed);
  * *now (may be NULL) = its size in pages after the call (this connection follows it). */
 int kvpool_resize(kvpool_conn* c, uint32_t pages, uint32_t* now);
 
+/* Hybrid models (kvpoold's pools[].groups: one pool per KV group, MODEL/GROUP, one budget). A
+ * worker attaches one session per group, each joining the first (kvpool_attach_group), and one
+ * kvpool_lookup_groups answers the prefix every group can serve. kvpool_model_name is "" and
+ * kvpool_num_groups 0 on a plain pool; kvpool_group is this session's group, kvpool_group_name
+ * the name of group g (NULL past the end), the pool of group g being "<model>/<name>". */
+const char* kvpool_model_name(const kvpool_conn* c);
+uint32_t kvpool_num_groups(const kvpool_conn* c);
+uint32_t kvpool_group(const kvpool_conn* c);
+const char* kvpool_group_name(const kvpool_conn* c, uint32_t g);
+uint64_t kvpool_session_id(const kvpool_conn* c);
+/* The longest prefix of chain every group can serve: *hits blocks; out (room for
+ * kvpool_num_groups · n, group-major: group g's page of block i at out[g · n + i]) gets each
+ * group's pages, held by that group's session, KVPOOL_NO_PAGE where a group's window does not
+ * need the block. The session must be linked to every group's. */
+int kvpool_lookup_groups(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
+                         uint32_t* hits);
+
+/* Static reservations: the pages of a sequence of up to max_tokens, held at once, its block
+ * table fixed (kvpool_release refuses them) until kvpool_unreserve or the session's end. seeds
+ * (pages this session holds, a lookup's hit; may be NULL with n_seeds 0) come first. table needs
+ * room for ceil(max_tokens / tokens_per_page) pages (*written = that count); a smaller table is
+ * refused before anything is reserved. Counts against the session's and tenant's quota. */
+int kvpool_reserve(kvpool_conn* c, uint32_t max_tokens, const kvpool_page_id* seeds, size_t n_seeds,
+                   uint64_t* reservation, kvpool_page_id* table, size_t table_len, size_t* written);
+int kvpool_unreserve(kvpool_conn* c, uint64_t reservation);
+
 /* The name of an error code ("out_of_pages", ...); "unknown_error" for a value that is none. */
 const char* kvpool_error_name(int code);
 
@@ -206,6 +248,19 @@ int kvpool_hash_block(const kvpool_hash* parent, const uint32_t* tokens, size_t 
 int kvpool_hash_chain(const kvpool_hash* root, const uint32_t* tokens, size_t n,
                       uint32_t tokens_per_block, kvpool_hash* out, size_t out_len, size_t* written);
 const char* kvpool_hash_last_error(void);
+
+/* vLLM's block hash (docs/BLOCK_HASH.md, "vLLM's scheme"), for a pool whose hash_scheme is
+ * vllm-sha256-cbor/1: digests of 32 bytes, chained from the seed's NONE_HASH; a pool key is
+ * kvpool_vllm_key of a digest (its low word is vLLM's integer event hash). Thread-safe as the
+ * kvpool_hash_* functions. */
+/* NONE_HASH of `seed` (the engines' PYTHONHASHSEED): the parent of a sequence's first block. */
+int kvpool_vllm_none_hash(const char* seed, uint8_t out[32]);
+/* The digest of one full block of n tokens under `parent` (a digest, or NONE_HASH); extra_cbor is
+ * the block's extra keys as one CBOR item (vLLM's tuple, deterministic encoding), NULL with
+ * extra_len 0 for None. */
+int kvpool_vllm_hash_block(const uint8_t parent[32], const uint32_t* tokens, size_t n,
+                           const void* extra_cbor, size_t extra_len, uint8_t out[32]);
+void kvpool_vllm_key(const uint8_t digest[32], kvpool_hash* out);
 
 #ifdef __cplusplus
 }

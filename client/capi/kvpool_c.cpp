@@ -4,38 +4,22 @@
 #include <cstring>
 #include <string>
 
+#include "client/capi/capi_conn.h"
 #include "client/capi/kvpool.h"
 #include "client/connection/connection.h"
 #include "common/stats_counters.h"
-
-struct kvpool_conn {
-  std::unique_ptr<kvpool::client::Connection> conn;
-  std::string last_error;
-  kvpool::PageHints hints;
-};
+#include "common/vllm_block_hash.h"
 
 namespace {
+
+using kvpool::capi::fail;
+using kvpool::capi::too_many;
 
 static_assert(sizeof(kvpool_hash) == sizeof(kvpool::BlockHash));
 static_assert(KVPOOL_NO_PAGE == kvpool::kNoPage);
 static_assert(KVPOOL_TIER_DEVICE == kvpool::wire::kTierDevice &&
               KVPOOL_TIER_HOST == kvpool::wire::kTierHost &&
               KVPOOL_TIER_NONE == kvpool::wire::kTierNone);
-
-template <typename T>
-int fail(kvpool_conn* c, const kvpool::client::Result<T>& r) {
-  // "name: message", the name once (the daemon's messages do not repeat it).
-  c->last_error =
-      std::string(kvpool::errc_name(r.error().status.code())) + ": " + r.error().message;
-  return static_cast<int>(r.error().status.code());
-}
-
-// Counts beyond the protocol's batch limit are refused before anything is allocated for them.
-int too_many(kvpool_conn* c, size_t n) {
-  c->last_error = "batch of " + std::to_string(n) + " items exceeds the protocol's limit of " +
-                  std::to_string(kvpool::wire::kMaxBatch);
-  return static_cast<int>(kvpool::Errc::invalid_argument);
-}
 
 // The i-th name of a counter table, NULL past its end (the names are string literals).
 template <class Row, size_t N>
@@ -67,12 +51,33 @@ extern "C" {
 
 int kvpool_attach(const char* socket_path, const char* worker_name, const char* pool_name,
                   kvpool_conn** out, char* err, size_t err_len) {
+  return kvpool_attach_ex(socket_path, worker_name, pool_name, nullptr, out, err, err_len);
+}
+
+int kvpool_attach_ex(const char* socket_path, const char* worker_name, const char* pool_name,
+                     const kvpool_attach_options* options, kvpool_conn** out, char* err,
+                     size_t err_len) {
   *out = nullptr;
+  const kvpool::HashScheme* scheme = &kvpool::default_hash_scheme();
+  if (options != nullptr && options->hash_scheme == KVPOOL_HASH_SCHEME_VLLM) {
+    scheme = &kvpool::VllmBlockHasher::scheme();
+  } else if (options != nullptr && options->hash_scheme != KVPOOL_HASH_SCHEME_KVPOOL) {
+    if (err != nullptr && err_len > 0) {
+      std::snprintf(err, err_len,
+                    "kvpool_attach_ex: hash_scheme %u is not KVPOOL_HASH_SCHEME_KVPOOL (0) or "
+                    "KVPOOL_HASH_SCHEME_VLLM (1)",
+                    unsigned{options->hash_scheme});
+    }
+    return static_cast<int>(kvpool::Errc::invalid_argument);
+  }
+  const uint64_t link =
+      options != nullptr && options->link != nullptr ? options->link->conn->session_id() : 0;
   const std::string path = socket_path != nullptr && *socket_path != '\0'
                                ? socket_path
                                : kvpool::client::default_socket_path();
-  auto r = kvpool::client::Connection::attach(path, worker_name != nullptr ? worker_name : "",
-                                              pool_name != nullptr ? pool_name : "");
+  auto r = kvpool::client::Connection::attach(
+      path, worker_name != nullptr ? worker_name : "", pool_name != nullptr ? pool_name : "",
+      kvpool::client::Connection::Memory::map, link, *scheme);
   if (!r.ok()) {
     if (err != nullptr && err_len > 0) {
       std::snprintf(err, err_len, "%s", r.error().message.c_str());
@@ -187,9 +192,8 @@ int kvpool_publish_chain(kvpool_conn* c, const kvpool_publish_item* items, size_
   kvpool::client::PublishChain described;
   if (chain != nullptr) {
     if (chain->token_ids == nullptr && chain->n_token_ids != 0) {
-      c->last_error = "kvpool_publish_chain: token_ids is NULL but n_token_ids is " +
-                      std::to_string(chain->n_token_ids);
-      return static_cast<int>(kvpool::Errc::invalid_argument);
+      return kvpool::capi::refuse(c, "kvpool_publish_chain: token_ids is NULL but n_token_ids is " +
+                                         std::to_string(chain->n_token_ids));
     }
     if (chain->parent != nullptr) {
       described.parent = kvpool::BlockHash{chain->parent->lo, chain->parent->hi};

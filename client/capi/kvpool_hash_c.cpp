@@ -7,6 +7,7 @@
 #include "client/capi/kvpool.h"
 #include "common/block_hash.h"
 #include "common/status.h"
+#include "common/vllm_block_hash.h"
 
 namespace {
 
@@ -106,6 +107,52 @@ int kvpool_hash_chain(const kvpool_hash* root, const uint32_t* tokens, size_t n,
 
 const char* kvpool_hash_last_error(void) {
   return hash_error.c_str();
+}
+
+}  // extern "C"
+
+namespace {
+
+// vLLM's scheme: block() with an explicit parent never reads the hasher's own NONE_HASH.
+kvpool::VllmBlockHasher& vllm_hasher() {
+  thread_local kvpool::VllmBlockHasher h("");
+  return h;
+}
+
+}  // namespace
+
+extern "C" {
+
+int kvpool_vllm_none_hash(const char* seed, uint8_t out[32]) {
+  if (seed == nullptr || out == nullptr) {
+    return refuse("kvpool_vllm_none_hash: seed and out must not be NULL");
+  }
+  const kvpool::VllmDigest d = kvpool::VllmBlockHasher(seed).none_hash();
+  std::memcpy(out, d.data(), d.size());
+  return KVPOOL_OK;
+}
+
+int kvpool_vllm_hash_block(const uint8_t parent[32], const uint32_t* tokens, size_t n,
+                           const void* extra_cbor, size_t extra_len, uint8_t out[32]) {
+  if (parent == nullptr || out == nullptr || (tokens == nullptr && n != 0)) {
+    return refuse("kvpool_vllm_hash_block: parent, out and tokens (when n > 0) must not be NULL");
+  }
+  if (extra_cbor == nullptr && extra_len != 0) {
+    return refuse("kvpool_vllm_hash_block: extra_cbor is NULL but extra_len is " +
+                  std::to_string(extra_len));
+  }
+  kvpool::VllmDigest p;
+  std::memcpy(p.data(), parent, p.size());
+  const kvpool::VllmDigest d = vllm_hasher().block(
+      &p, std::span(tokens, n), std::span(static_cast<const std::byte*>(extra_cbor), extra_len));
+  std::memcpy(out, d.data(), d.size());
+  return KVPOOL_OK;
+}
+
+void kvpool_vllm_key(const uint8_t digest[32], kvpool_hash* out) {
+  kvpool::VllmDigest d;
+  std::memcpy(d.data(), digest, d.size());
+  *out = to_c(kvpool::VllmBlockHasher::key(d));
 }
 
 }  // extern "C"

@@ -164,6 +164,7 @@ Result<std::unique_ptr<Connection>> Connection::attach(const std::string& socket
   c->pool_ = hello.value().pool;
   c->notified_epoch_ = c->pool_.epoch;
   c->session_id_ = hello.value().session_id;
+  c->hash_scheme_ = hash_scheme;
   if (memory == Memory::none) {
     close_fds();
     return c;

@@ -86,6 +86,8 @@ class Connection {
   // Bytes of pool memory mapped now (the segments' sum).
   uint64_t bytes() const { return pool_.segment_bytes; }
   uint64_t session_id() const { return session_id_; }
+  // The scheme this session's hello named (empty: none), which the pool accepted.
+  const HashScheme& hash_scheme() const { return hash_scheme_; }
   // Where page 0 is in this process: host memory, or device memory of CUDA ordinal device().
   std::byte* base() const { return base_; }
   int device() const { return mapping_ ? mapping_->device() : -1; }
@@ -230,6 +232,7 @@ class Connection {
   uint32_t notified_epoch_ = 0;  // the newest epoch a pool_changed notice announced
   bool syncing_ = false;         // inside sync(): its own calls do not sync again
   uint64_t session_id_ = 0;
+  HashScheme hash_scheme_{};
   std::unique_ptr<PoolMapping> mapping_;
   std::byte* base_ = nullptr;  // mapping_->base()
 };

@@ -18,10 +18,21 @@ void SequenceCache::hash_new_full_blocks() {
   }
 }
 
+Result<Ok> SequenceCache::check_scheme() const {
+  const std::string& attached = conn_.hash_scheme().name;
+  if (attached.empty() || attached == hasher_.scheme_name()) return Ok{};
+  return Error{Status(Errc::invalid_argument),
+               "this SequenceCache hashes with " + hasher_.scheme_name() +
+                   " but its connection attached with " + attached +
+                   " (the pool's scheme): every block would be named otherwise than the pool's "
+                   "other workers name it"};
+}
+
 Result<uint32_t> SequenceCache::begin(std::span<const uint32_t> prompt) {
   if (!tokens_.empty()) {
     return Error{Status(Errc::invalid_argument), "begin() on a sequence that has tokens"};
   }
+  if (auto ok = check_scheme(); !ok.ok()) return ok.error();
   tokens_.assign(prompt.begin(), prompt.end());
   hash_new_full_blocks();
   auto hits = conn_.lookup(hashes_, hints_);
@@ -38,6 +49,7 @@ Result<uint32_t> SequenceCache::begin_from(std::span<const uint32_t> prompt,
   if (!tokens_.empty()) {
     return Error{Status(Errc::invalid_argument), "begin_from() on a sequence that has tokens"};
   }
+  if (auto ok = check_scheme(); !ok.ok()) return ok.error();
   if (held.size() > prompt.size() / tpp_) {
     return Error{Status(Errc::invalid_argument),
                  "begin_from(): " + std::to_string(held.size()) + " held pages for a prompt of " +

@@ -44,6 +44,8 @@ class SequenceCache {
   };
 
   // `root` comes from BlockHasher::root() for the model; conn and hasher must outlive the cache.
+  // The hasher must be of the scheme the connection attached with (the pool's): begin() and
+  // begin_from() refuse otherwise, naming both, since every block would be named wrongly.
   SequenceCache(Connection& conn, BlockHasher& hasher, const BlockHash& root);
   ~SequenceCache();  // release()
   SequenceCache(const SequenceCache&) = delete;
@@ -108,6 +110,8 @@ class SequenceCache {
 
  private:
   uint32_t full_blocks() const { return tokens() / tpp_; }
+  // Refuses a hasher of another scheme than the connection's (the constructor's comment).
+  Result<Ok> check_scheme() const;
   // The prompt's cached prefix is `hit` (held): the rest of its pages are allocated.
   Result<uint32_t> start(std::vector<PageId> hit);
   // Hashes of blocks [hashes_.size(), full_blocks()).

@@ -4,8 +4,9 @@ The reference is vLLM's definition computed here with the libraries vLLM itself 
 canonical encoding and hashlib's SHA-256): hash_block_tokens(sha256_cbor, parent, tokens,
 extra_keys) = sha256(cbor2.dumps((parent or NONE_HASH, tuple(tokens), extra_keys),
 canonical=True)), NONE_HASH = sha256_cbor(PYTHONHASHSEED). A pool of that scheme takes such workers
-only, and its uint64 KV events carry exactly the integers vLLM's own events carry
-(int.from_bytes(digest, "big") & (2**64 - 1)), so one router indexes engines and kvpool alike.
+only (and a SequenceCache, which hashes kvpool's way, refuses to begin on it), and its uint64 KV
+events carry exactly the integers vLLM's own events carry (int.from_bytes(digest, "big") &
+(2**64 - 1)), so one router indexes engines and kvpool alike.
 """
 
 import hashlib
@@ -40,7 +41,8 @@ def vllm_int(digest):
 def test_blocks_equal_sha256_over_cbor2_for_random_tokens_and_extra_keys():
     rng = random.Random(26)
     extras = [None, ("sql-adapter",), ("mm-7f3a", ("mm-7f3a", 16), -1, b"\x00\xff"),
-              ("salt",), (2**63, -2**63, 2**64 - 1, 0, 23, 24)]
+              ("salt",), (2**63, -2**63, 2**64 - 1, 0, 23, 24), ("a", None, ()),
+              (bytearray(b"\x01\x02"), [3, "x" * 300])]
     for seed in ("0", "42", "a seed that is long enough to need a one-byte length head"):
         h = kvpool.VllmBlockHasher(seed)
         assert h.none_hash == sha256_cbor(seed)
@@ -86,6 +88,8 @@ def test_bad_arguments_are_refused_naming_them():
         h.block(None, [1], (True,))
     with pytest.raises(ValueError, match="extra_keys: an integer below"):
         h.block(None, [1], (-2**64,))
+    with pytest.raises(ValueError, match="extra_keys: an integer of 2\\*\\*64 or more"):
+        h.block(None, [1], (2**64,))
     with pytest.raises(ValueError, match="tokens_per_block"):
         h.chain([1, 2], 0)
 
@@ -133,6 +137,13 @@ def test_a_vllm_pool_takes_vllm_hashers_and_its_events_carry_vllms_integers(tmp_
         assert stored[1][1] == [vllm_int(d) for d in digests[1:]]
         assert stored[1][2] == vllm_int(digests[0])
         assert conn.lookup(keys) == pages
+        # SequenceCache hashes with kvpool's scheme: on this pool it refuses to begin.
+        seq = kvpool.SequenceCache(conn, kvpool.BlockHasher(),
+                                   kvpool.BlockHasher().root("m", conn.pool.geometry))
+        with pytest.raises(kvpool.Error, match="hashes with kvpool-sha256/1 but its connection "
+                                               "attached with vllm-sha256-cbor/1"):
+            seq.begin(tokens)
+        seq.close()
         sub.close(linger=0)
         ctx.term()
         conn.close()
