@@ -49,15 +49,22 @@ events:
 )" + events;
 }
 
-// Publishes `n` new blocks (hashes unique to `round`) and releases them to the cache.
-void publish_round(client::Connection& w, uint32_t round, uint32_t n) {
+// Publishes `n` new blocks (hashes unique to `round`) and releases them to the cache. With
+// `tpp` > 0 the blocks are one chain of `tpp` token ids each (the client splits the call at
+// kMaxBatch ids, chaining each part to the last).
+void publish_round(client::Connection& w, uint32_t round, uint32_t n, uint32_t tpp = 0) {
   auto pages = w.alloc(n);
   ASSERT_TRUE(pages.ok()) << pages.error().message;
   std::vector<PublishItem> items;
   items.reserve(n);
   for (uint32_t i = 0; i < n; ++i)
     items.push_back({pages.value()[i], test_hash((uint64_t{round} << 32) | i)});
-  auto published = w.publish(items);
+  std::vector<uint32_t> tokens(size_t{n} * tpp);
+  for (size_t t = 0; t < tokens.size(); ++t)
+    tokens[t] = static_cast<uint32_t>(100000 + (t * 7919 + round) % 150000);  // 5-byte msgpack ints
+  client::PublishChain chain;
+  chain.token_ids = tokens;
+  auto published = w.publish(items, {}, chain);
   ASSERT_TRUE(published.ok()) << published.error().message;
   ASSERT_TRUE(w.release(pages.value()).ok());
 }
@@ -126,25 +133,6 @@ TEST(KvEventsLimits, ABigBatchIsSplitIntoMessagesOfAtMost4096HashesInOrder) {
   EXPECT_EQ(daemon_stats(*w).kv_batches_published, 4u);
 }
 
-// Publishes `n` new blocks of `tpp` tokens as one chain with its token ids (the client splits
-// the call at kMaxBatch ids, chaining each part to the last) and releases them to the cache.
-void publish_chain_round(client::Connection& w, uint32_t round, uint32_t n, uint32_t tpp) {
-  auto pages = w.alloc(n);
-  ASSERT_TRUE(pages.ok()) << pages.error().message;
-  std::vector<PublishItem> items;
-  items.reserve(n);
-  for (uint32_t i = 0; i < n; ++i)
-    items.push_back({pages.value()[i], test_hash((uint64_t{round} << 32) | i)});
-  std::vector<uint32_t> tokens(size_t{n} * tpp);
-  for (size_t t = 0; t < tokens.size(); ++t)
-    tokens[t] = static_cast<uint32_t>(100000 + (t * 7919 + round) % 150000);  // 5-byte msgpack ints
-  client::PublishChain chain;
-  chain.token_ids = tokens;
-  auto published = w.publish(items, {}, chain);
-  ASSERT_TRUE(published.ok()) << published.error().message;
-  ASSERT_TRUE(w.release(pages.value()).ok());
-}
-
 // The issue's attack: a subscriber connects and never reads while workers publish big batches.
 // Before the budget, libzmq queued every batch for it and the daemon grew by gigabytes. Each
 // round publishes 65,536 blocks and evicts them: 16 messages stored and 16 removed.
@@ -200,11 +188,7 @@ void never_reading_subscriber(const std::string& pool_config, uint32_t rounds,
   // With the budget free again, a reading subscriber gets what follows, token ids included.
   ZmqSocket reader(ZMQ_SUB, endpoint);
   let_subscription_arrive();
-  if (tokens_per_page == 0) {
-    publish_round(*w, rounds, 10);
-  } else {
-    publish_chain_round(*w, rounds, 10, tokens_per_page);
-  }
+  publish_round(*w, rounds, 10, tokens_per_page);
   const std::vector<std::string> frames = reader.receive();
   ASSERT_EQ(frames.size(), 3u);
   EXPECT_EQ(seq_of(frames[1]), uint64_t{rounds} * 32 + 1);
@@ -233,7 +217,7 @@ events:
   zmq_token_ids: true
 )";
   never_reading_subscriber(cfg, 30, kTokensPerPage, [](client::Connection& w, uint32_t round) {
-    publish_chain_round(w, round, kBatchBlocks, kTokensPerPage);
+    publish_round(w, round, kBatchBlocks, kTokensPerPage);
   });
 }
 
