@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "client/capi/kvpool.h"
 #include "client/connection/connection.h"
@@ -12,6 +13,10 @@ struct kvpool_conn {
   std::unique_ptr<kvpool::client::Connection> conn;
   std::string last_error;
   kvpool::PageHints hints;
+  // The model's names as the hello gave them, kept here so that the pointers kvpool_model_name
+  // and kvpool_group_name return live until kvpool_detach (a session's model never changes).
+  std::string model{};
+  std::vector<std::string> groups{};
 };
 
 namespace kvpool::capi {

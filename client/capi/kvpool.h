@@ -182,25 +182,34 @@ int kvpool_poll_notices(kvpool_conn* c, int* changed);
 int kvpool_resize(kvpool_conn* c, uint32_t pages, uint32_t* now);
 
 /* Hybrid models (kvpoold's pools[].groups: one pool per KV group, MODEL/GROUP, one budget). A
- * worker attaches one session per group, each joining the first (kvpool_attach_group), and one
- * kvpool_lookup_groups answers the prefix every group can serve. kvpool_model_name is "" and
- * kvpool_num_groups 0 on a plain pool; kvpool_group is this session's group, kvpool_group_name
- * the name of group g (NULL past the end), the pool of group g being "<model>/<name>". */
+ * worker attaches one session per group, each joining the first (kvpool_attach_ex with
+ * options.link), and one kvpool_lookup_groups answers the prefix every group can serve.
+ * kvpool_model_name is "" and kvpool_num_groups 0 on a plain pool; kvpool_group is this
+ * session's group, kvpool_group_name the name of group g (NULL past the end), the pool of group g
+ * being "<model>/<name>". The strings stay valid until kvpool_detach. */
 const char* kvpool_model_name(const kvpool_conn* c);
 uint32_t kvpool_num_groups(const kvpool_conn* c);
 uint32_t kvpool_group(const kvpool_conn* c);
 const char* kvpool_group_name(const kvpool_conn* c, uint32_t g);
 uint64_t kvpool_session_id(const kvpool_conn* c);
 /* The longest prefix of chain every group can serve: *hits blocks; out (room for
- * kvpool_num_groups · n, group-major: group g's page of block i at out[g · n + i]) gets each
- * group's pages, held by that group's session, KVPOOL_NO_PAGE where a group's window does not
- * need the block. The session must be linked to every group's. */
+ * kvpool_num_groups · n, group-major: group g's page of block i at out[g · n + i]; entries from
+ * hits to n − 1 are left as they were) gets each group's pages, held by that group's session,
+ * KVPOOL_NO_PAGE where a group's window does not need the block. The session must be linked to
+ * every group's. A group's pool is elastic: a page at or past its connection's num_pages
+ * (kvpool_get_pool_info) is in a segment that connection has not mapped yet; kvpool_sync_pool
+ * on it maps it before the page is touched. */
 int kvpool_lookup_groups(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
                          uint32_t* hits);
 
+/* Asks the daemon for the pool's segments and maps the new ones now (one round trip); *changed
+ * (may be NULL) = 1 when the mapping changed. For a page another session's reply named. */
+int kvpool_sync_pool(kvpool_conn* c, int* changed);
+
 /* Static reservations: the pages of a sequence of up to max_tokens, held at once, its block
  * table fixed (kvpool_release refuses them) until kvpool_unreserve or the session's end. seeds
- * (pages this session holds, a lookup's hit; may be NULL with n_seeds 0) come first. table needs
+ * (pages this session holds, a lookup's hit; may be NULL with n_seeds 0) come first, a sliding
+ * group's KVPOOL_NO_PAGE entries staying KVPOOL_NO_PAGE in the table. table needs
  * room for ceil(max_tokens / tokens_per_page) pages (*written = that count); a smaller table is
  * refused before anything is reserved. Counts against the session's and tenant's quota. */
 int kvpool_reserve(kvpool_conn* c, uint32_t max_tokens, const kvpool_page_id* seeds, size_t n_seeds,

@@ -84,7 +84,8 @@ int kvpool_attach_ex(const char* socket_path, const char* worker_name, const cha
     }
     return static_cast<int>(r.error().status.code());
   }
-  *out = new kvpool_conn{std::move(r.value()), {}, {}};
+  const kvpool::wire::PoolInfo& info = r.value()->pool();
+  *out = new kvpool_conn{std::move(r.value()), {}, {}, info.model, info.groups};
   return KVPOOL_OK;
 }
 

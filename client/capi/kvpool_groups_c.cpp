@@ -2,6 +2,7 @@
 // client::Connection: a model's names and groups from the hello's PoolInfo, lookup_groups and
 // reserve / unreserve.
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -16,11 +17,11 @@ using kvpool::capi::too_many;
 extern "C" {
 
 const char* kvpool_model_name(const kvpool_conn* c) {
-  return c->conn->pool().model.c_str();
+  return c->model.c_str();
 }
 
 uint32_t kvpool_num_groups(const kvpool_conn* c) {
-  return static_cast<uint32_t>(c->conn->pool().groups.size());
+  return static_cast<uint32_t>(c->groups.size());
 }
 
 uint32_t kvpool_group(const kvpool_conn* c) {
@@ -28,8 +29,15 @@ uint32_t kvpool_group(const kvpool_conn* c) {
 }
 
 const char* kvpool_group_name(const kvpool_conn* c, uint32_t g) {
-  const auto& groups = c->conn->pool().groups;
-  return g < groups.size() ? groups[g].c_str() : nullptr;
+  return g < c->groups.size() ? c->groups[g].c_str() : nullptr;
+}
+
+int kvpool_sync_pool(kvpool_conn* c, int* changed) {
+  if (changed != nullptr) *changed = 0;
+  auto r = c->conn->sync_segments();
+  if (!r.ok()) return fail(c, r);
+  if (changed != nullptr) *changed = r.value() ? 1 : 0;
+  return KVPOOL_OK;
 }
 
 uint64_t kvpool_session_id(const kvpool_conn* c) {
@@ -49,7 +57,9 @@ int kvpool_lookup_groups(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvp
   // The daemon answers every group of the model, each with hits() entries (≤ n).
   for (size_t g = 0; g < reply.groups.size(); ++g) {
     const std::vector<kvpool::PageId>& pages = reply.groups[g].pages;
-    std::memcpy(out + g * n, pages.data(), pages.size() * sizeof(kvpool_page_id));
+    if (!pages.empty()) {
+      std::memcpy(out + g * n, pages.data(), pages.size() * sizeof(kvpool_page_id));
+    }
   }
   *hits = reply.hits();
   return KVPOOL_OK;
@@ -63,7 +73,7 @@ int kvpool_reserve(kvpool_conn* c, uint32_t max_tokens, const kvpool_page_id* se
     return refuse(c, "kvpool_reserve: seeds is NULL but n_seeds is " + std::to_string(n_seeds));
   }
   if (n_seeds > kvpool::wire::kMaxBatch) return too_many(c, n_seeds);
-  const uint32_t tpp = c->conn->pool().geometry.tokens_per_page;
+  const uint32_t tpp = std::max(1u, c->conn->pool().geometry.tokens_per_page);
   const uint64_t pages = (uint64_t{max_tokens} + tpp - 1) / tpp;
   if (table == nullptr || table_len < pages) {
     return refuse(c, "kvpool_reserve: the table has room for " + std::to_string(table_len) +
@@ -73,7 +83,9 @@ int kvpool_reserve(kvpool_conn* c, uint32_t max_tokens, const kvpool_page_id* se
   auto r = c->conn->reserve(max_tokens, std::span(seeds, n_seeds), c->hints);
   if (!r.ok()) return fail(c, r);
   const kvpool::wire::ReserveReply& reply = r.value();
-  std::memcpy(table, reply.pages.data(), reply.pages.size() * sizeof(kvpool_page_id));
+  if (!reply.pages.empty()) {
+    std::memcpy(table, reply.pages.data(), reply.pages.size() * sizeof(kvpool_page_id));
+  }
   *reservation = reply.reservation;
   if (written != nullptr) *written = reply.pages.size();
   return KVPOOL_OK;

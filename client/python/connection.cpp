@@ -323,6 +323,14 @@ void bind_connection(py::module_& m) {
           "segments, unmaps the removed ones); True when the mapping changed. For idle workers; "
           "every other call does it too. Views stay valid: the pool's base never moves.")
       .def(
+          "sync",
+          [](PyConnection& c) {
+            return c.call([](client::Connection& k) { return k.sync_segments(); });
+          },
+          "Asks the daemon for the pool's segments and maps the new ones now (one round trip); "
+          "True when the mapping changed. For a page another group's lookup_groups returned "
+          "past pool.num_pages (HybridModel.lookup does this).")
+      .def(
           "resize",
           [](PyConnection& c, uint32_t pages) {
             return c.call([&](client::Connection& k) { return k.resize(pages); });

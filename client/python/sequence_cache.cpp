@@ -93,7 +93,8 @@ void bind_sequence_cache(py::module_& m) {
           py::arg("prompt"), py::arg("held"),
           "begin() from a prefix hit this connection already holds (its group's part of "
           "Connection.lookup_groups; None for blocks a window skipped): the cache takes those "
-          "references over. Returns the cached tokens.")
+          "references over, whether it succeeds or not (a refused begin_from gives them back). "
+          "Returns the cached tokens.")
       .def(
           "append",
           [](PySequenceCache& s, int64_t token) {

@@ -46,14 +46,25 @@ Result<uint32_t> SequenceCache::begin(std::span<const uint32_t> prompt) {
 
 Result<uint32_t> SequenceCache::begin_from(std::span<const uint32_t> prompt,
                                            std::span<const PageId> held) {
+  // Refused before the cache takes them: the references go back, as start() gives its own back.
+  auto refuse = [&](Error e) -> Result<uint32_t> {
+    std::vector<PageId> pages;
+    for (const PageId p : held) {
+      if (p != kNoPage) pages.push_back(p);
+    }
+    if (!pages.empty()) (void)conn_.release(pages);
+    return e;
+  };
   if (!tokens_.empty()) {
-    return Error{Status(Errc::invalid_argument), "begin_from() on a sequence that has tokens"};
+    return refuse(
+        Error{Status(Errc::invalid_argument), "begin_from() on a sequence that has tokens"});
   }
-  if (auto ok = check_scheme(); !ok.ok()) return ok.error();
+  if (auto ok = check_scheme(); !ok.ok()) return refuse(ok.error());
   if (held.size() > prompt.size() / tpp_) {
-    return Error{Status(Errc::invalid_argument),
-                 "begin_from(): " + std::to_string(held.size()) + " held pages for a prompt of " +
-                     std::to_string(prompt.size() / tpp_) + " full blocks"};
+    return refuse(Error{Status(Errc::invalid_argument),
+                        "begin_from(): " + std::to_string(held.size()) +
+                            " held pages for a prompt of " + std::to_string(prompt.size() / tpp_) +
+                            " full blocks"});
   }
   tokens_.assign(prompt.begin(), prompt.end());
   hash_new_full_blocks();

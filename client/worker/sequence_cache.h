@@ -56,10 +56,10 @@ class SequenceCache {
   // Precondition: the sequence is empty.
   Result<uint32_t> begin(std::span<const uint32_t> prompt);
   // begin() from a prefix hit this session already holds (a group's part of lookup_groups:
-  // HybridSequence; kNoPage for blocks a window skipped): the cache takes those references over.
-  // Returns held.size() · tokens_per_page. Precondition: the sequence is empty and `held` names
-  // at most the prompt's full blocks (else nothing is taken over and the caller still holds
-  // them).
+  // HybridSequence; kNoPage for blocks a window skipped): the cache takes those references over,
+  // whether it succeeds or not (a failed begin_from gives them back). Returns held.size() ·
+  // tokens_per_page. Precondition: the sequence is empty and `held` names at most the prompt's
+  // full blocks.
   Result<uint32_t> begin_from(std::span<const uint32_t> prompt, std::span<const PageId> held);
   // Appends one token; returns its slot.
   Result<Slot> append(uint32_t token);

@@ -64,8 +64,8 @@ TEST(CApiGroups, AModelsGroupsLookUpTogetherAndReserveFromTheHit) {
   EXPECT_EQ(kvpool_group(global), 1u);
   EXPECT_NE(kvpool_session_id(global), kvpool_session_id(local));
 
-  // Six blocks cached in both groups.
-  std::vector<kvpool_hash> chain(6);
+  // Six blocks of a chain of eight cached in both groups.
+  std::vector<kvpool_hash> chain(8);
   for (uint64_t i = 0; i < chain.size(); ++i)
     chain[i] = kvpool_hash{0xC0DE0000 + i, i + 1};
   for (kvpool_conn* c : {local, global}) {
@@ -79,8 +79,10 @@ TEST(CApiGroups, AModelsGroupsLookUpTogetherAndReserveFromTheHit) {
     ASSERT_EQ(kvpool_release(c, pages, 6), KVPOOL_OK) << kvpool_last_error(c);
   }
 
-  // One lookup on either session: every block; the sliding group's part only the window's.
-  std::vector<kvpool_page_id> found(2 * chain.size(), 0);
+  // One lookup on either session: the six cached blocks; the sliding group's part only the
+  // window's. Group g's entries start at g · 8; those past the hit stay as they were.
+  constexpr kvpool_page_id kUntouched = 0xABCD;
+  std::vector<kvpool_page_id> found(2 * chain.size(), kUntouched);
   uint32_t hits = 0;
   ASSERT_EQ(kvpool_lookup_groups(global, chain.data(), chain.size(), found.data(), &hits),
             KVPOOL_OK)
@@ -88,14 +90,19 @@ TEST(CApiGroups, AModelsGroupsLookUpTogetherAndReserveFromTheHit) {
   ASSERT_EQ(hits, 6u);
   for (size_t i = 0; i < 4; ++i)
     EXPECT_EQ(found[i], KVPOOL_NO_PAGE) << "local block " << i;
-  for (size_t i = 4; i < 12; ++i)
+  for (size_t i : {4u, 5u, 8u, 9u, 10u, 11u, 12u, 13u})
     EXPECT_NE(found[i], KVPOOL_NO_PAGE) << "entry " << i;
+  for (size_t i : {6u, 7u, 14u, 15u})
+    EXPECT_EQ(found[i], kUntouched) << "entry " << i;
+  int changed = -1;
+  ASSERT_EQ(kvpool_sync_pool(local, &changed), KVPOOL_OK) << kvpool_last_error(local);
+  EXPECT_EQ(changed, 0);  // nothing grew
   EXPECT_EQ(held(local), 2u);
   EXPECT_EQ(held(global), 6u);
 
   // A reservation of 40 tokens (10 pages) seeded with the full group's 6: a table of 9 is
   // refused before anything is reserved.
-  const kvpool_page_id* seeds = found.data() + 6;
+  const kvpool_page_id* seeds = found.data() + 8;
   uint64_t reservation = 0;
   std::vector<kvpool_page_id> table(10, 0);
   size_t written = 99;

@@ -103,3 +103,29 @@ def test_a_group_that_cannot_be_attached_leaves_nothing_attached(monkeypatch):
         assert "while attaching group global (pool m/global)" in refused.value.__notes__
         with real_attach(d.socket, pool="plain") as observer:
             assert observer.daemon_stats()["sessions"] == 1  # the observer alone
+
+
+def test_a_lookup_maps_the_segments_a_group_grew_since_its_session_last_synced():
+    # The second model attaches while each group has one segment (128 pages of 128 bytes); the
+    # first then computes 200 blocks, so both groups grow. The second's one lookup returns pages
+    # past what its sessions mapped: HybridModel.lookup maps them before returning.
+    with LocalDaemon(CONFIG) as d:
+        second = kvpool.HybridModel(d.socket, "m", worker="second")
+        mapped = [second.group(g).pool.num_pages for g in range(2)]
+        first = kvpool.HybridModel(d.socket, "m", worker="first")
+        hasher = kvpool.BlockHasher()
+        root = hasher.root("toy", first.group(0).pool.geometry)
+        prompt = list(range(800))  # 200 blocks
+        with kvpool.HybridSequence(first, hasher, root) as seq:
+            seq.begin(prompt)
+            seq.publish_full()
+        hit = second.lookup(hasher.chain(root, prompt, 4))
+        assert len(hit[1]) == 200
+        for g in range(2):
+            pages = [p for p in hit[g] if p is not None]
+            assert pages, g
+            assert max(pages) >= mapped[g], (g, max(pages), mapped[g])  # the test's premise
+            assert max(pages) < second.group(g).pool.num_pages, g  # mapped now
+            second.group(g).release(pages)
+        first.close()
+        second.close()

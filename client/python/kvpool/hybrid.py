@@ -54,7 +54,8 @@ class HybridModel:
                     groups[g] = attach(socket, worker=worker, pool=pool, map_memory=map_memory,
                                        link_session=first.session_id, hasher=hasher)
                 except Exception as e:
-                    e.add_note(f"while attaching group {name} (pool {pool})")
+                    if hasattr(e, "add_note"):  # Python 3.11 on
+                        e.add_note(f"while attaching group {name} (pool {pool})")
                     raise
         except BaseException:
             for c in groups:
@@ -75,10 +76,17 @@ class HybridModel:
     def lookup(self, chain: Sequence[BlockHash]) -> list[list[Optional[int]]]:
         """The longest prefix of `chain` every group can serve now: per group, a page per block
         of it (None where that group's window does not need the block), each held by that
-        group's session."""
+        group's session, whose mapping covers them when this returns."""
         if len(self._groups) == 1:
             return [list(self._groups[0].lookup(chain))]
-        return self._groups[0].lookup_groups(chain)
+        hit = self._groups[0].lookup_groups(chain)
+        # The reply came on group 0's connection: a group whose pool grew since its session last
+        # synced maps its new segments now, before anyone reads the pages.
+        for g, part in enumerate(hit):
+            mapped = self._groups[g].pool.num_pages
+            if any(p is not None and p >= mapped for p in part):
+                self._groups[g].sync()
+        return hit
 
     def close(self) -> None:
         """Closes every group's session (the daemon releases what each still held)."""
@@ -128,12 +136,19 @@ class HybridSequence:
             try:
                 cached = self._groups[g].begin_from(prompt, part)
             except BaseException:
-                # The groups begun give their pages back; those not begun, the hit's references.
-                self.release()
+                # begin_from gave group g's part back; the groups not begun give the hit's
+                # references back, and the groups begun their pages, each tried.
                 for k in range(g + 1, len(hit)):
                     held = [p for p in hit[k] if p is not None]
-                    if held:
-                        self._model.group(k).release(held)
+                    try:
+                        if held:
+                            self._model.group(k).release(held)
+                    except BaseException:
+                        pass  # the first error is the one raised
+                try:
+                    self.release()
+                except BaseException:
+                    pass
                 raise
         return cached
 
@@ -160,9 +175,16 @@ class HybridSequence:
             raise first
 
     def close(self) -> None:
-        """Releases every group's pages and closes the caches."""
+        """Releases every group's pages and closes the caches (each tried; the first error is
+        raised)."""
+        first: Optional[BaseException] = None
         for s in self._groups:
-            s.close()
+            try:
+                s.close()
+            except BaseException as e:
+                first = first or e
+        if first is not None:
+            raise first
 
     def __enter__(self) -> "HybridSequence":
         return self

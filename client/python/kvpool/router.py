@@ -22,11 +22,12 @@ Keeping the view exact:
     read makes it forget the node (ValueError, naming it).
   * Replayed batches go under their own pool: kvpoold's replay socket gives each batch's topic
     when asked (a fourth request frame "topic"). vLLM's replay socket ignores such a request and
-    its replies carry no topic: a node that does not answer the first one (within
-    replay_timeout_ms) is asked vLLM's way from then on (Endpoints.replay_topics False says so
-    from the start), and its replayed batches are placed only on a node of one pool: one whose
-    Endpoints list a single pool, or, when they list none, one whose events have only ever named
-    one; a node with several pools is forgotten on a gap instead.
+    its replies carry no topic: a node that does not answer the first such request (within
+    replay_timeout_ms) but answers vLLM's form is asked vLLM's way from then on (until it
+    restarts; Endpoints.replay_topics False says so from the start), and its replayed batches
+    are placed only on a node of one pool: one whose Endpoints list a single pool, or, when they
+    list none, one whose events have only ever named one; a node with several pools is
+    forgotten on a gap instead. A node that answers neither costs two timeouts and a resync.
   So the router never claims a block a node does not hold.
 
 Block hashes are kept as sent: 16-byte ``bytes`` (events.zmq_block_hash: bytes, the default) or
@@ -212,6 +213,7 @@ class KvRouter:
             elif _digest(got[0][1]) != node.last_digest:
                 node.restarts += 1
                 node.last_seq = None
+                node.replay_topics = node.endpoints.replay_topics
             else:
                 self._apply_replayed(node, got[1:])
         if node.last_seq is None:
@@ -252,7 +254,13 @@ class KvRouter:
             if got is not _NO_ANSWER:
                 node.replay_topics = True
                 return got
-            node.replay_topics = False
+            if not self._placeable(node, pool):
+                return None  # still unknown; a node of several pools is not asked vLLM's way
+            got = self._ask_replay(node, pool, first, upto, topics=False)
+            if got is _NO_ANSWER:
+                return None  # nobody answers at all (down, unreachable): still unknown
+            node.replay_topics = False  # it answers vLLM's form only
+            return got
         if not node.replay_topics and not self._placeable(node, pool):
             return None
         got = self._ask_replay(node, pool, first, upto, topics=node.replay_topics)
