@@ -144,6 +144,17 @@ def test_a_vllm_pool_takes_vllm_hashers_and_its_events_carry_vllms_integers(tmp_
                                                "attached with vllm-sha256-cbor/1"):
             seq.begin(tokens)
         seq.close()
+        # begin_from takes a hit's references over even when it refuses: nothing stays held.
+        other = kvpool.attach(daemon.socket, worker="other", hasher=hasher)
+        hit = other.lookup(keys)
+        assert other.stats()["session_held_pages"] == 3
+        seq = kvpool.SequenceCache(other, kvpool.BlockHasher(),
+                                   kvpool.BlockHasher().root("m", other.pool.geometry))
+        with pytest.raises(kvpool.Error, match="attached with vllm-sha256-cbor/1"):
+            seq.begin_from(tokens, hit)
+        assert other.stats()["session_held_pages"] == 0
+        seq.close()
+        other.close()
         sub.close(linger=0)
         ctx.term()
         conn.close()
