@@ -30,6 +30,13 @@ int fail(kvpool_conn* c, const kvpool::client::Result<T>& r) {
   return static_cast<int>(r.error().status.code());
 }
 
+// A call that answers whether the pool's mapping changed: *changed (may be NULL) = 1 or 0, or 0
+// and the error.
+inline int report_changed(kvpool_conn* c, const kvpool::client::Result<bool>& r, int* changed) {
+  if (changed != nullptr) *changed = r.ok() && r.value() ? 1 : 0;
+  return r.ok() ? KVPOOL_OK : fail(c, r);
+}
+
 // An argument refused before anything is sent: invalid_argument with `message`.
 inline int refuse(kvpool_conn* c, std::string message) {
   c->last_error = "invalid_argument: " + std::move(message);

@@ -271,11 +271,7 @@ int kvpool_get_daemon_counters(kvpool_conn* c, uint64_t* values, size_t n, size_
 }
 
 int kvpool_poll_notices(kvpool_conn* c, int* changed) {
-  if (changed != nullptr) *changed = 0;
-  auto r = c->conn->poll_notices();
-  if (!r.ok()) return fail(c, r);
-  if (changed != nullptr) *changed = r.value() ? 1 : 0;
-  return KVPOOL_OK;
+  return kvpool::capi::report_changed(c, c->conn->poll_notices(), changed);
 }
 
 int kvpool_resize(kvpool_conn* c, uint32_t pages, uint32_t* now) {

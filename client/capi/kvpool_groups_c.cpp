@@ -33,11 +33,7 @@ const char* kvpool_group_name(const kvpool_conn* c, uint32_t g) {
 }
 
 int kvpool_sync_pool(kvpool_conn* c, int* changed) {
-  if (changed != nullptr) *changed = 0;
-  auto r = c->conn->sync_segments();
-  if (!r.ok()) return fail(c, r);
-  if (changed != nullptr) *changed = r.value() ? 1 : 0;
-  return KVPOOL_OK;
+  return kvpool::capi::report_changed(c, c->conn->sync_segments(), changed);
 }
 
 uint64_t kvpool_session_id(const kvpool_conn* c) {

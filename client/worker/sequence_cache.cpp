@@ -5,7 +5,12 @@
 namespace kvpool::client {
 
 SequenceCache::SequenceCache(Connection& conn, BlockHasher& hasher, const BlockHash& root)
-    : conn_(conn), hasher_(hasher), root_(root), tpp_(conn.pool().geometry.tokens_per_page) {}
+    : conn_(conn),
+      hasher_(hasher),
+      root_(root),
+      tpp_(conn.pool().geometry.tokens_per_page),
+      scheme_matches_(conn.hash_scheme().name.empty() ||
+                      conn.hash_scheme().name == hasher.scheme_name()) {}
 
 SequenceCache::~SequenceCache() {
   (void)release();
@@ -19,11 +24,10 @@ void SequenceCache::hash_new_full_blocks() {
 }
 
 Result<Ok> SequenceCache::check_scheme() const {
-  const std::string& attached = conn_.hash_scheme().name;
-  if (attached.empty() || attached == hasher_.scheme_name()) return Ok{};
+  if (scheme_matches_) return Ok{};
   return Error{Status(Errc::invalid_argument),
                "this SequenceCache hashes with " + hasher_.scheme_name() +
-                   " but its connection attached with " + attached +
+                   " but its connection attached with " + conn_.hash_scheme().name +
                    " (the pool's scheme): every block would be named otherwise than the pool's "
                    "other workers name it"};
 }

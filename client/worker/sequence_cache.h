@@ -121,6 +121,7 @@ class SequenceCache {
   BlockHasher& hasher_;
   BlockHash root_;
   uint32_t tpp_;
+  bool scheme_matches_;  // the hasher names blocks as the connection said it would (check_scheme)
   std::vector<uint32_t> tokens_;
   std::vector<PageId> pages_;
   std::vector<BlockHash> hashes_;  // one per full block

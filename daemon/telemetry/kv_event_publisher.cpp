@@ -361,17 +361,14 @@ void KvEventPublisher::answer_replay(const std::string& identity, const std::str
     // ROUTER drops what passes its HWM for this peer; the client then misses the tail and
     // waits for the end marker in vain, as with vLLM's own publisher (it has a timeout).
     const std::string seq = seq_bytes(b.seq);
-    if (with_topic) {
-      (void)send_message(replay_, {identity, "", seq, b.payload, b.topic});
-    } else {
-      (void)send_message(replay_, {identity, "", seq, b.payload});
-    }
+    std::vector<std::string_view> frames{identity, "", seq, b.payload};
+    if (with_topic) frames.push_back(b.topic);
+    (void)send_message(replay_, frames);
   }
-  if (with_topic) {
-    (void)send_message(replay_, {identity, "", seq_bytes(~uint64_t{0}), "", ""});
-  } else {
-    (void)send_message(replay_, {identity, "", seq_bytes(~uint64_t{0}), ""});
-  }
+  const std::string end = seq_bytes(~uint64_t{0});
+  std::vector<std::string_view> frames{identity, "", end, ""};
+  if (with_topic) frames.push_back("");
+  (void)send_message(replay_, frames);
 }
 
 #else  // KVPOOL_ZMQ=OFF: no endpoint can be started; the rest is never reached.

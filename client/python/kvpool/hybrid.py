@@ -30,6 +30,17 @@ from typing import Optional, Sequence
 from ._kvpool import BlockHash, BlockHasher, Connection, SequenceCache, attach
 
 
+def _each(actions) -> Optional[BaseException]:
+    """Runs every action, even after one fails; returns the first exception (None when all ran)."""
+    first: Optional[BaseException] = None
+    for action in actions:
+        try:
+            action()
+        except BaseException as e:
+            first = first or e
+    return first
+
+
 class HybridModel:
     """One linked session per KV group of a model, in the model's group order."""
 
@@ -58,9 +69,7 @@ class HybridModel:
                         e.add_note(f"while attaching group {name} (pool {pool})")
                     raise
         except BaseException:
-            for c in groups:
-                if c is not None:
-                    c.close()
+            _each(c.close for c in groups if c is not None)
             raise
         self._groups = groups
 
@@ -90,8 +99,9 @@ class HybridModel:
 
     def close(self) -> None:
         """Closes every group's session (the daemon releases what each still held)."""
-        for c in self._groups:
-            c.close()
+        first = _each(c.close for c in self._groups)
+        if first is not None:
+            raise first
 
     def __enter__(self) -> "HybridModel":
         return self
@@ -137,18 +147,12 @@ class HybridSequence:
                 cached = self._groups[g].begin_from(prompt, part)
             except BaseException:
                 # begin_from gave group g's part back; the groups not begun give the hit's
-                # references back, and the groups begun their pages, each tried.
-                for k in range(g + 1, len(hit)):
-                    held = [p for p in hit[k] if p is not None]
-                    try:
-                        if held:
-                            self._model.group(k).release(held)
-                    except BaseException:
-                        pass  # the first error is the one raised
-                try:
-                    self.release()
-                except BaseException:
-                    pass
+                # references back, and the groups begun their pages, each tried (the error
+                # raised is begin_from's).
+                later = [(k, [p for p in hit[k] if p is not None]) for k in range(g + 1, len(hit))]
+                _each([*(lambda k=k, held=held: self._model.group(k).release(held)
+                         for k, held in later if held),
+                       *(s.release for s in self._groups)])
                 raise
         return cached
 
@@ -165,24 +169,14 @@ class HybridSequence:
     def release(self) -> None:
         """Gives every group's pages back, tail first; raises the first error after trying
         every group."""
-        first: Optional[BaseException] = None
-        for s in self._groups:
-            try:
-                s.release()
-            except BaseException as e:  # the other groups still give theirs back
-                first = first or e
+        first = _each(s.release for s in self._groups)
         if first is not None:
             raise first
 
     def close(self) -> None:
         """Releases every group's pages and closes the caches (each tried; the first error is
         raised)."""
-        first: Optional[BaseException] = None
-        for s in self._groups:
-            try:
-                s.close()
-            except BaseException as e:
-                first = first or e
+        first = _each(s.close for s in self._groups)
         if first is not None:
             raise first
 
