@@ -8,6 +8,13 @@
 //   layer_major  base holds, for each layer, a K plane then a V plane, each
 //                [num_pages][tokens_per_page][kv_heads][head_dim] (layer_major_k_offset /
 //                layer_major_v_offset); page_stride is not used, num_pages sizes the planes.
+//                An elastic layer_major pool is segmented: segments of segment_pages pages,
+//                segment_stride bytes apart, each laid out layer_major with planes of
+//                segment_pages pages, so page p is page p mod segment_pages of segment
+//                p / segment_pages. A segment is the unit an elastic pool grows and shrinks by, and
+//                every segment's planes sit at the same offsets inside it (segment_stride is a
+//                multiple of one page's plane bytes: engines index layer l's planes as one tensor
+//                of blocks, block_index below).
 // Kernels address either through kv_strides(kv): byte strides of page, layer, head, token and
 // V, computed once per call (or tile), so the inner loops are the same code for both layouts; a
 // head's tokens are head_dim elements apart in page_major and kv_heads · head_dim in
@@ -42,48 +49,94 @@ struct PagedKv {
   Geometry geometry;
   KvLayout layout = KvLayout::page_major;
   uint32_t num_pages = 0;  // layer_major: pages in each plane (≥ every page id used); else unused
+  // layer_major, segmented (see above): pages per segment and bytes from one segment to the
+  // next; 0 for a pool whose planes hold all num_pages pages.
+  uint32_t segment_pages = 0;
+  uint64_t segment_stride = 0;
 };
 
+// Pages in each of a layer_major pool's planes: a segment's, or the pool's when unsegmented.
+KVPOOL_HD uint32_t plane_pages(const PagedKv& kv) {
+  return kv.segment_pages != 0 ? kv.segment_pages : kv.num_pages;
+}
+
 // Byte strides of a pool: the first byte of the K row (page, layer, head, token) is at base +
-// page·page + layer·layer + head·head + token·token, its V row + v.
+// page_offset(page) + layer·layer + head·head + token·token, its V row + v, where page_offset(p)
+// is p·page, or in a segmented pool (p / segment_pages)·segment + (p mod segment_pages)·page.
 struct KvStrides {
   uint64_t page = 0;
   uint64_t layer = 0;
   uint64_t head = 0;
   uint64_t token = 0;
   uint64_t v = 0;
+  uint32_t segment_pages = 0;  // 0: not segmented
+  uint64_t segment = 0;
 
+  KVPOOL_HD uint64_t page_offset(uint64_t p) const {
+    if (segment_pages == 0) return p * page;
+    const auto p32 = static_cast<uint32_t>(p);  // page ids are 32-bit
+    return uint64_t{p32 / segment_pages} * segment + uint64_t{p32 % segment_pages} * page;
+  }
   KVPOOL_HD uint64_t row(uint64_t p, uint32_t layer_, uint32_t head_, uint32_t token_,
                          uint32_t is_v) const {
-    return p * page + layer_ * layer + head_ * head + token_ * token + (is_v != 0 ? v : 0);
+    return page_offset(p) + layer_ * layer + head_ * head + token_ * token + (is_v != 0 ? v : 0);
   }
 };
 
 KVPOOL_HD KvStrides kv_strides(const PagedKv& kv) {
-  const KvElementStrides e = kv_element_strides(kv.geometry, kv.layout, kv.num_pages);
+  const bool page_major = kv.layout == KvLayout::page_major;
+  const KvElementStrides e =
+      kv_element_strides(kv.geometry, kv.layout, page_major ? kv.num_pages : plane_pages(kv));
   const uint64_t b = dtype_bytes(kv.geometry.dtype);
-  const uint64_t page = kv.layout == KvLayout::page_major ? kv.page_stride : e.page * b;
-  return KvStrides{page, e.layer * b, e.head * b, e.token * b, e.v * b};
+  const uint64_t page = page_major ? kv.page_stride : e.page * b;
+  const uint32_t segment_pages = page_major ? 0 : kv.segment_pages;
+  return KvStrides{page,          e.layer * b, e.head * b, e.token * b, e.v * b,
+                   segment_pages, segment_pages != 0 ? kv.segment_stride : 0};
+}
+
+// Whether the segment fields fit together: unsegmented (both 0), or a layer_major pool whose
+// segment holds its planes (segment_stride ≥ kv_planes · layers · segment_pages · block) at a
+// stride that is a whole number of blocks.
+KVPOOL_HD bool segments_fit(const PagedKv& kv) {
+  if (kv.segment_pages == 0) return kv.segment_stride == 0;
+  if (kv.layout != KvLayout::layer_major) return false;
+  const KvStrides s = kv_strides(kv);
+  return s.page != 0 && kv.segment_stride % s.page == 0 &&
+         kv.segment_stride >= uint64_t{kv.geometry.layers} * s.layer;
+}
+
+// Where page p's rows of layer l's planes sit, counted in plane blocks (one page of one plane,
+// T·H·D elements) from that layer's K plane in segment 0: layer l's K (or V) plane, viewed as one
+// tensor of blocks from base + l·layer (+ v), holds page p at block block_index(p). p itself in
+// an unsegmented pool; in a segmented one (p / segment_pages) · (segment_stride / block bytes) +
+// p mod segment_pages, the same for every layer and for K and V. What a worker writes in the
+// block tables it hands an engine's own kernels (vLLM's per-layer cache, FlashInfer's paged KV).
+KVPOOL_HD uint64_t block_index(const PagedKv& kv, uint32_t p) {
+  if (kv.layout != KvLayout::layer_major || kv.segment_pages == 0) return p;
+  const uint64_t block = kv_strides(kv).page;
+  return uint64_t{p / kv.segment_pages} * (kv.segment_stride / block) + p % kv.segment_pages;
 }
 
 // Where the bytes of one page lie: `chunks` runs of chunk_bytes, run c of page p at base +
-// p · page + c · chunk (page_major: 1 run, the whole page; layer_major: kv_planes · layers runs,
+// at(p) + c · chunk (page_major: 1 run, the whole page; layer_major: kv_planes · layers runs,
 // K and V of each layer or a latent pool's one vector, one plane apart). What a page copy moves.
 struct PageChunks {
   uint32_t chunks = 0;
   uint64_t chunk_bytes = 0;
-  uint64_t page = 0;
   uint64_t chunk = 0;
+  KvStrides strides;  // at(p) is strides.page_offset(p)
+
+  KVPOOL_HD uint64_t at(uint64_t p) const { return strides.page_offset(p); }
 };
 
 KVPOOL_HD PageChunks page_chunks(const PagedKv& kv) {
   const Geometry& g = kv.geometry;
+  const KvStrides s = kv_strides(kv);
   if (kv.layout == KvLayout::layer_major) {
-    const KvStrides s = kv_strides(kv);
     const uint32_t planes = kv_planes(g);
-    return PageChunks{planes * g.layers, s.page, s.page, s.layer / planes};
+    return PageChunks{planes * g.layers, s.page, s.layer / planes, s};
   }
-  return PageChunks{1, page_data_bytes(g), kv.page_stride, 0};
+  return PageChunks{1, page_data_bytes(g), 0, s};
 }
 
 // Which keys a query at position pos sees, besides causality, and the sinks of its softmax

@@ -21,10 +21,26 @@ inline PagedKv paged_kv_of(const wire::PoolInfo& pool, std::byte* base) {
   kv.geometry = pool.geometry;
   kv.layout = pool.layout;
   kv.num_pages = pool.num_pages;
+  kv.segment_pages = pool.segment_pages;
+  kv.segment_stride = pool.segment_stride;
   kv.scales = page_scale_bytes(pool.geometry) == 0 || base == nullptr
                   ? nullptr
                   : reinterpret_cast<float*>(base + pool.scales_offset);
   return kv;
+}
+
+// Bytes from layer l's planes to layer l + 1's in a layer_major pool (inside a segment when the
+// pool is segmented); 0 in page_major.
+inline uint64_t layer_stride_of(const wire::PoolInfo& pool) {
+  return pool.layout == KvLayout::layer_major ? kv_strides(paged_kv_of(pool, nullptr)).layer : 0;
+}
+
+// The bytes from the base that the pool's num_pages pages span: whole pages of page_stride, or
+// in a segmented pool whole segments.
+inline uint64_t pages_extent(const wire::PoolInfo& pool) {
+  if (pool.segment_pages == 0) return uint64_t{pool.num_pages} * pool.page_stride;
+  return (uint64_t{pool.num_pages} + pool.segment_pages - 1) / pool.segment_pages *
+         pool.segment_stride;
 }
 
 }  // namespace kvpool::kernels

@@ -61,6 +61,12 @@ typedef struct {
   uint32_t max_pages;
   uint32_t epoch;
   uint64_t reserved_bytes;
+  /* A segmented layer_major pool (an elastic one): segments of segment_pages pages,
+   * segment_stride bytes apart, each laid out layer_major with planes of segment_pages pages
+   * (layer_stride is inside a segment); both 0 otherwise. kvpool_block_index() gives a page's
+   * place in a per-layer tensor of blocks. */
+  uint32_t segment_pages;
+  uint64_t segment_stride;
 } kvpool_pool_info;
 
 typedef struct {
@@ -111,6 +117,12 @@ const char* kvpool_last_error(const kvpool_conn* c);
 
 void* kvpool_base(const kvpool_conn* c);
 void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out);
+/* Where page `page` sits in a per-layer tensor of blocks: layer l's K plane viewed from
+ * kvpool_base(c) + l * layer_stride in blocks of tokens_per_page * kv_heads * head_dim elements
+ * (V: a further segment_pages blocks, or num_pages in an unsegmented pool). The page itself
+ * except in a segmented layer_major pool: (page / segment_pages) * (segment_stride / block
+ * bytes) + page % segment_pages. What block tables handed to an engine's own kernels hold. */
+uint64_t kvpool_block_index(const kvpool_conn* c, kvpool_page_id page);
 /* The attention kind of the pool's geometry (KVPOOL_ATTENTION_FULL, _SLIDING, _CHUNKED or
  * _LATENT) and its window in tokens (0 for full and latent): what kvpool_hash_root_attention needs
  * to name the pool's blocks as every other worker of the pool does. Either pointer may be NULL. */

@@ -43,6 +43,7 @@
 
 #include "client/connection/pool_mapping.h"
 #include "common/wire/protocol.h"
+#include "kernels/pool_view.h"
 
 namespace kvpool::client {
 
@@ -97,7 +98,7 @@ class Connection {
   KvLayout layout() const { return pool_.layout; }
   // Bytes from layer l's K plane to layer l + 1's in layer_major; 0 in page_major.
   uint64_t layer_stride() const {
-    return layer_stride_bytes(pool_.geometry, pool_.layout, pool_.num_pages);
+    return kernels::layer_stride_of(pool_);
   }
   // The scales of page p in 8-bit pools (layers · kv_heads · 2 floats, kernels/paged_kv.h), in the
   // side region at pool().scales_offset; nullptr for 16-bit pools.

@@ -8,6 +8,7 @@
 
 #include "common/device/memfd_vmm.h"
 #include "common/device/vmm.h"
+#include "kernels/pool_view.h"
 #ifdef KVPOOL_WITH_CUDA
 #include "common/device/cuda_device.h"
 #endif
@@ -69,7 +70,7 @@ std::string why_unmappable(const wire::PoolInfo& pool, size_t fd_count, bool nee
     }
     return lo >= hi;
   };
-  const uint64_t pages_end = uint64_t{pool.num_pages} * pool.page_stride;
+  const uint64_t pages_end = kernels::pages_extent(pool);
   if (!covered(0, pages_end)) {
     return std::to_string(pool.num_pages) + " pages of " + std::to_string(pool.page_stride) +
            " bytes are not all inside the mapped segments";

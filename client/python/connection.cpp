@@ -13,6 +13,7 @@
 #include "client/python/py_connection.h"
 #include "common/stats_counters.h"
 #include "common/vllm_block_hash.h"
+#include "kernels/pool_view.h"
 
 namespace kvpool::python {
 
@@ -104,9 +105,24 @@ void bind_connection(py::module_& m) {
       .def_property_readonly(
           "layer_stride",
           [](const wire::PoolInfo& p) {
-            return layer_stride_bytes(p.geometry, p.layout, p.num_pages);
+            return kernels::layer_stride_of(p);
           },
-          "bytes from layer l to l+1 in a layer_major pool; 0 in page_major")
+          "bytes from layer l to l+1 in a layer_major pool (inside a segment when it is "
+          "segmented); 0 in page_major")
+      .def_readonly("segment_pages", &wire::PoolInfo::segment_pages,
+                    "a segmented (elastic) layer_major pool's pages per segment; 0 otherwise")
+      .def_readonly("segment_stride", &wire::PoolInfo::segment_stride,
+                    "bytes from one segment of a segmented layer_major pool to the next; 0 "
+                    "otherwise")
+      .def(
+          "block_index",
+          [](const wire::PoolInfo& p, PageId page) {
+            return kernels::block_index(kernels::paged_kv_of(p, nullptr), page);
+          },
+          py::arg("page"),
+          "Where page `page` sits in kv_cache_view()'s block dimension: the page itself, except "
+          "in a segmented layer_major pool, whose segments are segment_stride bytes apart "
+          "(what a block table handed to an engine's own kernels holds).")
       .def("__repr__", [](const wire::PoolInfo& p) {
         return "PoolInfo(name='" + p.pool_name + "', backend='" + p.backend +
                "', num_pages=" + std::to_string(p.num_pages) + ")";

@@ -52,7 +52,9 @@
 //            backend, string tenant, i32 device, 16 bytes device uuid, u64 reserved_bytes, u64
 //            scales_offset, u32 max_pages, u32 epoch, u32 n ≤ kMaxSegments, n × (u64 offset, u64
 //            bytes, u32 m ≤ kMaxHandleBytes, m bytes handle), string model, u32 group, u32 g
-//            ≤ kMaxGroups, g × string group name) — model "" and g = 0 for a plain pool;
+//            ≤ kMaxGroups, g × string group name, u32 segment_pages, u64 segment_stride) — model
+//            "" and g = 0 for a plain pool; segment_pages and segment_stride 0 unless the pool is a
+//            segmented layer_major one (kernels/paged_kv.h);
 //            descriptor backends (host, fake-device, cuda-vmm) pass one fd per segment, in segment
 //            order, with this reply (SCM_RIGHTS); cuda-ipc passes none (the handles)
 //   alloc    u32 n, n × u32 page
@@ -119,8 +121,9 @@ inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // kNoPage (tier kTierNone) for blocks before the window its hit needs; 9: hybrid models (the
 // model and groups in PoolInfo, hello's link_session, lookup_groups) and static reservations
 // (reserve, unreserve); 10: publish's optional chain (parent, token ids, adapter name) for the
-// KV events; 11: hello's hash scheme.
-inline constexpr uint16_t kProtocolVersion = 11;
+// KV events; 11: hello's hash scheme; 12: segmented layer_major pools (segment_pages and
+// segment_stride in PoolInfo).
+inline constexpr uint16_t kProtocolVersion = 12;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call
@@ -401,6 +404,10 @@ struct PoolInfo {
   std::string model;
   uint32_t group = 0;
   std::vector<std::string> groups;
+  // A segmented layer_major pool (an elastic one, kernels/paged_kv.h): pages per segment and
+  // bytes from one segment to the next; both 0 otherwise.
+  uint32_t segment_pages = 0;
+  uint64_t segment_stride = 0;
   friend bool operator==(const PoolInfo&, const PoolInfo&) = default;
 };
 

@@ -116,7 +116,7 @@ size_t pool_info_size(const PoolInfo& p) {
   n += kU32 + p.model.size() + 2 * kU32;
   for (const std::string& g : p.groups)
     n += kU32 + g.size();
-  return n;
+  return n + kU32 + kU64;  // segment_pages, segment_stride
 }
 size_t body_size(const HelloReply& m) {
   return kU64 + pool_info_size(m.pool);
@@ -254,6 +254,8 @@ void put_pool_info(Writer& w, const PoolInfo& p) {
   w.put(static_cast<uint32_t>(p.groups.size()));
   for (const std::string& g : p.groups)
     w.str(g);
+  w.put(p.segment_pages);
+  w.put(p.segment_stride);
 }
 void put_body(Writer& w, const HelloReply& m) {
   w.put(m.session_id);
@@ -481,6 +483,15 @@ bool get_pool_info(Reader& r, PoolInfo& p) {
   p.groups.resize(g);
   for (std::string& name : p.groups) {
     if (!r.str(name, "group name")) return false;
+  }
+  if (!(r.get(p.segment_pages, "segment_pages") && r.get(p.segment_stride, "segment_stride"))) {
+    return false;
+  }
+  if ((p.segment_pages == 0) != (p.segment_stride == 0) ||
+      (p.segment_pages != 0 && p.layout != KvLayout::layer_major)) {
+    return r.fail(p.segment_pages, cat({r.what(), ": segment_pages ", p.segment_pages,
+                                        " and segment_stride ", p.segment_stride,
+                                        " (both set, and only for a layer_major pool, or both 0)"}));
   }
   return true;
 }

@@ -288,11 +288,6 @@ class Parser : private NodeReader {
         if (pool.max_capacity->unit == Capacity::Unit::fraction) {
           fail(*m, "expected pages or bytes (an elastic pool's limits are absolute)");
         }
-        if (pool.layout != KvLayout::page_major) {
-          fail(*m,
-               "only page_major pools can be elastic (a layer_major pool's planes are sized "
-               "by its page count)");
-        }
       }
       if (auto* m = find(f, "min_capacity")) {
         if (!pool.max_capacity) fail(*m, "min_capacity needs max_capacity (an elastic pool)");
@@ -350,11 +345,6 @@ class Parser : private NodeReader {
            "a pool with groups keeps at least one segment per group; drop "
            "min_capacity");
     refuse("host_tier", "a host tier under a pool with groups is not supported yet");
-    if (model.layout != KvLayout::page_major) {
-      fail(*find(f, "layout"),
-           "a pool with groups must be page_major (its groups are elastic pools, and only "
-           "page_major pools are elastic yet)");
-    }
     if (model.capacity.unit == Capacity::Unit::pages) {
       fail(*find(f, "capacity"),
            "a pool with groups takes its capacity in bytes or a percentage: its groups' pages "

@@ -50,7 +50,7 @@ void PoolHostTier::plan(const kernels::PagedKv& kv, std::span<const core::TierMo
       c.runs.push_back(down ? ByteRun{slot_at, pool_at, bytes} : ByteRun{pool_at, slot_at, bytes});
     };
     for (uint32_t k = 0; k < chunks.chunks; ++k) {
-      add(base + uint64_t{m.page} * chunks.page + k * chunks.chunk, slot + k * chunks.chunk_bytes,
+      add(base + chunks.at(m.page) + k * chunks.chunk, slot + k * chunks.chunk_bytes,
           chunks.chunk_bytes);
     }
     if (scale_bytes != 0) {

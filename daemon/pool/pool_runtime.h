@@ -188,6 +188,9 @@ class PoolRuntime {
   double hits_per_byte() const;
   // Bytes of pages segments that shrinks could give back above min_pages.
   uint64_t bytes_above_min() const;
+  // The pages that `bytes` of pages region, mapped from offset 0, hold: whole pages of
+  // page_stride, or in a segmented layer_major pool whole segments of segment_pages pages.
+  uint64_t pages_in(uint64_t bytes) const;
   // Gives back the last segment: the error names the cause (a copy running, min_capacity, pages
   // held past the new end); on success its memory is in *loose, to release off the loop.
   wire::Result<bool> shrink_last(LooseSegment* loose);

@@ -12,6 +12,7 @@
 // pushes one to the pool's other sessions; each client then asks for the segments and maps them.
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 
 #include "common/byte_units.h"
 #include "daemon/core/check.h"
@@ -46,7 +47,7 @@ wire::Result<uint32_t> PoolRuntime::create_elastic(MemoryBackend& backend, uint3
   const uint64_t scale = page_scale_bytes(g);
   const uint64_t per_page = stride + scale;
   const uint64_t gran = backend.granularity();
-  const uint64_t max_pages =
+  uint64_t max_pages =
       std::min<uint64_t>(pages_of(*pc.max_capacity, per_page), core::kMaxPages);
   const std::string where = "pool " + pc.name + ": ";
   if (max_pages < initial_pages) {
@@ -56,17 +57,54 @@ wire::Result<uint32_t> PoolRuntime::create_elastic(MemoryBackend& backend, uint3
                                                     std::to_string(initial_pages) + " pages)");
   }
   ElasticLayout l;
-  l.segment_bytes = round_up(std::max(pc.segment_size, stride), gran);
-  l.pages_region_bytes = round_up(max_pages * stride, gran);
+  uint64_t pages_per_segment = 0;
+  if (pc.layout == KvLayout::layer_major) {
+    // Segmented (kernels/paged_kv.h): each segment is a layer_major pool of its own pages, and
+    // its size a whole number of plane blocks, so that an engine can view each layer's planes as
+    // one tensor of blocks. Pages never straddle segments: the pool is whole segments.
+    const uint64_t block = stride / (uint64_t{kv_planes(g)} * g.layers);
+    const uint64_t unit = std::lcm(gran, block);
+    if (unit > (uint64_t{1} << 32)) {
+      return resize_error(Errc::invalid_argument,
+                          where + "a layer_major pool's segments must be whole granules (" +
+                              human_bytes(gran) + ") and whole blocks of " + human_bytes(block) +
+                              " (tokens_per_page × kv_heads × head_dim); their least common "
+                              "multiple, " +
+                              human_bytes(unit) + ", is too large: use page_major");
+    }
+    l.segment_bytes = round_up(std::max(pc.segment_size, stride), unit);
+    pages_per_segment = l.segment_bytes / stride;
+    // Whole segments, rounded up as the first segment is (max_capacity may be passed by less
+    // than a segment; the budgets count the bytes mapped), within the page limit.
+    max_pages = (max_pages + pages_per_segment - 1) / pages_per_segment * pages_per_segment;
+    if (max_pages > core::kMaxPages) {
+      max_pages = core::kMaxPages / pages_per_segment * pages_per_segment;
+    }
+    if (max_pages < initial_pages) {
+      return resize_error(Errc::invalid_argument,
+                          where + "segments of " + std::to_string(pages_per_segment) +
+                              " pages cannot hold capacity (" + std::to_string(initial_pages) +
+                              " pages) within the page limit");
+    }
+    l.pages_region_bytes = max_pages / pages_per_segment * l.segment_bytes;
+    l.initial_pages_bytes = std::min(
+        (uint64_t{initial_pages} + pages_per_segment - 1) / pages_per_segment * l.segment_bytes,
+        l.pages_region_bytes);
+    info_.segment_pages = static_cast<uint32_t>(pages_per_segment);
+    info_.segment_stride = l.segment_bytes;
+  } else {
+    l.segment_bytes = round_up(std::max(pc.segment_size, stride), gran);
+    l.pages_region_bytes = round_up(max_pages * stride, gran);
+    l.initial_pages_bytes =
+        std::min(round_up(uint64_t{initial_pages} * stride, l.segment_bytes), l.pages_region_bytes);
+    pages_per_segment = std::max<uint64_t>(1, l.segment_bytes / stride);
+  }
   l.scales_offset = l.pages_region_bytes;
   l.scales_bytes = scale == 0 ? 0 : round_up(max_pages * scale, gran);
   l.reserve_bytes = l.scales_offset + l.scales_bytes;
-  l.initial_pages_bytes =
-      std::min(round_up(uint64_t{initial_pages} * stride, l.segment_bytes), l.pages_region_bytes);
   auto memory = backend.create_elastic(l, pc.name);
   if (!memory.ok()) return memory.error();
   memory_ = std::move(memory.value());
-  const uint64_t pages_per_segment = std::max<uint64_t>(1, l.segment_bytes / stride);
   const uint64_t min_pages =
       pc.min_capacity ? pages_of(*pc.min_capacity, per_page) : pages_per_segment;
   elastic_.min_pages = static_cast<uint32_t>(std::clamp<uint64_t>(min_pages, 1, max_pages));
@@ -74,7 +112,8 @@ wire::Result<uint32_t> PoolRuntime::create_elastic(MemoryBackend& backend, uint3
   info_.reserved_bytes = memory_->reserved_bytes();
   info_.scales_offset = l.scales_offset;
   info_.max_pages = static_cast<uint32_t>(max_pages);
-  const uint64_t pages = std::min(memory_->pages_bytes_mapped() / stride, max_pages);
+  info_.page_stride = stride;
+  const uint64_t pages = std::min(pages_in(memory_->pages_bytes_mapped()), max_pages);
   log_event(LogLevel::info, "pool_elastic",
             {kv("pool", pc.name), kv("pages", pages), kv("min_pages", elastic_.min_pages),
              kv("max_pages", max_pages), kv("segment_bytes", l.segment_bytes),
@@ -106,9 +145,13 @@ void PoolRuntime::resized(bool grew) {
              kv("segments", info_.segments.size()), kv("epoch", info_.epoch)});
 }
 
+uint64_t PoolRuntime::pages_in(uint64_t bytes) const {
+  if (info_.segment_pages != 0) return bytes / info_.segment_stride * info_.segment_pages;
+  return bytes / info_.page_stride;
+}
+
 void PoolRuntime::grown() {
-  const uint64_t pages =
-      std::min<uint64_t>(memory_->pages_bytes_mapped() / info_.page_stride, info_.max_pages);
+  const uint64_t pages = std::min<uint64_t>(pages_in(memory_->pages_bytes_mapped()), info_.max_pages);
   KVPOOL_CHECK(pages_->grow(static_cast<uint32_t>(pages)).ok());
   resized(true);
 }
@@ -123,8 +166,8 @@ uint32_t PoolRuntime::pages_after_shrink() const {
     }
   }
   const uint64_t mapped = memory_->pages_bytes_mapped();
-  return static_cast<uint32_t>(std::min<uint64_t>(
-      (mapped - std::min(mapped, last_bytes)) / info_.page_stride, pages_->num_pages()));
+  return static_cast<uint32_t>(
+      std::min<uint64_t>(pages_in(mapped - std::min(mapped, last_bytes)), pages_->num_pages()));
 }
 
 uint64_t PoolRuntime::next_segment_bytes() const {
@@ -139,7 +182,12 @@ double PoolRuntime::hits_per_byte() const {
 
 uint64_t PoolRuntime::bytes_above_min() const {
   const uint64_t mapped = memory_->pages_bytes_mapped();
-  return mapped - std::min(uint64_t{elastic_.min_pages} * info_.page_stride, mapped);
+  const uint64_t min_bytes =
+      info_.segment_pages == 0
+          ? uint64_t{elastic_.min_pages} * info_.page_stride
+          : (uint64_t{elastic_.min_pages} + info_.segment_pages - 1) / info_.segment_pages *
+                info_.segment_stride;
+  return mapped - std::min(min_bytes, mapped);
 }
 
 wire::Result<bool> PoolRuntime::shrink_last(LooseSegment* loose) {

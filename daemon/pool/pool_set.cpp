@@ -252,7 +252,7 @@ uint64_t PoolSet::growable_pages(const PoolRuntime& pool) const {
     uint64_t mapped = p->memory().pages_bytes_mapped();
     for (const wire::SegmentInfo& seg : segs) {
       if (seg.offset >= p->info().scales_offset || seg.bytes > mapped) continue;
-      if ((mapped - seg.bytes) / p->info().page_stride < p->elastic_state().min_pages) break;
+      if (p->pages_in(mapped - seg.bytes) < p->elastic_state().min_pages) break;
       mapped -= seg.bytes;
       room = room > UINT64_MAX - seg.bytes ? UINT64_MAX : room + seg.bytes;
       if (group && siblings(*p, pool)) model_room += seg.bytes;
@@ -261,7 +261,6 @@ uint64_t PoolSet::growable_pages(const PoolRuntime& pool) const {
   room = std::min(room, model_room);
   // This pool grows by whole segments (the region's last one may be shorter): count those the
   // room pays for.
-  const uint64_t stride = pool.info().page_stride;
   uint64_t mapped = pool.memory().pages_bytes_mapped();
   const uint64_t region = pool.info().scales_offset;
   while (mapped < region) {
@@ -270,7 +269,7 @@ uint64_t PoolSet::growable_pages(const PoolRuntime& pool) const {
     room -= next;
     mapped += next;
   }
-  const uint64_t reachable = std::min<uint64_t>(mapped / stride, pool.info().max_pages);
+  const uint64_t reachable = std::min<uint64_t>(pool.pages_in(mapped), pool.info().max_pages);
   return reachable - std::min<uint64_t>(reachable, pool.pages().num_pages());
 }
 
@@ -319,11 +318,10 @@ wire::Result<std::shared_ptr<ResizePlan>> PoolSet::plan_resize_up(PoolRuntime& p
   // The planned bytes count as the pool's own growth in flight (ahead_bytes) until
   // commit_resize, so no other growth takes the room. A growth or shrink that runs meanwhile
   // moves the end: segments still commit there while their size fits (commit_growth).
-  const uint64_t stride = pool.info().page_stride;
   auto plan = std::make_shared<ResizePlan>();
   plan->pool = &pool;
   uint64_t planned = 0;
-  while (std::min<uint64_t>((pool.memory().pages_bytes_mapped() + planned) / stride,
+  while (std::min<uint64_t>(pool.pages_in(pool.memory().pages_bytes_mapped() + planned),
                             pool.info().max_pages) < target) {
     // The memory check waits for make(): a donor's memory goes back only there.
     auto g = pool.memory().plan_growth(planned, false);
@@ -388,7 +386,7 @@ void PoolSet::grow_ahead(PoolRuntime& pool) {
   }
   const uint64_t next = pool.next_segment_bytes();
   // The low-water mark: half a segment's pages (at least one) free.
-  const uint64_t low_water = std::max<uint64_t>(1, next / pool.info().page_stride / 2);
+  const uint64_t low_water = std::max<uint64_t>(1, pool.pages_in(next) / 2);
   if (next == 0 || pool.pages().stats().free >= low_water) return;
   if (shortfall(pool, next).any()) return;  // never shrinks others
   auto g = pool.memory().plan_growth();

@@ -301,13 +301,20 @@ inline float softmax_denominator(const AttentionMask& m, uint32_t q_head, const 
 // The layout fields: a known layout, and in layer_major planes of at least num_pages pages (the
 // bound every page id is checked against), so no page id can address past a plane.
 inline std::string check_layout(const PagedKv& kv, uint64_t num_pages) {
-  if (kv.layout == KvLayout::page_major) return {};
+  if (kv.layout == KvLayout::page_major) {
+    return kv.segment_pages == 0 ? std::string()
+                                 : "kv.segment_pages is set on a page_major pool (layer_major only)";
+  }
   if (kv.layout != KvLayout::layer_major) {
     return "kv.layout " + std::to_string(static_cast<unsigned>(kv.layout)) + " is not a KvLayout";
   }
   if (kv.num_pages == 0 || kv.num_pages < num_pages) {
     return "kv.num_pages " + std::to_string(kv.num_pages) +
            " (the layer_major planes' pages) is below num_pages " + std::to_string(num_pages);
+  }
+  if (!segments_fit(kv)) {
+    return "kv.segment_stride " + std::to_string(kv.segment_stride) + " does not hold " +
+           std::to_string(kv.segment_pages) + " pages of every layer's planes in whole blocks";
   }
   return {};
 }

@@ -75,8 +75,8 @@ std::string copy_pages(const CopyPagesArgs& args, uint32_t num_pages) {
   const uint64_t scale_floats = page_scale_bytes(g) / sizeof(float);
   const PageChunks pc = page_chunks(args.kv);
   for (uint32_t i = 0; i < args.num_pairs; ++i) {
-    uint8_t* dst = base + uint64_t{args.dst[i]} * pc.page;
-    const uint8_t* src = base + uint64_t{args.src[i]} * pc.page;
+    uint8_t* dst = base + pc.at(args.dst[i]);
+    const uint8_t* src = base + pc.at(args.src[i]);
     for (uint32_t c = 0; c < pc.chunks; ++c)
       std::memcpy(dst + c * pc.chunk, src + c * pc.chunk, pc.chunk_bytes);
     if (quantized) {

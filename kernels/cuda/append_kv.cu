@@ -150,6 +150,9 @@ std::string append_kv(const AppendArgs& a, void* stream) {
   if (a.kv.layout == KvLayout::layer_major && a.kv.num_pages == 0) {
     return "append_kv: a layer_major pool needs kv.num_pages";
   }
+  if (!segments_fit(a.kv)) {
+    return "append_kv: kv.segment_pages and kv.segment_stride do not fit the layout";
+  }
   // 16-bit pools are written with 16-byte stores of 8 elements: every row must start on a
   // 16-byte boundary, which holds when the base and (page_major) the page stride do, as rows are
   // head_dim · 2 bytes apart, a multiple of 16. 8-bit pools are written byte by byte.

@@ -19,8 +19,8 @@ __global__ void copy_pages_kernel(CopyPagesArgs a, PageChunks pc, uint64_t vec16
   const PageId dst = a.dst[i];
   auto* base = static_cast<char*>(a.kv.base);
   for (uint32_t c = 0; c < pc.chunks; ++c) {
-    const char* sc = base + uint64_t(src) * pc.page + c * pc.chunk;
-    char* dc = base + uint64_t(dst) * pc.page + c * pc.chunk;
+    const char* sc = base + pc.at(src) + c * pc.chunk;
+    char* dc = base + pc.at(dst) + c * pc.chunk;
     const auto* s = reinterpret_cast<const uint4*>(sc);
     auto* d = reinterpret_cast<uint4*>(dc);
     for (uint64_t k = threadIdx.x; k < vec16; k += blockDim.x)
@@ -54,12 +54,16 @@ std::string copy_pages(const CopyPagesArgs& a, void* stream) {
   if (!page_major && (a.kv.layout != KvLayout::layer_major || a.kv.num_pages == 0)) {
     return "copy_pages: kv.layout is not page_major, or layer_major with kv.num_pages";
   }
+  if (!segments_fit(a.kv)) {
+    return "copy_pages: kv.segment_pages and kv.segment_stride do not fit the layout";
+  }
   const bool quantized = dtype_is_quantized(g.dtype);
   if (quantized && a.kv.scales == nullptr) return "copy_pages: an 8-bit pool needs its scales";
   const PageChunks pc = page_chunks(a.kv);
   // 16-byte copies when every run starts 16-byte aligned; bytes otherwise.
   const bool aligned =
-      reinterpret_cast<uintptr_t>(a.kv.base) % 16 == 0 && pc.page % 16 == 0 && pc.chunk % 16 == 0;
+      reinterpret_cast<uintptr_t>(a.kv.base) % 16 == 0 && pc.strides.page % 16 == 0 &&
+      pc.strides.segment % 16 == 0 && pc.chunk % 16 == 0;
   const uint64_t vec16 = aligned ? pc.chunk_bytes / 16 : 0;
   const auto scale_floats = static_cast<uint32_t>(page_scale_bytes(g) / sizeof(float));
   copy_pages_kernel<<<a.num_pairs, 256, 0, static_cast<cudaStream_t>(stream)>>>(

@@ -80,6 +80,9 @@ inline std::string check_tile_alignment(const PagedKv& kv, const char* kernel) {
   if (!page_major && (kv.layout != KvLayout::layer_major || kv.num_pages == 0)) {
     return std::string(kernel) + ": kv.layout is not page_major, or layer_major with kv.num_pages";
   }
+  if (!segments_fit(kv)) {
+    return std::string(kernel) + ": kv.segment_pages and kv.segment_stride do not fit the layout";
+  }
   if (reinterpret_cast<uintptr_t>(kv.scales) % 8 != 0) {
     return std::string(kernel) + ": kv.scales must be 8-byte aligned";
   }

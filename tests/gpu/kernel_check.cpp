@@ -27,9 +27,20 @@ struct HostPool {
   std::vector<std::byte> mem;
   std::vector<float> scales;
   KvLayout layout = KvLayout::page_major;
+  // Segmented layer_major (an elastic pool's, kernels/paged_kv.h): segments of segment_pages
+  // pages with one block of slack after each.
+  uint32_t segment_pages = 0;
+  uint64_t segment_stride = 0;
   PagedKv view() {
     return PagedKv{mem.data(), stride, scales.empty() ? nullptr : scales.data(),
-                   g,          layout, num_pages};
+                   g,          layout, num_pages,
+                   segment_pages, segment_stride};
+  }
+  // Sizes mem (and the segment stride) for num_pages pages of `stride` bytes.
+  size_t bytes() {
+    if (segment_pages == 0) return size_t(num_pages) * stride;
+    segment_stride = uint64_t(segment_pages) * stride + stride / (kv_planes(g) * g.layers);
+    return size_t((num_pages + segment_pages - 1) / segment_pages) * segment_stride;
   }
 };
 
@@ -48,6 +59,8 @@ struct Case {
   // A latent (MLA) pool: one head_dim vector per token (kv_heads 1, `group` query heads), value
   // rows its first value_dim elements.
   uint32_t value_dim = 0;
+  // layer_major only: pages per segment of a segmented pool; 0 for one plane per layer.
+  uint32_t segment_pages = 0;
   bool latent() const { return value_dim != 0; }
 };
 
@@ -126,7 +139,7 @@ class Matrix {
   Matrix(KernelTarget& t, bool verbose) : t_(t), verbose_(verbose) {}
 
   void run_case(const Case& c);
-  void run_append_case(KvDtype dtype, KvLayout layout, bool latent);
+  void run_append_case(KvDtype dtype, KvLayout layout, bool latent, uint32_t segment_pages = 0);
   int failures() const { return failures_; }
   int comparisons() const { return comparisons_; }
 
@@ -155,6 +168,7 @@ std::string describe(const Case& c) {
                 std::string(dtype_name(c.dtype)).c_str(), c.head_dim, c.group, c.tpp,
                 c.contexts.size());
   std::string out = buf;
+  if (c.segment_pages != 0) out += " segment_pages=" + std::to_string(c.segment_pages);
   if (c.window_left >= 0) out += " window_left=" + std::to_string(c.window_left);
   if (c.chunk != 0) out += " chunk=" + std::to_string(c.chunk);
   if (c.sinks) out += " sinks";
@@ -215,7 +229,8 @@ void Matrix::run_case(const Case& c) {
   p.layout = c.layout;
   p.num_pages = blocks * nseq * 2;
   p.stride = page_data_bytes(g);
-  p.mem.resize(p.num_pages * p.stride);
+  p.segment_pages = c.segment_pages;
+  p.mem.resize(p.bytes());
   const uint16_t nan = kernels::test::nan_bits(g.dtype);  // the slots no token uses
   for (size_t i = 0; i < p.mem.size(); i += dtype_bytes(g.dtype))
     std::memcpy(&p.mem[i], &nan, dtype_bytes(g.dtype));
@@ -334,7 +349,8 @@ void Matrix::run_case(const Case& c) {
 // The target's append writes the same values the CPU append does (compared dequantised); then
 // the target's copy-pages copies what the CPU one does. `latent`: DeepSeek-V3's MLA vector (one
 // 576-value row per token and layer, no V).
-void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent) {
+void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent,
+                             uint32_t segment_pages) {
   const Geometry g = latent ? Geometry{2, 1, 576, 16, dtype, AttentionKind::latent, 0}
                             : Geometry{2, 2, 128, 16, dtype};
   const uint32_t pages = 8;
@@ -343,10 +359,12 @@ void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent) {
   cpu_pool.layout = layout;
   cpu_pool.num_pages = pages;
   cpu_pool.stride = page_data_bytes(g);
-  cpu_pool.mem.assign(pages * cpu_pool.stride, std::byte{0});
+  cpu_pool.segment_pages = segment_pages;
+  cpu_pool.mem.assign(cpu_pool.bytes(), std::byte{0});
   cpu_pool.scales.assign(pages * page_scale_bytes(g) / sizeof(float), 0.0f);
   const std::string what = std::string(layout_name(layout)) + " " + std::string(dtype_name(dtype)) +
-                           (latent ? " latent" : "");
+                           (latent ? " latent" : "") +
+                           (segment_pages != 0 ? " segmented" : "");
   const uint32_t n = 40;
   std::vector<float> k(size_t{n} * g.kv_heads * g.head_dim), v(latent ? 0 : k.size());
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -481,6 +499,15 @@ std::vector<Case> matrix_cases() {
     cases.push_back({dt, 64, 3, 16, {9, 200}, {0}, KvLayout::page_major, 20, 0, true, 48});
     // A partial last slice of 16 heads (40 = 16 + 16 + 8) with a chunk and sinks.
     cases.push_back({dt, 576, 40, 64, {70, 300}, {0}, KvLayout::layer_major, -1, 128, true, 512});
+    // Segmented layer_major (elastic pools): sequences cross segments of 5 and 3 pages with a
+    // block of slack between them; splits, a window with sinks, a latent pool.
+    cases.push_back(
+        {dt, 128, 4, 16, {1, 17, 300, 1000}, {0, 32, kNoSplit}, KvLayout::layer_major, -1, 0,
+         false, 0, 5});
+    cases.push_back(
+        {dt, 64, 8, 8, {9, 500}, {16, 0}, KvLayout::layer_major, 63, 0, true, 0, 3});
+    cases.push_back(
+        {dt, 576, 16, 64, {65, 300}, {0}, KvLayout::layer_major, -1, 0, false, 512, 3});
   }
   return cases;
 }
@@ -601,6 +628,8 @@ int run_kernel_matrix(KernelTarget& target, bool verbose, const MatrixSelection&
       m.run_append_case(dt, layout, false);
       m.run_append_case(dt, layout, true);
     }
+    m.run_append_case(dt, KvLayout::layer_major, false, 3);
+    m.run_append_case(dt, KvLayout::layer_major, true, 3);
   }
   if (m.failures() == 0) {
     std::printf("GPU TESTS PASSED: %d comparisons\n", m.comparisons());

@@ -379,15 +379,6 @@ TEST_P(Elastic, ABudgetThatFundsPartOfASegmentFundsNone) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Elastic, ::testing::Values("fake-device", "host"));
 
-TEST(ElasticConfig, LayerMajorPoolsCannotBeElastic) {
-  Daemon d(
-      "pools:\n  - name: default\n    layout: layer_major\n    geometry: {layers: 2, kv_heads: 2, "
-      "head_dim: 32, tokens_per_page: 16, dtype: fp16}\n    capacity: 256 pages\n    "
-      "max_capacity: 1024 pages\n");
-  EXPECT_FALSE(d.start());
-  EXPECT_NE(d.log().find("only page_major pools can be elastic"), std::string::npos) << d.log();
-}
-
 TEST(ElasticConfig, InitialSizesAboveTheBudgetAreRefused) {
   Daemon d(std::string("backend: fake-device\nmemory_budget: 4MiB\npools:\n") +
            elastic_pool("a", 2, 4) + elastic_pool("b", 1, 4));

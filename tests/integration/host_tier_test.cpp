@@ -55,7 +55,7 @@ void for_each_byte(const Connection& c, PageId p, Fn&& fn) {
   uint64_t at = 0;
   auto* base = static_cast<std::byte*>(kv.base);
   for (uint32_t k = 0; k < ch.chunks; ++k) {
-    std::byte* run = base + uint64_t{p} * ch.page + k * ch.chunk;
+    std::byte* run = base + ch.at(p) + k * ch.chunk;
     for (uint64_t b = 0; b < ch.chunk_bytes; ++b)
       fn(run + b, at++);
   }

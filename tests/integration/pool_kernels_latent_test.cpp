@@ -68,7 +68,7 @@ void write_tokens(PoolKernels& k, const SequenceCache& seq, uint32_t from, uint3
 std::vector<std::byte> page_bytes(const PoolKernels& k, PageId page) {
   const kernels::PagedKv kv = k.paged_kv();
   const kernels::PageChunks c = kernels::page_chunks(kv);
-  const auto* base = static_cast<const std::byte*>(kv.base) + uint64_t{page} * c.page;
+  const auto* base = static_cast<const std::byte*>(kv.base) + c.at(page);
   std::vector<std::byte> out;
   for (uint32_t i = 0; i < c.chunks; ++i)
     out.insert(out.end(), base + i * c.chunk, base + i * c.chunk + c.chunk_bytes);

@@ -929,8 +929,6 @@ TEST(ConfigTest, HostTierAndElasticKeys) {
 
 TEST(ConfigErrorTest, ElasticKeys) {
   const std::string head(kPoolHead);
-  expect_error(head + "    layout: layer_major\n    max_capacity: 128 pages\n", 6,
-               "pools[0].max_capacity", "only page_major pools can be elastic");
   expect_error(head + "    min_capacity: 8 pages\n", 5, "pools[0].min_capacity",
                "needs max_capacity");
   expect_error(head + "    segment_size: 2MiB\n", 5, "pools[0].segment_size", "needs max_capacity");
@@ -1003,6 +1001,15 @@ TEST(ConfigTest, GroupsExpandIntoOnePoolEach) {
   EXPECT_EQ(mixed.pools[1].geometry.window, 0u);
 }
 
+TEST(ConfigTest, ElasticAndGroupedPoolsMayBeLayerMajor) {
+  const Config c = parse_ok(std::string(kModelHead) + "      - {name: a}\n    layout: layer_major\n");
+  EXPECT_EQ(c.pools.at(0).layout, KvLayout::layer_major);
+  const Config e = parse_ok(std::string(kPoolHead) +
+                            "    layout: layer_major\n    max_capacity: 128 pages\n");
+  EXPECT_EQ(e.pools.at(0).layout, KvLayout::layer_major);
+  EXPECT_TRUE(e.pools.at(0).max_capacity);
+}
+
 TEST(ConfigErrorTest, GroupsThatDoNotFitThePool) {
   const std::string head(kModelHead);
   const std::string two = "      - {name: a}\n      - {name: b}\n";
@@ -1019,7 +1026,6 @@ TEST(ConfigErrorTest, GroupsThatDoNotFitThePool) {
   expect_error(head + two + "    max_capacity: 2MiB\n", 9, "pools[0].max_capacity",
                "sized by its capacity");
   expect_error(head + two + "    host_tier: 1MiB\n", 9, "pools[0].host_tier", "not supported yet");
-  expect_error(head + two + "    layout: layer_major\n", 9, "pools[0].layout", "page_major");
   expect_error(
       "pools:\n  - name: m\n    capacity: 64 pages\n    segment_size: 64KiB\n"
       "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}\n"

@@ -1,5 +1,6 @@
 // The CPU kernels on both layouts (common/geometry.h, KvLayout): the same logical KV stored
-// page_major and layer_major must give the same results, bit for bit, from decode (every ISA,
+// page_major, layer_major and segmented layer_major (an elastic pool's: segments of 3 pages with
+// NaN slack between them) must give the same results, bit for bit, from decode (every ISA,
 // with and without splits), extend, append (8-bit re-quantisation included) and copy-pages. Both
 // pools are made with the same seed, so they hand out the same page ids; every slot no token
 // was written to starts as a NaN bit pattern, so reading a wrong place shows up as a difference
@@ -40,11 +41,15 @@ Geometry geometry_of(const LayoutCase& c) {
   return Geometry{3, c.kv_heads, c.d, c.t_page, c.dtype};
 }
 
-// The same sequences in a page_major and a layer_major pool.
+// Pages per segment of the segmented layer_major pools: few, so sequences cross segments.
+constexpr uint32_t kSegmentPages = 3;
+
+// The same sequences in a page_major, a layer_major and a segmented layer_major pool.
 struct Twins {
   Twins(const Geometry& g, const std::vector<uint32_t>& contexts, uint64_t seed)
       : pm(g, pool_pages(g, contexts), seed, KvLayout::page_major),
         lm(g, pool_pages(g, contexts), seed, KvLayout::layer_major),
+        sm(g, pool_pages(g, contexts), seed, KvLayout::layer_major, kSegmentPages),
         ctx(contexts) {
     widest = 0;
     for (uint32_t c : ctx)
@@ -55,12 +60,14 @@ struct Twins {
       const std::vector<PageId> a = pm.take_pages(pages(g, ctx[s]));
       const std::vector<PageId> b = lm.take_pages(pages(g, ctx[s]));
       EXPECT_EQ(a, b);  // same seed, same permutation
+      EXPECT_EQ(a, sm.take_pages(pages(g, ctx[s])));
       std::copy(a.begin(), a.end(), tables.begin() + static_cast<long>(s * widest));
       const size_t n = size_t{ctx[s]} * g.kv_heads * g.head_dim;
       const std::vector<float> k = test::random_normal(rng, n, 1.0f);
       const std::vector<float> v = test::random_normal(rng, n, 1.0f);
       pm.write_sequence(kLayer, a, k.data(), v.data(), ctx[s]);
       lm.write_sequence(kLayer, b, k.data(), v.data(), ctx[s]);
+      sm.write_sequence(kLayer, b, k.data(), v.data(), ctx[s]);
     }
   }
   static uint32_t pages(const Geometry& g, uint32_t tokens) {
@@ -72,7 +79,7 @@ struct Twins {
       n += pages(g, c);
     return 2 * n + 3;
   }
-  TestPool pm, lm;
+  TestPool pm, lm, sm;
   std::vector<uint32_t> ctx;
   uint32_t widest = 0;
   std::vector<PageId> tables;
@@ -128,9 +135,9 @@ TEST_P(KernelLayouts, DecodeGivesTheSameBitsInBothLayouts) {
   if (cpu::isa_supported(cpu::Isa::avx2) && c.d % 8 == 0) isas.push_back(cpu::Isa::avx2);
   for (cpu::Isa isa : isas) {
     for (uint32_t split : {0u, 2 * c.t_page}) {
-      std::vector<float> out[2];
-      TestPool* pools[2] = {&tw.pm, &tw.lm};
-      for (int i = 0; i < 2; ++i) {
+      std::vector<float> out[3];
+      TestPool* pools[3] = {&tw.pm, &tw.lm, &tw.sm};
+      for (int i = 0; i < 3; ++i) {
         out[i].assign(q.size(), -1.0f);
         DecodeArgs a;
         a.kv = pools[i]->kv();
@@ -146,8 +153,11 @@ TEST_P(KernelLayouts, DecodeGivesTheSameBitsInBothLayouts) {
         a.split_tokens = split;
         ASSERT_EQ(cpu::decode(a, pools[i]->num_pages(), 2, isa), "");
       }
-      EXPECT_TRUE(all_finite(out[1])) << cpu::isa_name(isa) << " split " << split;
-      EXPECT_TRUE(same_bits(out[0], out[1])) << cpu::isa_name(isa) << " split " << split;
+      for (int i = 1; i < 3; ++i) {
+        EXPECT_TRUE(all_finite(out[i])) << cpu::isa_name(isa) << " split " << split << " " << i;
+        EXPECT_TRUE(same_bits(out[0], out[i])) << cpu::isa_name(isa) << " split " << split << " "
+                                               << i;
+      }
     }
   }
 }
@@ -160,9 +170,9 @@ TEST_P(KernelLayouts, ExtendGivesTheSameBitsInBothLayouts) {
   const uint32_t nq = c.kv_heads * c.group;
   std::mt19937_64 rng(4);
   const std::vector<float> q = test::random_normal(rng, size_t{q_offsets.back()} * nq * c.d, 1.0f);
-  std::vector<float> out[2];
-  TestPool* pools[2] = {&tw.pm, &tw.lm};
-  for (int i = 0; i < 2; ++i) {
+  std::vector<float> out[3];
+  TestPool* pools[3] = {&tw.pm, &tw.lm, &tw.sm};
+  for (int i = 0; i < 3; ++i) {
     out[i].assign(q.size(), -1.0f);
     ExtendArgs a;
     a.kv = pools[i]->kv();
@@ -178,8 +188,10 @@ TEST_P(KernelLayouts, ExtendGivesTheSameBitsInBothLayouts) {
     a.scale = 0.125f;
     ASSERT_EQ(cpu::extend(a, pools[i]->num_pages(), 2), "");
   }
-  EXPECT_TRUE(all_finite(out[1]));
-  EXPECT_TRUE(same_bits(out[0], out[1]));
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_TRUE(all_finite(out[i])) << i;
+    EXPECT_TRUE(same_bits(out[0], out[i])) << i;
+  }
 }
 
 // Appends `tokens` tokens of growing magnitude (8-bit pools re-quantise a page's earlier rows)
@@ -215,18 +227,23 @@ TEST_P(KernelLayouts, AppendAndCopyStoreTheSameElementsInBothLayouts) {
   const Geometry g = geometry_of(c);
   TestPool pm(g, 9, 21, KvLayout::page_major);
   TestPool lm(g, 9, 21, KvLayout::layer_major);
+  TestPool sm(g, 9, 21, KvLayout::layer_major, kSegmentPages);
   const std::vector<PageId> pages = pm.take_pages(3);
   ASSERT_EQ(pages, lm.take_pages(3));
+  ASSERT_EQ(pages, sm.take_pages(3));
   const uint32_t tokens = 3 * c.t_page - 1;
   append_tokens(pm, pages, tokens, 5);
   append_tokens(lm, pages, tokens, 5);
+  append_tokens(sm, pages, tokens, 5);
   expect_same_contents(pm, lm);
+  expect_same_contents(pm, sm);
 
   // Copy the three pages onto three others; a source may feed two destinations.
   const std::vector<PageId> dst = pm.take_pages(4);
   ASSERT_EQ(dst, lm.take_pages(4));
+  ASSERT_EQ(dst, sm.take_pages(4));
   const std::vector<PageId> src{pages[0], pages[1], pages[2], pages[0]};
-  for (TestPool* pool : {&pm, &lm}) {
+  for (TestPool* pool : {&pm, &lm, &sm}) {
     CopyPagesArgs a;
     a.kv = pool->kv();
     a.num_pairs = 4;
@@ -235,6 +252,7 @@ TEST_P(KernelLayouts, AppendAndCopyStoreTheSameElementsInBothLayouts) {
     ASSERT_EQ(cpu::copy_pages(a, pool->num_pages()), "");
   }
   expect_same_contents(pm, lm);
+  expect_same_contents(pm, sm);
   // And the copy is whole: every layer and both K and V of the destination equal the source's.
   uint64_t differ = 0;
   for (size_t i = 0; i < src.size(); ++i) {
@@ -359,6 +377,45 @@ TEST(KernelLayoutOffsets, LayerMajorPlanesMustCoverThePageIds) {
   kv.num_pages = 4;
   d.kv = kv;
   EXPECT_EQ(cpu::decode(d, 4), "");  // planes as large as the id range: fine (reads NaN)
+}
+
+TEST(KernelLayoutOffsets, SegmentFieldsMustFitTheLayout) {
+  const Geometry g{2, 2, 16, 4, KvDtype::bf16};
+  TestPool pool(g, 6, 1, KvLayout::layer_major, 3);
+  const PagedKv good = pool.kv();
+  ASSERT_TRUE(segments_fit(good));
+  const uint64_t block = uint64_t{4} * 2 * 16 * 2;  // T · H · D · 2 bytes
+  EXPECT_EQ(good.segment_stride, (2 * 2 * 3 + 2) * block);
+  // Block indices: segment s starts segment_stride / block blocks after segment s − 1.
+  EXPECT_EQ(block_index(good, 2), 2u);
+  EXPECT_EQ(block_index(good, 3), good.segment_stride / block);
+  EXPECT_EQ(block_index(good, 5), good.segment_stride / block + 2);
+  const std::vector<int64_t> slots{0};
+  const std::vector<float> rows(2 * 16, 1.0f);
+  auto append_error = [&](const PagedKv& kv) {
+    AppendArgs a;
+    a.kv = kv;
+    a.num_tokens = 1;
+    a.k = rows.data();
+    a.v = rows.data();
+    a.slots = slots.data();
+    return cpu::append_kv(a, 6);
+  };
+  EXPECT_EQ(append_error(good), "");
+  PagedKv small = good;  // a segment too short for its planes
+  small.segment_stride = 2 * 2 * 3 * block - block;
+  EXPECT_NE(append_error(small).find("segment_stride"), std::string::npos);
+  PagedKv ragged = good;  // not whole blocks
+  ragged.segment_stride += 2;
+  EXPECT_NE(append_error(ragged).find("segment_stride"), std::string::npos);
+  PagedKv half = good;  // pages without a stride
+  half.segment_stride = 0;
+  EXPECT_NE(append_error(half).find("segment_stride"), std::string::npos);
+  TestPool pm(g, 6, 1);
+  PagedKv page_major = pm.kv();
+  page_major.segment_pages = 3;
+  page_major.segment_stride = good.segment_stride;
+  EXPECT_NE(append_error(page_major).find("page_major"), std::string::npos);
 }
 
 }  // namespace

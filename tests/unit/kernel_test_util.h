@@ -75,15 +75,24 @@ class TestPool {
  public:
   // page_major: the stride leaves a gap after each page (kernels must use page_stride, not the
   // data size). layer_major: the planes of num_pages pages, then a 64-byte gap (as NaN) that no
-  // kernel may touch.
+  // kernel may touch. layer_major with segment_pages > 0: segmented (kernels/paged_kv.h),
+  // segments of that many pages laid out layer_major, each followed by two blocks of NaN slack.
   TestPool(const Geometry& g, uint32_t num_pages, uint64_t seed,
-           KvLayout layout = KvLayout::page_major)
+           KvLayout layout = KvLayout::page_major, uint32_t segment_pages = 0)
       : g_(g),
         layout_(layout),
         num_pages_(num_pages),
+        segment_pages_(segment_pages),
         stride_(page_data_bytes(g) + (layout == KvLayout::page_major ? 64 : 0)),
         rng_(seed) {
-    data_.resize(stride_ * num_pages + (layout == KvLayout::page_major ? 0 : 64));
+    if (segment_pages_ != 0) {
+      const uint64_t block = stride_ / (uint64_t{kv_planes(g)} * g.layers);
+      segment_stride_ = uint64_t{segment_pages_} * stride_ + 2 * block;
+      const uint64_t segments = (num_pages + segment_pages_ - 1) / segment_pages_;
+      data_.resize(segments * segment_stride_ + 64);
+    } else {
+      data_.resize(stride_ * num_pages + (layout == KvLayout::page_major ? 0 : 64));
+    }
     const uint16_t nan = nan_bits(g.dtype);
     const uint32_t b = dtype_bytes(g.dtype);
     for (size_t i = 0; i + b <= data_.size(); i += b)
@@ -104,6 +113,8 @@ class TestPool {
     kv.geometry = g_;
     kv.layout = layout_;
     kv.num_pages = num_pages_;
+    kv.segment_pages = segment_pages_;
+    kv.segment_stride = segment_stride_;
     return kv;
   }
   KvLayout layout() const { return layout_; }
@@ -202,6 +213,13 @@ class TestPool {
     const uint64_t kind = rest / (h * tile);
     rest %= h * tile;
     const uint64_t head = rest / tile, slot = rest % tile / d, x = rest % d;
+    if (segment_pages_ != 0) {
+      const uint64_t plane = segment_pages_ * t * h * d;
+      return page / segment_pages_ * segment_stride_ +
+             ((planes * layer + kind) * plane + page % segment_pages_ * t * h * d +
+              (slot * h + head) * d + x) *
+                 b;
+    }
     const uint64_t plane = num_pages_ * t * h * d;
     return ((planes * layer + kind) * plane + page * t * h * d + (slot * h + head) * d + x) * b;
   }
@@ -226,6 +244,8 @@ class TestPool {
   Geometry g_;
   KvLayout layout_;
   uint32_t num_pages_;
+  uint32_t segment_pages_ = 0;
+  uint64_t segment_stride_ = 0;
   uint64_t stride_;
   std::mt19937_64 rng_;
   std::vector<std::byte> data_;

@@ -5,7 +5,11 @@ vLLM's FlashAttention backend keeps one tensor per layer of shape
 returns exactly that shape over the pool's own memory, without a copy, for either layout:
 
 * ``layer_major`` pools store it contiguously (page p of layer l at a fixed stride), so the view
-  is a dense tensor, as FlashInfer/FlashAttention kernels require;
+  is a dense tensor, as FlashInfer/FlashAttention kernels require. An elastic layer_major pool is
+  segmented (``pool.segment_pages`` pages per segment, ``pool.segment_stride`` bytes apart): its
+  view has the same shape and block stride, but page p is block ``pool.block_index(p)`` of it
+  (the blocks in between belong to other layers), so block tables handed to such kernels hold
+  ``block_index(p)`` rather than p;
 * ``page_major`` pools (a page holds every layer, each K and V tile ``[kv_heads][tokens][dim]``)
   give a strided view of the same shape: right for torch code, not for kernels that assume a
   dense layout.
@@ -53,8 +57,10 @@ def kv_cache_view(conn: Connection, layer: int, framework: Framework = "torch") 
     """Layer `layer` of the pool as one tensor ``[2, num_pages, tokens_per_page, kv_heads,
     head_dim]``: ``t[0, p, i, h, d]`` is K of token i of page p, head h, element d; ``t[1]`` is V.
     A latent pool's is ``[num_pages, tokens_per_page, head_dim]``: ``t[p, i, d]`` is element d of
-    token i's vector. Writing to it writes the pool. framework: "torch" (any pool), "numpy" (host
-    pools), "view"."""
+    token i's vector. In a segmented layer_major pool (an elastic one) page p is block
+    ``conn.pool.block_index(p)`` and the block dimension is ``block_index(num_pages - 1) + 1``
+    long. Writing to it writes the pool. framework: "torch" (any pool), "numpy" (host pools),
+    "view"."""
     pool = conn.pool
     g = pool.geometry
     if not 0 <= layer < g.layers:
@@ -62,6 +68,10 @@ def kv_cache_view(conn: Connection, layer: int, framework: Framework = "torch") 
     dtype = element_dtype(conn)
     size = _SIZE[dtype]
     pages, tokens, heads, dim = pool.num_pages, g.tokens_per_page, g.kv_heads, g.head_dim
+    # A plane's pages: a segment's in a segmented pool. Blocks run to the last page's.
+    plane_pages = pool.segment_pages or pages
+    if pool.layout == "layer_major" and pages > 0:
+        pages = pool.block_index(pages - 1) + 1
     if g.kind == "latent":
         # One plane per layer, kv_heads 1: a page's tokens are dim apart in both layouts.
         shape = (pages, tokens, dim)
@@ -74,7 +84,7 @@ def kv_cache_view(conn: Connection, layer: int, framework: Framework = "torch") 
         return _as(conn.view(dtype, shape, strides, offset), framework)
     shape = (2, pages, tokens, heads, dim)
     if pool.layout == "layer_major":
-        plane = pages * tokens * heads * dim
+        plane = plane_pages * tokens * heads * dim
         strides = (plane, tokens * heads * dim, heads * dim, dim, 1)
         offset = layer * pool.layer_stride
     else:
