@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "client/capi/kvpool.h"
 #include "client/connection/connection.h"
 #include "client/connection/model_connection.h"
 #include "client/worker/pool_kernels.h"
@@ -191,11 +192,23 @@ TEST_P(ElasticLayerMajor, GrowsInWholeSegmentsAndWorkersReadKvAtTheSegmentedOffs
   EXPECT_EQ(pages[6], kPerSegment);
   EXPECT_EQ(mismatches(*reader, pages), 0u);
 
-  // Block indices: page p of layer l's K plane at base + l · layer_stride + index · block.
+  // Block indices: page p of layer l's K plane at base + l · layer_stride + index · block, as
+  // the C API tells them too.
+  kvpool_conn* cc = nullptr;
+  char err[256] = {};
+  ASSERT_EQ(kvpool_attach(d.socket().c_str(), "c", nullptr, &cc, err, sizeof err), KVPOOL_OK)
+      << err;
+  kvpool_pool_info ci{};
+  kvpool_get_pool_info(cc, &ci);
+  EXPECT_EQ(ci.segment_pages, kPerSegment);
+  EXPECT_EQ(ci.segment_stride, kSegment);
+  EXPECT_EQ(ci.layer_stride, reader->layer_stride());
   for (const PageId p : {PageId{0}, kPerSegment - 1, kPerSegment, kPerSegment + 5}) {
     const uint64_t index = kernels::block_index(client::PoolKernels(*reader).paged_kv(), p);
+    EXPECT_EQ(index, kvpool_block_index(cc, p)) << p;
     EXPECT_EQ(2 * reader->layer_stride() + index * kBlock, offset(p, 2, 0, 0, 0, 0)) << p;
   }
+  kvpool_detach(cc);
 
   // The reader's decode over the pool equals one over a private, unsegmented copy.
   const std::vector<float> pooled = decode(pages, [&](const kernels::DecodeArgs& a) {

@@ -146,3 +146,40 @@ def test_latent_pool_view_is_flashmla_shaped(layout):
         assert whole[at] == 3.0 and np.count_nonzero(whole) == 1
         c.release([page])
         c.close()
+
+
+def test_elastic_layer_major_pool_is_viewed_by_block_index():
+    """An elastic layer_major pool is segmented: kv_cache_view keeps vLLM's shape and block
+    stride, and page p is block pool.block_index(p) of it (segments are whole blocks apart)."""
+    from conftest import pool_config
+    from kvpool.local_daemon import LocalDaemon
+
+    # 3 layers x 2 heads x 12 x 4 tokens x fp16: 192-byte blocks, 1152-byte pages. Segments of
+    # 12 KiB (whole 4 KiB granules and blocks) hold 10 pages and 4 blocks of slack.
+    config = pool_config(layers=3, head_dim=12, pages=10, extra=(
+        "    layout: layer_major\n    max_capacity: 30 pages\n    segment_size: 12KiB\n"
+        "    grow_ahead: false\n"))
+    with LocalDaemon(config) as d:
+        c = kvpool.attach(d.socket)
+        pool = c.pool
+        assert (pool.segment_pages, pool.segment_stride) == (10, 12288)
+        pages = c.alloc(15)  # the pool grows one segment
+        assert c.pool.num_pages == 20
+        pool = c.pool
+        block_elems = 4 * 2 * 12
+        assert pool.layer_stride == 2 * 10 * block_elems * 2
+        # A segment is 64 blocks: 3 layers x K, V x 10 pages, and 4 of slack.
+        assert [pool.block_index(p) for p in (0, 9, 10, 19)] == [0, 9, 64, 73]
+        views = kvpool.kv_cache_views(c)
+        assert tuple(views[0].shape) == (2, 74, 4, 2, 12)
+        whole = np.asarray(c.view("float16", (2 * 12288 // 2,), (1,), 0))
+        whole[:] = 0
+        page = max(pages)  # in the second segment
+        assert page >= 10
+        views[2][1, pool.block_index(page), 3, 1, 5] = 7.0  # V of layer 2, token 3, head 1
+        plane = 10 * block_elems
+        at = (page // 10) * 12288 // 2 + (2 * 2 + 1) * plane + (page % 10) * block_elems + \
+            (3 * 2 + 1) * 12 + 5
+        assert whole[at] == 7.0 and np.count_nonzero(whole) == 1
+        c.release(pages)
+        c.close()
