@@ -90,8 +90,13 @@ KVPOOL_HD KvStrides kv_strides(const PagedKv& kv) {
   const uint64_t b = dtype_bytes(kv.geometry.dtype);
   const uint64_t page = page_major ? kv.page_stride : e.page * b;
   const uint32_t segment_pages = page_major ? 0 : kv.segment_pages;
-  return KvStrides{page,          e.layer * b, e.head * b, e.token * b, e.v * b,
-                   segment_pages, segment_pages != 0 ? kv.segment_stride : 0};
+  return KvStrides{page,
+                   e.layer * b,
+                   e.head * b,
+                   e.token * b,
+                   e.v * b,
+                   segment_pages,
+                   segment_pages != 0 ? kv.segment_stride : 0};
 }
 
 // Whether the segment fields fit together: unsegmented (both 0), or a layer_major pool whose

@@ -5,6 +5,9 @@
 # that the pools fit host memory, which keeps every ratio), each at two budgets given in blocks of
 # the all-full model (512 tokens), on the shared trace and on --synthetic.
 #   bench/replay/hybrid_figures.sh [BUILD_DIR]      (default build/release)
+# Environment: TRACES (default "shared synthetic"), BUDGETS (blocks, default "1000 4000"),
+# HOST_TIER (a host tier of this many times the budget's bytes under every pool, 0 = none, the
+# default; a hybrid model's is split so that every group keeps as many blocks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build/release}
@@ -30,6 +33,7 @@ run() {  # model, budget bytes, with groups (1/0), extra replay flags
     echo "  - name: m"
     echo "    capacity: $2B"
     echo "    geometry: {layers: ${layers[$1]}, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: bf16}"
+    if [ "${HOST_TIER:-0}" != 0 ]; then echo "    host_tier: $(($2 * HOST_TIER))B"; fi
     if [ "$3" = 1 ]; then
       echo "    segment_size: ${seg}B"
       echo "    groups:"
@@ -47,12 +51,12 @@ run() {  # model, budget bytes, with groups (1/0), extra replay flags
 
 printf '%-12s %-10s %7s %-8s %9s %12s %11s %9s\n' model trace budget pool hit_rate \
   bytes/seq held_ratio fit
-for trace in shared synthetic; do
+for trace in ${TRACES:-shared synthetic}; do
   flags=""
   [ "$trace" = synthetic ] && flags="--synthetic"
   for model in gpt-oss-20b Gemma-3-27B; do
     block=$(( ${layers[$model]} * 2 * 8 * 16 * 2 * 32 ))  # one all-full 512-token block
-    for blocks in 1000 4000; do
+    for blocks in ${BUDGETS:-1000 4000}; do
       budget=$(( blocks * block ))
       for hybrid in 0 1; do
         line=$(run "$model" "$budget" "$hybrid" "$flags")

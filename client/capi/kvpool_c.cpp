@@ -128,8 +128,7 @@ void kvpool_get_pool_info(const kvpool_conn* c, kvpool_pool_info* out) {
 }
 
 uint64_t kvpool_block_index(const kvpool_conn* c, kvpool_page_id page) {
-  return kvpool::kernels::block_index(kvpool::kernels::paged_kv_of(c->conn->pool(), nullptr),
-                                      page);
+  return kvpool::kernels::block_index(kvpool::kernels::paged_kv_of(c->conn->pool(), nullptr), page);
 }
 
 int kvpool_set_hints(kvpool_conn* c, const kvpool_hints* hints) {

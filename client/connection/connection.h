@@ -97,9 +97,7 @@ class Connection {
   std::byte* page(PageId p) const { return base_ + uint64_t{p} * pool_.page_stride; }
   KvLayout layout() const { return pool_.layout; }
   // Bytes from layer l's K plane to layer l + 1's in layer_major; 0 in page_major.
-  uint64_t layer_stride() const {
-    return kernels::layer_stride_of(pool_);
-  }
+  uint64_t layer_stride() const { return kernels::layer_stride_of(pool_); }
   // The scales of page p in 8-bit pools (layers · kv_heads · 2 floats, kernels/paged_kv.h), in the
   // side region at pool().scales_offset; nullptr for 16-bit pools.
   float* page_scales(PageId p) const;

@@ -103,10 +103,7 @@ void bind_connection(py::module_& m) {
           "layout", [](const wire::PoolInfo& p) { return std::string(layout_name(p.layout)); },
           "page_major (a page holds every layer) or layer_major (one dense plane per layer)")
       .def_property_readonly(
-          "layer_stride",
-          [](const wire::PoolInfo& p) {
-            return kernels::layer_stride_of(p);
-          },
+          "layer_stride", [](const wire::PoolInfo& p) { return kernels::layer_stride_of(p); },
           "bytes from layer l to l+1 in a layer_major pool (inside a segment when it is "
           "segmented); 0 in page_major")
       .def_readonly("segment_pages", &wire::PoolInfo::segment_pages,

@@ -489,9 +489,10 @@ bool get_pool_info(Reader& r, PoolInfo& p) {
   }
   if ((p.segment_pages == 0) != (p.segment_stride == 0) ||
       (p.segment_pages != 0 && p.layout != KvLayout::layer_major)) {
-    return r.fail(p.segment_pages, cat({r.what(), ": segment_pages ", p.segment_pages,
-                                        " and segment_stride ", p.segment_stride,
-                                        " (both set, and only for a layer_major pool, or both 0)"}));
+    return r.fail(
+        p.segment_pages,
+        cat({r.what(), ": segment_pages ", p.segment_pages, " and segment_stride ",
+             p.segment_stride, " (both set, and only for a layer_major pool, or both 0)"}));
   }
   return true;
 }

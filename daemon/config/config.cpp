@@ -344,7 +344,6 @@ class Parser : private NodeReader {
     refuse("min_capacity",
            "a pool with groups keeps at least one segment per group; drop "
            "min_capacity");
-    refuse("host_tier", "a host tier under a pool with groups is not supported yet");
     if (model.capacity.unit == Capacity::Unit::pages) {
       fail(*find(f, "capacity"),
            "a pool with groups takes its capacity in bytes or a percentage: its groups' pages "
@@ -399,7 +398,33 @@ class Parser : private NodeReader {
     }
     for (PoolConfig& m : members)
       m.model_groups = names;
+    if (model.host_tier) split_host_tier(*find(f, "host_tier"), members);
     return members;
+  }
+
+  // A hybrid model's host tier: one per group, each keeping as many blocks (a hybrid hit needs
+  // a block in every group, so equal counts waste no group's slots on blocks another group has
+  // lost). In pages: that many blocks per group; in bytes: the blocks all groups' pages fit.
+  void split_host_tier(const Value& at, std::vector<PoolConfig>& members) const {
+    const Capacity& h = *members.front().host_tier;
+    if (h.unit == Capacity::Unit::fraction) {
+      fail(at,
+           "a pool with groups takes its host_tier in pages (blocks kept in every group) or "
+           "bytes, not a percentage");
+    }
+    uint64_t slots = h.value;
+    if (h.unit == Capacity::Unit::bytes) {
+      uint64_t block = 0;  // one block in every group
+      for (const PoolConfig& m : members)
+        block += page_data_bytes(m.geometry) + page_scale_bytes(m.geometry);
+      slots = h.value / block;
+      if (slots == 0) {
+        fail(at, "is " + human_bytes(h.value) + ", less than one block in every group (" +
+                     human_bytes(block) + ")");
+      }
+    }
+    for (PoolConfig& m : members)
+      m.host_tier = Capacity{Capacity::Unit::pages, slots, 0.0};
   }
 
   // A group's geometry: the model's, with the group's keys over it. A group that names its kind

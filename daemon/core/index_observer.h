@@ -2,10 +2,12 @@
 //
 // stored() is called once for each (namespace, hash) a publish inserts (not for an idempotent
 // republish, not for a duplicate answered with another page); removed() once for each one that
-// leaves the index, with the reason: evicted (a victim taken by alloc, or evict()) or flushed
-// (flush()). The calls arrive in the order the index changes, from inside the pool operation,
-// so an observer must only record: it must not call back into the pool. The host tier reports
-// its own index changes to the same observer (host_stored, host_removed).
+// leaves the index, with the reason: evicted (a victim taken by alloc, or evict()), flushed
+// (flush()) or dropped (drop_cached(): a hybrid model's other group lost the block, so this copy
+// serves no hit; a host tier does not keep it). The calls arrive in the order the index changes,
+// from inside the pool operation, so an observer must only record: it must not call back into the
+// pool. The host tier reports its own index changes to the same observer (host_stored,
+// host_removed).
 //
 // Thread-safety: called on the pool's thread.
 #pragma once
@@ -19,7 +21,7 @@ namespace kvpool::core {
 
 class IndexObserver {
  public:
-  enum class Removal : uint8_t { evicted, flushed };
+  enum class Removal : uint8_t { evicted, flushed, dropped };
 
   virtual ~IndexObserver() = default;
   virtual void stored(Namespace ns, const BlockHash& hash, PageId page) = 0;

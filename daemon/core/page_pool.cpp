@@ -628,7 +628,7 @@ bool PagePool::drop_cached(Namespace ns, const BlockHash& hash) {
   const PageId page = find_cached(ns, hash);
   if (page == kNoPage || pages_[page].word != kHashed || pages_[page].pinned) return false;
   policy_->on_reuse(page);  // out of its queue, as victim() would take it
-  uncache(page, IndexObserver::Removal::evicted);
+  uncache(page, IndexObserver::Removal::dropped);
   free_.push_back(page);
   ++counters_.evicted;
   checked("drop_cached");

@@ -129,8 +129,8 @@ void PoolRuntime::init_telemetry(EventLog& events, const EventsConfig& ev,
                                                     kv_events_.get());
   index_events_->set_keep_token_ids(kv_format_.token_ids);
   pages_->set_observer(index_events_.get());
-  // A full-attention group's evictions go to its model's other groups (hybrid models have no
-  // host tier, so nothing else stands between the pool and its index events).
+  // A full-attention group's losses go to its model's other groups; a host tier, attached
+  // later, puts its mover in front of this and reports its own removals here too.
   if (!config_.model.empty() && config_.geometry.window == 0) {
     group_evictions_ = std::make_unique<GroupEvictions>(index_events_.get());
     pages_->set_observer(group_evictions_.get());
@@ -154,8 +154,11 @@ wire::Result<bool> PoolRuntime::attach_host_tier() {
                                              human_bytes(per_page) + "; it must hold 1 to " +
                                              std::to_string(core::kMaxPages));
   }
-  auto tier = PoolHostTier::create(*pages_, index_events_.get(), pc.geometry,
-                                   static_cast<uint32_t>(slots), info_.device, pc.name);
+  core::IndexObserver* next = group_evictions_
+                                  ? static_cast<core::IndexObserver*>(group_evictions_.get())
+                                  : index_events_.get();
+  auto tier = PoolHostTier::create(*pages_, next, pc.geometry, static_cast<uint32_t>(slots),
+                                   info_.device, pc.name);
   if (!tier.ok()) return tier.error();
   // Its moves' KV events carry what the blocks were published with.
   index_events_->set_keep_chains(true);
@@ -164,6 +167,20 @@ wire::Result<bool> PoolRuntime::attach_host_tier() {
             {kv("pool", pc.name), kv("pages", slots), kv("bytes", host_tier_->bytes()),
              kv("size", human_bytes(host_tier_->bytes())), kv("pinned", info_.device >= 0)});
   return true;
+}
+
+bool PoolRuntime::holds_block(Namespace ns, const BlockHash& hash) const {
+  return pages_->find(ns, hash) != kNoPage ||
+         (host_tier_ && host_tier_->tier().find(ns, hash) != core::kNoSlot);
+}
+
+bool PoolRuntime::host_can_promote(Namespace ns, const BlockHash& hash) const {
+  return host_tier_ && copies_in_flight_ == 0 && host_tier_->tier().find(ns, hash) != core::kNoSlot;
+}
+
+void PoolRuntime::drop_block(Namespace ns, const BlockHash& hash) {
+  (void)pages_->drop_cached(ns, hash);
+  if (host_tier_) (void)host_tier_->erase(ns, hash);
 }
 
 kernels::PagedKv PoolRuntime::paged_kv() const {

@@ -53,8 +53,11 @@ namespace kvpool::daemon {
 
 class PoolSet;
 
-// What a full-attention group of a hybrid model evicts, in order, for PoolSet to drop from its
-// other groups (the same blocks there serve no hit without this one). Forwards every call.
+// What a full-attention group of a hybrid model may have lost, in order, for PoolSet to drop
+// from its other groups (the same blocks there serve no hit without this one): its device
+// tier's evictions and drops, and the blocks that left its host tier other than by promotion.
+// A device eviction that the host tier took in is still the group's: PoolSet keeps only the
+// keys the group holds in neither tier once the call is done. Forwards every call.
 class GroupEvictions final : public core::IndexObserver {
  public:
   explicit GroupEvictions(core::IndexObserver* next) : next_(next) {}
@@ -62,8 +65,13 @@ class GroupEvictions final : public core::IndexObserver {
     next_->stored(ns, hash, page);
   }
   void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) override {
-    if (why == Removal::evicted) keys_.emplace_back(ns, hash);
+    if (why != Removal::flushed) keys_.emplace_back(ns, hash);
     next_->removed(ns, hash, page, why);
+  }
+  void host_stored(Namespace ns, const BlockHash& hash) override { next_->host_stored(ns, hash); }
+  void host_removed(Namespace ns, const BlockHash& hash, bool promoting) override {
+    if (!promoting) keys_.emplace_back(ns, hash);
+    next_->host_removed(ns, hash, promoting);
   }
   std::vector<std::pair<Namespace, BlockHash>> take() { return std::exchange(keys_, {}); }
 
@@ -114,6 +122,14 @@ class PoolRuntime {
   PrefixStats& prefix_stats() { return *prefix_stats_; }
   const PrefixStats& prefix_stats() const { return *prefix_stats_; }
   bool has_host_tier() const { return host_tier_ != nullptr; }
+  // Whether the pool holds (ns, hash) in its device index or its host tier.
+  bool holds_block(Namespace ns, const BlockHash& hash) const;
+  // Whether the host tier holds (ns, hash) and a promotion could read it now (no job of the
+  // pool in flight: a queued demotion may still be writing the slot).
+  bool host_can_promote(Namespace ns, const BlockHash& hash) const;
+  // Drops (ns, hash) from both tiers where nothing holds it (a hybrid model's other group lost
+  // it: PoolSet::drop_group_evictions).
+  void drop_block(Namespace ns, const BlockHash& hash);
   // The pool's KV events since the Server last took them (null: events.zmq_endpoint is off).
   KvEventBatcher* kv_events() { return kv_events_.get(); }
   PoolIndexEvents& index_events() { return *index_events_; }

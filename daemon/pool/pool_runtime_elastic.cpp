@@ -47,8 +47,7 @@ wire::Result<uint32_t> PoolRuntime::create_elastic(MemoryBackend& backend, uint3
   const uint64_t scale = page_scale_bytes(g);
   const uint64_t per_page = stride + scale;
   const uint64_t gran = backend.granularity();
-  uint64_t max_pages =
-      std::min<uint64_t>(pages_of(*pc.max_capacity, per_page), core::kMaxPages);
+  uint64_t max_pages = std::min<uint64_t>(pages_of(*pc.max_capacity, per_page), core::kMaxPages);
   const std::string where = "pool " + pc.name + ": ";
   if (max_pages < initial_pages) {
     return resize_error(Errc::invalid_argument, where + "max_capacity (" +
@@ -151,7 +150,8 @@ uint64_t PoolRuntime::pages_in(uint64_t bytes) const {
 }
 
 void PoolRuntime::grown() {
-  const uint64_t pages = std::min<uint64_t>(pages_in(memory_->pages_bytes_mapped()), info_.max_pages);
+  const uint64_t pages =
+      std::min<uint64_t>(pages_in(memory_->pages_bytes_mapped()), info_.max_pages);
   KVPOOL_CHECK(pages_->grow(static_cast<uint32_t>(pages)).ok());
   resized(true);
 }
@@ -182,11 +182,10 @@ double PoolRuntime::hits_per_byte() const {
 
 uint64_t PoolRuntime::bytes_above_min() const {
   const uint64_t mapped = memory_->pages_bytes_mapped();
-  const uint64_t min_bytes =
-      info_.segment_pages == 0
-          ? uint64_t{elastic_.min_pages} * info_.page_stride
-          : (uint64_t{elastic_.min_pages} + info_.segment_pages - 1) / info_.segment_pages *
-                info_.segment_stride;
+  const uint64_t min_bytes = info_.segment_pages == 0
+                                 ? uint64_t{elastic_.min_pages} * info_.page_stride
+                                 : (uint64_t{elastic_.min_pages} + info_.segment_pages - 1) /
+                                       info_.segment_pages * info_.segment_stride;
   return mapped - std::min(min_bytes, mapped);
 }
 

@@ -415,11 +415,13 @@ void PoolSet::drop_group_evictions() {
     for (const auto& p : pools_) {
       const auto keys = p->take_group_evictions();
       if (keys.empty()) continue;
-      again = true;  // a dropped block of another full group is that group's eviction
-      for (PoolRuntime* other : group_pools(*p)) {
-        if (other == p.get()) continue;
-        for (const auto& [ns, hash] : keys)
-          other->pages().drop_cached(ns, hash);
+      again = true;  // a dropped block of another full group is that group's loss
+      for (const auto& [ns, hash] : keys) {
+        // Demoted to the host tier, or published again since: still the group's.
+        if (p->holds_block(ns, hash)) continue;
+        for (PoolRuntime* other : group_pools(*p)) {
+          if (other != p.get()) other->drop_block(ns, hash);
+        }
       }
     }
   }

@@ -173,9 +173,14 @@ class Service {
   // hello's part for a group of a hybrid model: joins the session to `link` (0: a new set).
   wire::Result<bool> join_model(SessionState& s, PoolRuntime& pool, uint64_t link);
   // The longest hit of a hybrid model's chain every group can serve now (no references taken),
-  // at most `upper` blocks.
+  // at most `upper` blocks: from its device tier, or its host tier where a promotion can read
+  // the block now, promoting at most kMaxGroupPromoteBytes in all.
   uint32_t group_hit(Namespace ns, std::span<const BlockHash> chain,
                      const std::vector<PoolRuntime*>& groups, uint32_t upper) const;
+  // lookup_groups' promotion in one group: the host tier's run of `rest` into pages `owner`
+  // holds (written to out), copied on the loop; how many blocks came up.
+  uint32_t promote_group(PoolRuntime& pool, SessionState& gs, Namespace ns,
+                         std::span<const BlockHash> rest, std::span<PageId> out);
   // The error for a release that would drop a reference a static reservation holds.
   std::optional<wire::Error> reserved_error(const SessionState& s,
                                             std::span<const PageId> pages) const;

@@ -5,9 +5,15 @@
 // The hit rule. A sequence resuming after n blocks needs, of a full-attention group, every block
 // [0, n); of a sliding or chunked group, the blocks its window covers at that point,
 // [first_needed_block(n), n) (common/geometry.h). The hit is the largest n for which every group
-// has its blocks in its pool now. It is found without taking a reference (PagePool::find), then
-// each group's pages are taken into that group's session; when a group comes short (a quota, a
-// saturated refcount), what this call took is released and the next smaller hit tried.
+// has its blocks in its pool now: in its device tier, or in its host tier. It is found without
+// taking a reference (PagePool::find, HostTier::find), then each group's device pages are taken
+// into that group's session and the rest of its part promoted from its host tier; when a group
+// comes short (a quota, a saturated refcount, no device page for a promotion), what this call
+// took is released (promoted blocks stay, as device blocks) and the next smaller hit tried.
+//
+// Promotions copy on the event loop, each group's in turn (a group with a tier job in flight
+// promotes nothing: a queued demotion may still be writing its slots), and one lookup promotes at
+// most kMaxGroupPromoteBytes; the hit ends where more would be needed.
 #include <algorithm>
 
 #include "common/geometry.h"
@@ -22,6 +28,10 @@ namespace {
 // At most this many attempts before a lookup_groups answers no hit: each one after the first
 // follows a group coming short of pages, which its quota or a saturated refcount caused.
 constexpr int kMaxGroupAttempts = 8;
+
+// What one lookup_groups may copy up from the groups' host tiers, on the loop: ~8 ms at the
+// 8 GB/s a CPU copies pinned memory (bench/RESULTS.md, "Host tier").
+constexpr uint64_t kMaxGroupPromoteBytes = uint64_t{64} << 20;
 
 // The pages a group's part of the reply holds (its holes before the window hold none).
 std::vector<PageId> held_of(const wire::LookupReply& l) {
@@ -83,17 +93,24 @@ wire::Result<bool> Service::join_model(SessionState& s, PoolRuntime& pool, uint6
 
 uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
                             const std::vector<PoolRuntime*>& groups, uint32_t upper) const {
-  // Per group, the run of blocks present that ends at each position; a full group bounds the
-  // hit by its first missing block.
+  // Per group, the run of blocks present that ends at each position, and how many of the
+  // blocks before each position only its host tier holds; a full group bounds the hit by its
+  // first missing block.
   std::vector<std::vector<uint32_t>> runs(groups.size());
+  std::vector<std::vector<uint32_t>> host_only(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     const core::PagePool& pages = groups[g]->pages();
     const bool full = groups[g]->config().geometry.window == 0;
     std::vector<uint32_t>& run = runs[g];
+    std::vector<uint32_t>& host = host_only[g];
     run.resize(upper);
+    host.assign(upper + 1, 0);
     for (uint32_t i = 0; i < upper; ++i) {
-      const bool present = pages.find(ns, chain[i]) != kNoPage;
+      const bool device = pages.find(ns, chain[i]) != kNoPage;
+      const bool below = !device && groups[g]->host_can_promote(ns, chain[i]);
+      const bool present = device || below;
       run[i] = present ? (i == 0 ? 1 : run[i - 1] + 1) : 0;
+      host[i + 1] = host[i] + (below ? 1 : 0);
       if (full && !present) {
         upper = i;
         break;
@@ -102,14 +119,36 @@ uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
   }
   for (uint32_t n = upper; n > 0; --n) {
     bool served = true;
+    uint64_t promote_bytes = 0;
     for (size_t g = 0; g < groups.size() && served; ++g) {
       const Geometry& geom = groups[g]->config().geometry;
       const uint64_t first = first_needed_block(geom, n);
       served = runs[g][n - 1] >= n - first;
+      promote_bytes += uint64_t{host_only[g][n] - host_only[g][first]} *
+                       (page_data_bytes(geom) + page_scale_bytes(geom));
     }
-    if (served) return n;
+    if (served && promote_bytes <= kMaxGroupPromoteBytes) return n;
   }
   return 0;
+}
+
+uint32_t Service::promote_group(PoolRuntime& pool, SessionState& gs, Namespace ns,
+                                std::span<const BlockHash> rest, std::span<PageId> out) {
+  if (!pool.has_host_tier() || pool.copies_in_flight() != 0 || rest.empty()) return 0;
+  TierCopy c;
+  // Hints are set on the whole answer afterwards (apply_group_hints), as on its device hits.
+  const bool promoting =
+      pool.plan_promotion(gs.owner, ns, rest, access_.new_pages_allowed(gs), core::CallHints{}, c);
+  if (c.empty()) return 0;
+  pool.run_tier(c);
+  uint32_t promoted = 0;
+  if (promoting) {
+    promoted = pool.finish_promotion(c, gs.owner, ns, rest, out);
+  } else {
+    pool.finish_demotions(c);
+  }
+  access_.refresh_held(gs);
+  return promoted;
 }
 
 wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::GroupLookupRequest& r,
@@ -156,6 +195,8 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
     const uint32_t n = group_hit(ns, r.chain, groups, upper);
     if (n == 0) break;
     size_t taken = 0;  // groups whose pages this attempt holds
+    // Per group, where the blocks promoted from its host tier start (n: none).
+    std::vector<uint32_t> host_from(groups.size(), n);
     for (; taken < groups.size(); ++taken) {
       SessionState& gs = *s.model->by_group[taken];
       const auto first =
@@ -175,7 +216,15 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
       }
       access_.refresh_held(gs);
       if (hits < n - first) {
-        // Short (a quota, a saturated refcount): no hit past first + hits in this group.
+        // The device tier's run ends: its host tier may hold the rest.
+        host_from[taken] = first + hits;
+        hits += promote_group(*groups[taken], gs, ns,
+                              std::span(r.chain).subspan(first + hits, n - first - hits),
+                              std::span(l.pages).subspan(first + hits));
+      }
+      if (hits < n - first) {
+        // Short (a quota, a saturated refcount, no page to promote into): no hit past
+        // first + hits in this group.
         l.pages.resize(first + hits);
         upper = first + hits;
         break;
@@ -186,8 +235,11 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
       for (size_t g = 0; g < groups.size(); ++g) {
         wire::LookupReply& l = reply.groups[g];
         l.tiers.resize(n);
-        for (uint32_t i = 0; i < n; ++i)
-          l.tiers[i] = l.pages[i] == kNoPage ? wire::kTierNone : wire::kTierDevice;
+        for (uint32_t i = 0; i < n; ++i) {
+          l.tiers[i] = l.pages[i] == kNoPage ? wire::kTierNone
+                       : i >= host_from[g]   ? wire::kTierHost
+                                             : wire::kTierDevice;
+        }
         groups[g]->prefix_stats().hit(l.pages, pools_->now_s());
       }
       return wire::Reply(std::move(reply));

@@ -302,8 +302,9 @@ inline float softmax_denominator(const AttentionMask& m, uint32_t q_head, const 
 // bound every page id is checked against), so no page id can address past a plane.
 inline std::string check_layout(const PagedKv& kv, uint64_t num_pages) {
   if (kv.layout == KvLayout::page_major) {
-    return kv.segment_pages == 0 ? std::string()
-                                 : "kv.segment_pages is set on a page_major pool (layer_major only)";
+    return kv.segment_pages == 0
+               ? std::string()
+               : "kv.segment_pages is set on a page_major pool (layer_major only)";
   }
   if (kv.layout != KvLayout::layer_major) {
     return "kv.layout " + std::to_string(static_cast<unsigned>(kv.layout)) + " is not a KvLayout";

@@ -61,9 +61,9 @@ std::string copy_pages(const CopyPagesArgs& a, void* stream) {
   if (quantized && a.kv.scales == nullptr) return "copy_pages: an 8-bit pool needs its scales";
   const PageChunks pc = page_chunks(a.kv);
   // 16-byte copies when every run starts 16-byte aligned; bytes otherwise.
-  const bool aligned =
-      reinterpret_cast<uintptr_t>(a.kv.base) % 16 == 0 && pc.strides.page % 16 == 0 &&
-      pc.strides.segment % 16 == 0 && pc.chunk % 16 == 0;
+  const bool aligned = reinterpret_cast<uintptr_t>(a.kv.base) % 16 == 0 &&
+                       pc.strides.page % 16 == 0 && pc.strides.segment % 16 == 0 &&
+                       pc.chunk % 16 == 0;
   const uint64_t vec16 = aligned ? pc.chunk_bytes / 16 : 0;
   const auto scale_floats = static_cast<uint32_t>(page_scale_bytes(g) / sizeof(float));
   copy_pages_kernel<<<a.num_pairs, 256, 0, static_cast<cudaStream_t>(stream)>>>(

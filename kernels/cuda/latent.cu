@@ -238,7 +238,8 @@ std::string check_latent(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads
   if (kv.layout == KvLayout::layer_major && kv.num_pages == 0) {
     return k + ": a layer_major pool needs kv.num_pages";
   }
-  if (!segments_fit(kv)) return k + ": kv.segment_pages and kv.segment_stride do not fit the layout";
+  if (!segments_fit(kv))
+    return k + ": kv.segment_pages and kv.segment_stride do not fit the layout";
   if ((uint64_t{num_q_heads} + kHeads - 1) / kHeads > 65535) return k + ": too many query heads";
   // What the element loads assume: aligned elements and scales, pages that do not overlap.
   const uint32_t b = dtype_bytes(g.dtype);

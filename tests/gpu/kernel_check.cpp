@@ -32,9 +32,14 @@ struct HostPool {
   uint32_t segment_pages = 0;
   uint64_t segment_stride = 0;
   PagedKv view() {
-    return PagedKv{mem.data(), stride, scales.empty() ? nullptr : scales.data(),
-                   g,          layout, num_pages,
-                   segment_pages, segment_stride};
+    return PagedKv{mem.data(),
+                   stride,
+                   scales.empty() ? nullptr : scales.data(),
+                   g,
+                   layout,
+                   num_pages,
+                   segment_pages,
+                   segment_stride};
   }
   // Sizes mem (and the segment stride) for num_pages pages of `stride` bytes.
   size_t bytes() {
@@ -349,8 +354,7 @@ void Matrix::run_case(const Case& c) {
 // The target's append writes the same values the CPU append does (compared dequantised); then
 // the target's copy-pages copies what the CPU one does. `latent`: DeepSeek-V3's MLA vector (one
 // 576-value row per token and layer, no V).
-void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent,
-                             uint32_t segment_pages) {
+void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent, uint32_t segment_pages) {
   const Geometry g = latent ? Geometry{2, 1, 576, 16, dtype, AttentionKind::latent, 0}
                             : Geometry{2, 2, 128, 16, dtype};
   const uint32_t pages = 8;
@@ -363,8 +367,7 @@ void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent,
   cpu_pool.mem.assign(cpu_pool.bytes(), std::byte{0});
   cpu_pool.scales.assign(pages * page_scale_bytes(g) / sizeof(float), 0.0f);
   const std::string what = std::string(layout_name(layout)) + " " + std::string(dtype_name(dtype)) +
-                           (latent ? " latent" : "") +
-                           (segment_pages != 0 ? " segmented" : "");
+                           (latent ? " latent" : "") + (segment_pages != 0 ? " segmented" : "");
   const uint32_t n = 40;
   std::vector<float> k(size_t{n} * g.kv_heads * g.head_dim), v(latent ? 0 : k.size());
   std::normal_distribution<float> nd(0.0f, 1.0f);
@@ -501,13 +504,20 @@ std::vector<Case> matrix_cases() {
     cases.push_back({dt, 576, 40, 64, {70, 300}, {0}, KvLayout::layer_major, -1, 128, true, 512});
     // Segmented layer_major (elastic pools): sequences cross segments of 5 and 3 pages with a
     // block of slack between them; splits, a window with sinks, a latent pool.
-    cases.push_back(
-        {dt, 128, 4, 16, {1, 17, 300, 1000}, {0, 32, kNoSplit}, KvLayout::layer_major, -1, 0,
-         false, 0, 5});
-    cases.push_back(
-        {dt, 64, 8, 8, {9, 500}, {16, 0}, KvLayout::layer_major, 63, 0, true, 0, 3});
-    cases.push_back(
-        {dt, 576, 16, 64, {65, 300}, {0}, KvLayout::layer_major, -1, 0, false, 512, 3});
+    cases.push_back({dt,
+                     128,
+                     4,
+                     16,
+                     {1, 17, 300, 1000},
+                     {0, 32, kNoSplit},
+                     KvLayout::layer_major,
+                     -1,
+                     0,
+                     false,
+                     0,
+                     5});
+    cases.push_back({dt, 64, 8, 8, {9, 500}, {16, 0}, KvLayout::layer_major, 63, 0, true, 0, 3});
+    cases.push_back({dt, 576, 16, 64, {65, 300}, {0}, KvLayout::layer_major, -1, 0, false, 512, 3});
   }
   return cases;
 }

@@ -35,7 +35,7 @@ using client::Connection;
 
 constexpr uint32_t kLayers = 3, kHeads = 2, kDim = 48, kT = 16;
 constexpr uint64_t kBlock = uint64_t{kT} * kHeads * kDim * 2;  // one page of one plane: 3 KiB
-constexpr uint64_t kSegment = 6ull << 20;                        // lcm(2 MiB, 3 KiB)
+constexpr uint64_t kSegment = 6ull << 20;                      // lcm(2 MiB, 3 KiB)
 constexpr uint32_t kPerSegment = static_cast<uint32_t>(kSegment / (2 * kLayers * kBlock));  // 341
 
 // segment_size 2MiB on fake-device (2 MiB granules: rounded up to 6 MiB), 6MiB on host (4 KiB
@@ -64,8 +64,8 @@ float value(uint32_t tag, uint32_t t, uint32_t l, uint32_t h, uint32_t d, uint32
 // The byte offset of an element, from this file's own reading of the segmented layout.
 uint64_t offset(PageId p, uint32_t l, uint32_t h, uint32_t t, uint32_t d, uint32_t is_v) {
   const uint64_t plane = uint64_t{kPerSegment} * kBlock;
-  return uint64_t{p / kPerSegment} * kSegment + (2 * l + is_v) * plane + (p % kPerSegment) * kBlock +
-         (uint64_t{t} * kHeads + h) * kDim * 2 + uint64_t{d} * 2;
+  return uint64_t{p / kPerSegment} * kSegment + (2 * l + is_v) * plane +
+         (p % kPerSegment) * kBlock + (uint64_t{t} * kHeads + h) * kDim * 2 + uint64_t{d} * 2;
 }
 
 // Appends all kT tokens of page pages[i] (tag i) in every layer through `append`.
@@ -254,10 +254,10 @@ TEST_P(ElasticLayerMajor, AShrinkMovesCachedTailPagesWithEveryLayer) {
   std::vector<PageId> sorted = all.value();
   std::sort(sorted.begin(), sorted.end());
   const std::vector<PageId> tail(sorted.end() - 4, sorted.end());
-  ASSERT_EQ(fill(tail, [&](const kernels::AppendArgs& a) {
-              return client::PoolKernels(*c).append_kv(a);
-            }),
-            "");
+  ASSERT_EQ(
+      fill(tail,
+           [&](const kernels::AppendArgs& a) { return client::PoolKernels(*c).append_kv(a); }),
+      "");
   std::vector<PublishItem> items;
   for (uint32_t i = 0; i < tail.size(); ++i)
     items.push_back({tail[i], block(i)});

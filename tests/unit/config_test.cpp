@@ -1001,11 +1001,27 @@ TEST(ConfigTest, GroupsExpandIntoOnePoolEach) {
   EXPECT_EQ(mixed.pools[1].geometry.window, 0u);
 }
 
+TEST(ConfigTest, AModelsHostTierKeepsAsManyBlocksInEveryGroup) {
+  // local: 3 layers × 2 heads × 64 × 16 × fp16 = 24 KiB pages (K and V); global: 1 layer, 8 KiB.
+  const std::string groups =
+      "      - {name: local, layers: 3, kind: sliding, window: 512}\n"
+      "      - {name: global, layers: 1}\n";
+  const Config bytes = parse_ok(std::string(kModelHead) + groups + "    host_tier: 1MiB\n");
+  for (const PoolConfig& p : bytes.pools) {
+    ASSERT_TRUE(p.host_tier) << p.name;
+    EXPECT_EQ(*p.host_tier, (Capacity{Capacity::Unit::pages, (1u << 20) / (32u << 10), 0.0}));
+  }
+  const Config pages = parse_ok(std::string(kModelHead) + groups + "    host_tier: 100 pages\n");
+  for (const PoolConfig& p : pages.pools)
+    EXPECT_EQ(*p.host_tier, (Capacity{Capacity::Unit::pages, 100, 0.0})) << p.name;
+}
+
 TEST(ConfigTest, ElasticAndGroupedPoolsMayBeLayerMajor) {
-  const Config c = parse_ok(std::string(kModelHead) + "      - {name: a}\n    layout: layer_major\n");
+  const Config c =
+      parse_ok(std::string(kModelHead) + "      - {name: a}\n    layout: layer_major\n");
   EXPECT_EQ(c.pools.at(0).layout, KvLayout::layer_major);
-  const Config e = parse_ok(std::string(kPoolHead) +
-                            "    layout: layer_major\n    max_capacity: 128 pages\n");
+  const Config e =
+      parse_ok(std::string(kPoolHead) + "    layout: layer_major\n    max_capacity: 128 pages\n");
   EXPECT_EQ(e.pools.at(0).layout, KvLayout::layer_major);
   EXPECT_TRUE(e.pools.at(0).max_capacity);
 }
@@ -1025,7 +1041,9 @@ TEST(ConfigErrorTest, GroupsThatDoNotFitThePool) {
   expect_error(head + "    []\n", 6, "pools[0].groups", "at least one group");
   expect_error(head + two + "    max_capacity: 2MiB\n", 9, "pools[0].max_capacity",
                "sized by its capacity");
-  expect_error(head + two + "    host_tier: 1MiB\n", 9, "pools[0].host_tier", "not supported yet");
+  expect_error(head + two + "    host_tier: 10%\n", 9, "pools[0].host_tier", "not a percentage");
+  expect_error(head + two + "    host_tier: 40KiB\n", 9, "pools[0].host_tier",
+               "less than one block in every group");
   expect_error(
       "pools:\n  - name: m\n    capacity: 64 pages\n    segment_size: 64KiB\n"
       "    geometry: {layers: 4, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}\n"

@@ -155,8 +155,8 @@ TEST_P(KernelLayouts, DecodeGivesTheSameBitsInBothLayouts) {
       }
       for (int i = 1; i < 3; ++i) {
         EXPECT_TRUE(all_finite(out[i])) << cpu::isa_name(isa) << " split " << split << " " << i;
-        EXPECT_TRUE(same_bits(out[0], out[i])) << cpu::isa_name(isa) << " split " << split << " "
-                                               << i;
+        EXPECT_TRUE(same_bits(out[0], out[i]))
+            << cpu::isa_name(isa) << " split " << split << " " << i;
       }
     }
   }

@@ -246,6 +246,9 @@ std::vector<Reply> sample_replies() {
   PoolInfo layer_major = sample_pool(KvDtype::fp8_e4m3);
   layer_major.layout = KvLayout::layer_major;
   v.emplace_back(HelloReply{7, layer_major});
+  layer_major.segment_pages = 341;  // an elastic one: segmented
+  layer_major.segment_stride = 6ull << 20;
+  v.emplace_back(HelloReply{7, layer_major});
   PoolInfo sliding = sample_pool(KvDtype::bf16);
   sliding.geometry.kind = AttentionKind::sliding;
   sliding.geometry.window = 4096;
@@ -636,7 +639,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                11,   0,                               // version
+                                12,   0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -691,6 +694,8 @@ TEST(ProtocolRoundTrip, ExactBytesOfHelloAndPublish) {
                          .str("")  // no model
                          .u32(0)   // group 0
                          .u32(0)   // of no groups
+                         .u32(0)   // not segmented
+                         .u64(0)
                          .bytes();
   EXPECT_EQ(exact(payload_of(hello_reply)), want);
 
@@ -826,7 +831,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 11, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 12, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -848,8 +853,9 @@ TEST(ProtocolHeader, WrongVersion) {
   // 1: before segments and copy; 2: before the layout byte of the hello reply; 3: before the
   // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
   // counter list; 6: before the attention kind in PoolInfo; 7: before lookups with holes; 8:
-  // before hybrid models; 9: before publish's chain; 10: before hello's hash scheme.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 0x100, 0xffff};
+  // before hybrid models; 9: before publish's chain; 10: before hello's hash scheme; 11: before
+  // segmented layer_major pools.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
@@ -1324,6 +1330,35 @@ TEST(ProtocolDecodeReply, AttentionKindAndWindowTravelAfterTheLayout) {
     EXPECT_EQ(e.error().status.value(), bad);
     EXPECT_NE(e.error().message.find("kind"), std::string::npos) << e.error().message;
   }
+}
+
+// The segment fields close PoolInfo: both set on a layer_major pool, or both 0.
+TEST(ProtocolDecodeReply, SegmentFieldsFitTheLayout) {
+  PoolInfo p = sample_pool(KvDtype::bf16);
+  p.layout = KvLayout::layer_major;
+  p.segment_pages = 3;
+  p.segment_stride = 4096;
+  const Bytes good = exact(payload_of(encode(1, Reply{HelloReply{1, p}})));
+  auto r = decode_reply_bytes(rep_op(Opcode::hello), good);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(std::get<HelloReply>(r.value()).pool, p);
+  auto bad = [](PoolInfo q) {
+    auto e = decode_reply_bytes(rep_op(Opcode::hello),
+                                exact(payload_of(encode(1, Reply{HelloReply{1, q}}))));
+    EXPECT_TRUE(fails_with(Errc::malformed_frame, e));
+    if (!e.ok()) {
+      EXPECT_NE(e.error().message.find("segment_pages"), std::string::npos);
+    }
+  };
+  PoolInfo no_stride = p;
+  no_stride.segment_stride = 0;
+  bad(no_stride);
+  PoolInfo no_pages = p;
+  no_pages.segment_pages = 0;
+  bad(no_pages);
+  PoolInfo page_major = p;
+  page_major.layout = KvLayout::page_major;
+  bad(page_major);
 }
 
 TEST(ProtocolDecodeReply, PoolNamesTooLong) {
