@@ -101,7 +101,8 @@ struct PoolConfig {
   // Elastic pools (docs/ARCHITECTURE.md, "Elastic pools"): with max_capacity the pool starts at
   // `capacity` and grows by segments of segment_size when it runs out of free pages, while the
   // daemon's memory_budget has room or another pool can give a segment back, down to its own
-  // min_capacity (default one segment). Pages or bytes; page_major pools only. Restart-only.
+  // min_capacity (default one segment). Pages or bytes; either layout (a layer_major one is
+  // segmented, kernels/paged_kv.h). Restart-only.
   std::optional<Capacity> max_capacity{};
   std::optional<Capacity> min_capacity{};
   uint64_t segment_size = uint64_t{64} << 20;

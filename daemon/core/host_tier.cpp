@@ -101,6 +101,14 @@ void HostTier::drop_promote(SlotId slot) {
   ++counters_.dropped;
 }
 
+bool HostTier::drop(Namespace ns, const BlockHash& hash) {
+  const SlotId slot = find(ns, hash);
+  if (slot == kNoSlot) return false;
+  unhold(slot, SlotState::free);
+  ++counters_.dropped;
+  return true;
+}
+
 bool HostTier::erase(Namespace ns, const BlockHash& hash) {
   const SlotId slot = find(ns, hash);
   if (slot == kNoSlot) return false;

@@ -46,7 +46,7 @@ struct HostTierCounters {
   uint64_t demoted = 0;     // blocks admitted (bytes copied down)
   uint64_t refreshed = 0;   // admissions of a block already held (no copy needed)
   uint64_t promoted = 0;    // blocks handed back to the device tier
-  uint64_t dropped = 0;     // blocks evicted from this tier to make room
+  uint64_t dropped = 0;     // blocks evicted to make room, or dropped (drop())
   uint64_t flushed = 0;     // blocks dropped by flush()
   uint64_t superseded = 0;  // copies dropped because the device tier holds the block again
 };
@@ -81,6 +81,9 @@ class HostTier {
   // Drops the block (ns, hash) if the tier holds it: the device tier has it again (a worker
   // published it afresh), and the tiers stay exclusive. Returns whether it was there.
   bool erase(Namespace ns, const BlockHash& hash);
+  // Drops the block (ns, hash) if the tier holds it, counted as dropped: a hybrid model's other
+  // group lost it, so no hit can use it (PoolSet::drop_group_evictions). Whether it was there.
+  bool drop(Namespace ns, const BlockHash& hash);
   // Drops a HELD slot whose bytes could not be copied in (it must never be promoted); a slot in
   // any other state is left alone.
   void discard(SlotId slot);

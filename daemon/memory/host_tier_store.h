@@ -109,8 +109,8 @@ class PoolHostTier {
   uint64_t bytes() const { return memory_->bytes(); }
   // Drops every block; returns how many.
   uint32_t flush() { return tier_.flush(); }
-  // Drops the block (ns, hash) if held here; whether it was.
-  bool erase(Namespace ns, const BlockHash& hash) { return tier_.erase(ns, hash); }
+  // Drops the block (ns, hash) if held here (HostTier::drop); whether it was.
+  bool drop(Namespace ns, const BlockHash& hash) { return tier_.drop(ns, hash); }
 
  private:
   PoolHostTier(core::PagePool& pool, core::IndexObserver* next, uint32_t slots, uint64_t slot_bytes,

@@ -180,7 +180,7 @@ bool PoolRuntime::host_can_promote(Namespace ns, const BlockHash& hash) const {
 
 void PoolRuntime::drop_block(Namespace ns, const BlockHash& hash) {
   (void)pages_->drop_cached(ns, hash);
-  if (host_tier_) (void)host_tier_->erase(ns, hash);
+  if (host_tier_) (void)host_tier_->drop(ns, hash);
 }
 
 kernels::PagedKv PoolRuntime::paged_kv() const {
@@ -253,6 +253,9 @@ std::pair<uint32_t, uint32_t> PoolRuntime::flush() {
   const uint32_t n = pages_->flush();
   const uint32_t host = host_tier_ ? host_tier_->flush() : 0;
   index_events_->end_flush(tiers_empty());
+  // A flush drops this group's cache only, as its device flush does not cascade either: what
+  // its host tier reported dropping is not a loss for the other groups.
+  if (group_evictions_) (void)group_evictions_->take();
   return {n, host};
 }
 

@@ -174,13 +174,16 @@ class Service {
   wire::Result<bool> join_model(SessionState& s, PoolRuntime& pool, uint64_t link);
   // The longest hit of a hybrid model's chain every group can serve now (no references taken),
   // at most `upper` blocks: from its device tier, or its host tier where a promotion can read
-  // the block now, promoting at most kMaxGroupPromoteBytes in all.
+  // the block now, promoting at most promote_left bytes in all.
   uint32_t group_hit(Namespace ns, std::span<const BlockHash> chain,
-                     const std::vector<PoolRuntime*>& groups, uint32_t upper) const;
-  // lookup_groups' promotion in one group: the host tier's run of `rest` into pages `owner`
-  // holds (written to out), copied on the loop; how many blocks came up.
+                     const std::vector<PoolRuntime*>& groups, uint32_t upper,
+                     uint64_t promote_left) const;
+  // lookup_groups' promotion in one group: the host tier's run at the start of `rest` into
+  // pages the group's session holds (written to out), copied on the loop, within promote_left
+  // bytes (reduced by what came up); how many blocks came up.
   uint32_t promote_group(PoolRuntime& pool, SessionState& gs, Namespace ns,
-                         std::span<const BlockHash> rest, std::span<PageId> out);
+                         std::span<const BlockHash> rest, std::span<PageId> out,
+                         uint64_t& promote_left);
   // The error for a release that would drop a reference a static reservation holds.
   std::optional<wire::Error> reserved_error(const SessionState& s,
                                             std::span<const PageId> pages) const;

@@ -92,7 +92,8 @@ wire::Result<bool> Service::join_model(SessionState& s, PoolRuntime& pool, uint6
 }
 
 uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
-                            const std::vector<PoolRuntime*>& groups, uint32_t upper) const {
+                            const std::vector<PoolRuntime*>& groups, uint32_t upper,
+                            uint64_t promote_left) const {
   // Per group, the run of blocks present that ends at each position, and how many of the
   // blocks before each position only its host tier holds; a full group bounds the hit by its
   // first missing block.
@@ -127,18 +128,23 @@ uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
       promote_bytes += uint64_t{host_only[g][n] - host_only[g][first]} *
                        (page_data_bytes(geom) + page_scale_bytes(geom));
     }
-    if (served && promote_bytes <= kMaxGroupPromoteBytes) return n;
+    if (served && promote_bytes <= promote_left) return n;
   }
   return 0;
 }
 
 uint32_t Service::promote_group(PoolRuntime& pool, SessionState& gs, Namespace ns,
-                                std::span<const BlockHash> rest, std::span<PageId> out) {
+                                std::span<const BlockHash> rest, std::span<PageId> out,
+                                uint64_t& promote_left) {
   if (!pool.has_host_tier() || pool.copies_in_flight() != 0 || rest.empty()) return 0;
+  const Geometry& g = pool.config().geometry;
+  const uint64_t page_bytes = page_data_bytes(g) + page_scale_bytes(g);
+  const auto affordable = static_cast<uint32_t>(
+      std::min<uint64_t>(promote_left / page_bytes, access_.new_pages_allowed(gs)));
+  if (affordable == 0) return 0;
   TierCopy c;
   // Hints are set on the whole answer afterwards (apply_group_hints), as on its device hits.
-  const bool promoting =
-      pool.plan_promotion(gs.owner, ns, rest, access_.new_pages_allowed(gs), core::CallHints{}, c);
+  const bool promoting = pool.plan_promotion(gs.owner, ns, rest, affordable, core::CallHints{}, c);
   if (c.empty()) return 0;
   pool.run_tier(c);
   uint32_t promoted = 0;
@@ -148,6 +154,7 @@ uint32_t Service::promote_group(PoolRuntime& pool, SessionState& gs, Namespace n
     pool.finish_demotions(c);
   }
   access_.refresh_held(gs);
+  promote_left -= std::min(promote_left, uint64_t{promoted} * page_bytes);
   return promoted;
 }
 
@@ -191,42 +198,54 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
   wire::GroupLookupReply reply;
   reply.groups.resize(groups.size());
   auto upper = static_cast<uint32_t>(r.chain.size());
+  // What this lookup may still promote, over all its attempts, and which chain positions came
+  // up from a group's host tier (kept across attempts: a block promoted by one is a device block
+  // to the next, but its answer says where it came from).
+  uint64_t promote_left = kMaxGroupPromoteBytes;
+  std::vector<std::vector<uint8_t>> promoted(groups.size());
   for (int attempt = 0; attempt < kMaxGroupAttempts && upper > 0; ++attempt) {
-    const uint32_t n = group_hit(ns, r.chain, groups, upper);
+    const uint32_t n = group_hit(ns, r.chain, groups, upper, promote_left);
     if (n == 0) break;
     size_t taken = 0;  // groups whose pages this attempt holds
-    // Per group, where the blocks promoted from its host tier start (n: none).
-    std::vector<uint32_t> host_from(groups.size(), n);
     for (; taken < groups.size(); ++taken) {
       SessionState& gs = *s.model->by_group[taken];
       const auto first =
           static_cast<uint32_t>(first_needed_block(groups[taken]->config().geometry, n));
       wire::LookupReply& l = reply.groups[taken];
       l.pages.assign(n, kNoPage);
-      uint32_t hits = 0;
-      const Status st = groups[taken]->pages().lookup(
-          gs.owner, ns, std::span(r.chain).subspan(first, n - first),
-          std::span(l.pages).subspan(first), hits, access_.new_pages_allowed(gs));
-      if (!st.ok()) {
-        for (size_t g = 0; g < taken; ++g) {
-          (void)groups[g]->pages().release(s.model->by_group[g]->owner, held_of(reply.groups[g]));
-          access_.refresh_held(*s.model->by_group[g]);
+      // The group's part, [first, n): a run its device tier holds, then one its host tier
+      // holds, and so on (a sliding group lets go of a sequence's head first, so its older
+      // blocks are below while the newer ones are still on the device).
+      uint32_t got = 0;
+      while (got < n - first) {
+        uint32_t hits = 0;
+        const Status st = groups[taken]->pages().lookup(
+            gs.owner, ns, std::span(r.chain).subspan(first + got, n - first - got),
+            std::span(l.pages).subspan(first + got), hits, access_.new_pages_allowed(gs));
+        if (!st.ok()) {
+          std::fill(l.pages.begin() + first + got, l.pages.end(), kNoPage);
+          for (size_t g = 0; g <= taken; ++g) {
+            (void)groups[g]->pages().release(s.model->by_group[g]->owner, held_of(reply.groups[g]));
+            access_.refresh_held(*s.model->by_group[g]);
+          }
+          return access_.hint_error(gs, st);
         }
-        return access_.hint_error(gs, st);
+        access_.refresh_held(gs);
+        got += hits;
+        if (got == n - first) break;
+        const uint32_t up = promote_group(*groups[taken], gs, ns,
+                                          std::span(r.chain).subspan(first + got, n - first - got),
+                                          std::span(l.pages).subspan(first + got), promote_left);
+        if (up == 0) break;
+        promoted[taken].resize(r.chain.size(), 0);
+        std::fill_n(promoted[taken].begin() + first + got, up, 1);
+        got += up;
       }
-      access_.refresh_held(gs);
-      if (hits < n - first) {
-        // The device tier's run ends: its host tier may hold the rest.
-        host_from[taken] = first + hits;
-        hits += promote_group(*groups[taken], gs, ns,
-                              std::span(r.chain).subspan(first + hits, n - first - hits),
-                              std::span(l.pages).subspan(first + hits));
-      }
-      if (hits < n - first) {
+      if (got < n - first) {
         // Short (a quota, a saturated refcount, no page to promote into): no hit past
-        // first + hits in this group.
-        l.pages.resize(first + hits);
-        upper = first + hits;
+        // first + got in this group.
+        l.pages.resize(first + got);
+        upper = first + got;
         break;
       }
     }
@@ -236,9 +255,9 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
         wire::LookupReply& l = reply.groups[g];
         l.tiers.resize(n);
         for (uint32_t i = 0; i < n; ++i) {
-          l.tiers[i] = l.pages[i] == kNoPage ? wire::kTierNone
-                       : i >= host_from[g]   ? wire::kTierHost
-                                             : wire::kTierDevice;
+          l.tiers[i] = l.pages[i] == kNoPage                         ? wire::kTierNone
+                       : !promoted[g].empty() && promoted[g][i] != 0 ? wire::kTierHost
+                                                                     : wire::kTierDevice;
         }
         groups[g]->prefix_stats().hit(l.pages, pools_->now_s());
       }

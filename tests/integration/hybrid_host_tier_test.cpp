@@ -47,15 +47,16 @@ uint8_t tag(size_t group, uint32_t i) {
   return static_cast<uint8_t>(0x40 + group * 16 + i);
 }
 
-// Publishes blocks [0, kBlocks) in `group`, each page filled with its tag, and releases them tail
-// first (cached).
-void publish_all(Connection& c, size_t group) {
-  auto pages = c.alloc(kBlocks);
+// Publishes blocks [from, kBlocks) in `group`, each page filled with its tag, and releases them
+// tail first (cached).
+void publish_all(Connection& c, size_t group, uint32_t from = 0) {
+  auto pages = c.alloc(kBlocks - from);
   ASSERT_TRUE(pages.ok()) << pages.error().message;
   std::vector<PublishItem> items;
-  for (uint32_t i = 0; i < kBlocks; ++i) {
-    std::memset(c.page(pages.value()[i]), tag(group, i), c.pool().page_stride);
-    items.push_back({pages.value()[i], block(i)});
+  for (uint32_t i = from; i < kBlocks; ++i) {
+    const PageId p = pages.value()[i - from];
+    std::memset(c.page(p), tag(group, i), c.pool().page_stride);
+    items.push_back({p, block(i)});
   }
   ASSERT_TRUE(c.publish(items).ok());
   std::vector<PageId> tail_first(pages.value().rbegin(), pages.value().rend());
@@ -164,6 +165,30 @@ TEST(HybridHostTier, AFullGroupsLossFromBothTiersDropsTheOtherGroupsCopies) {
         reinterpret_cast<const uint8_t*>(global.page(hit.value().groups[kGlobal].pages[i]));
     EXPECT_EQ(b[0], tag(kGlobal, i)) << i;
   }
+}
+
+TEST(HybridHostTier, AGroupsPartMayAlternateBetweenItsTiers) {
+  // The local group's blocks 2..5 are below but 4 and 5 were computed again (on the device): its
+  // part of the hit is host, host, device, device, one lookup.
+  Daemon d(model_config(8));
+  ASSERT_TRUE(d.start()) << d.log();
+  auto m = ModelConnection::attach(d.socket(), "w", "m");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  Connection& local = m.value()->group(kLocal);
+  publish_all(local, kLocal);
+  push_out(local);
+  publish_all(local, kLocal, 4);
+  publish_all(m.value()->group(kGlobal), kGlobal);
+  auto hit = m.value()->lookup(chain());
+  ASSERT_TRUE(hit.ok()) << hit.error().message;
+  const wire::LookupReply& l = hit.value().groups[kLocal];
+  ASSERT_EQ(l.pages.size(), kBlocks);
+  EXPECT_EQ(l.tiers, (std::vector<uint8_t>{wire::kTierNone, wire::kTierNone, wire::kTierHost,
+                                           wire::kTierHost, wire::kTierDevice, wire::kTierDevice}));
+  for (uint32_t i = 2; i < kBlocks; ++i) {
+    EXPECT_EQ(reinterpret_cast<const uint8_t*>(local.page(l.pages[i]))[0], tag(kLocal, i)) << i;
+  }
+  EXPECT_EQ(hit.value().groups[kGlobal].tiers, std::vector<uint8_t>(kBlocks, wire::kTierDevice));
 }
 
 }  // namespace

@@ -61,6 +61,24 @@ TEST(HostTier, PromotingSlotsAreNeitherFoundNorDropped) {
   EXPECT_EQ(t.check_invariants(), "");
 }
 
+// drop(): a hybrid model's other group lost the block. It leaves the tier, counted as dropped
+// (not superseded, which erase() counts), and the slot is free again.
+TEST(HostTier, DropFreesTheSlotAndCountsADrop) {
+  HostTier t(2, 1);
+  const SlotId a = t.admit(kNs, h(1)).slot;
+  t.admit(kNs, h(2));
+  EXPECT_TRUE(t.drop(kNs, h(1)));
+  EXPECT_FALSE(t.drop(kNs, h(1)));
+  EXPECT_EQ(t.find(kNs, h(1)), kNoSlot);
+  EXPECT_EQ(t.counters().dropped, 1u);
+  EXPECT_EQ(t.counters().superseded, 0u);
+  EXPECT_EQ(t.admit(kNs, h(3)).slot, a);  // the freed slot, nothing dropped for it
+  EXPECT_EQ(t.counters().dropped, 1u);
+  EXPECT_TRUE(t.erase(kNs, h(2)));
+  EXPECT_EQ(t.counters().superseded, 1u);
+  EXPECT_EQ(t.check_invariants(), "");
+}
+
 TEST(HostTier, ZeroCapacityAdmitsNothingAndFlushEmpties) {
   HostTier none(0, 1);
   EXPECT_EQ(none.admit(kNs, h(1)).slot, kNoSlot);
