@@ -172,6 +172,11 @@ void bind_sequence_cache(py::module_& m) {
           "block_table", [](const PySequenceCache& s) { return s.get().block_table(); },
           "The sequence's pages, block by block.")
       .def_property_readonly(
+          "kv_block_table", [](const PySequenceCache& s) { return s.get().kv_block_table(); },
+          "The block table as kv_cache_view()'s block dimension counts: the pages themselves, "
+          "except in a segmented (elastic) layer_major pool, where each is pool.block_index(page) "
+          "(4294967295 stays, a block the window left). What an engine's own kernels take.")
+      .def_property_readonly(
           "block_hashes", [](const PySequenceCache& s) { return s.get().block_hashes(); },
           "The hashes of its full blocks, in order.")
       .def_property_readonly(

@@ -234,4 +234,12 @@ Result<Ok> SequenceCache::release() {
   return conn_.release(held);
 }
 
+std::vector<uint64_t> SequenceCache::kv_block_table() const {
+  const kernels::PagedKv kv = kernels::paged_kv_of(conn_.pool(), nullptr);
+  std::vector<uint64_t> out(pages_.size());
+  for (size_t i = 0; i < pages_.size(); ++i)
+    out[i] = pages_[i] == kNoPage ? kNoPage : kernels::block_index(kv, pages_[i]);
+  return out;
+}
+
 }  // namespace kvpool::client

@@ -105,6 +105,10 @@ class SequenceCache {
   uint32_t tokens() const { return static_cast<uint32_t>(tokens_.size()); }
   uint32_t tokens_per_page() const { return tpp_; }
   const std::vector<PageId>& block_table() const { return pages_; }
+  // The block table as an engine's own kernels index the per-layer tensors (kv_cache_view,
+  // kernels::block_index): the same pages, except in a segmented (elastic) layer_major pool,
+  // where each page is its place in the tensor of blocks. kNoPage entries stay kNoPage.
+  std::vector<uint64_t> kv_block_table() const;
   const std::vector<BlockHash>& block_hashes() const { return hashes_; }
   uint32_t published_blocks() const { return published_; }
 

@@ -182,4 +182,13 @@ def test_elastic_layer_major_pool_is_viewed_by_block_index():
             (3 * 2 + 1) * 12 + 5
         assert whole[at] == 7.0 and np.count_nonzero(whole) == 1
         c.release(pages)
+        # A sequence long enough to reach the second segment: its kv_block_table is what an
+        # engine indexes the views with.
+        hasher = kvpool.BlockHasher()
+        seq = kvpool.SequenceCache(c, hasher, hasher.root("m", c.pool.geometry))
+        assert seq.begin(list(range(4 * 15))) == 0
+        table = seq.block_table
+        assert max(table) >= 10
+        assert seq.kv_block_table == [c.pool.block_index(p) for p in table]
+        seq.release()
         c.close()

@@ -9,7 +9,7 @@ returns exactly that shape over the pool's own memory, without a copy, for eithe
   segmented (``pool.segment_pages`` pages per segment, ``pool.segment_stride`` bytes apart): its
   view has the same shape and block stride, but page p is block ``pool.block_index(p)`` of it
   (the blocks in between belong to other layers), so block tables handed to such kernels hold
-  ``block_index(p)`` rather than p;
+  ``block_index(p)`` rather than p (``SequenceCache.kv_block_table``);
 * ``page_major`` pools (a page holds every layer, each K and V tile ``[kv_heads][tokens][dim]``)
   give a strided view of the same shape: right for torch code, not for kernels that assume a
   dense layout.
