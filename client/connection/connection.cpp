@@ -88,6 +88,9 @@ std::string why_incompatible(const wire::PoolInfo& had, const wire::PoolInfo& no
   if (now.geometry != had.geometry) return "its geometry";
   if (now.layout != had.layout) return "its layout";
   if (now.page_stride != had.page_stride) return "its page stride";
+  if (now.segment_pages != had.segment_pages || now.segment_stride != had.segment_stride) {
+    return "its segments' pages or stride";
+  }
   if (now.backend != had.backend) return "its backend";
   if (now.reserved_bytes != had.reserved_bytes) return "its reserved bytes";
   if (now.device_uuid != had.device_uuid) return "its device";

@@ -70,6 +70,11 @@ std::string why_unmappable(const wire::PoolInfo& pool, size_t fd_count, bool nee
     }
     return lo >= hi;
   };
+  if (!kernels::segments_fit(kernels::paged_kv_of(pool, nullptr))) {
+    return "segments of " + std::to_string(pool.segment_pages) + " pages " +
+           std::to_string(pool.segment_stride) +
+           " bytes apart do not hold every layer's planes in whole blocks";
+  }
   const uint64_t pages_end = kernels::pages_extent(pool);
   if (!covered(0, pages_end)) {
     return std::to_string(pool.num_pages) + " pages of " + std::to_string(pool.page_stride) +

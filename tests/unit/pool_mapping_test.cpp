@@ -191,6 +191,11 @@ TEST(PoolMapping, RefusesBadSegmentLists) {
   wire::PoolInfo sum = good;
   sum.segment_bytes += 1;
   expect_refused(sum, fds, "for a pool of");
+  wire::PoolInfo ragged = good;  // a segmented layer_major pool whose stride splits a block
+  ragged.layout = KvLayout::layer_major;
+  ragged.segment_pages = 4;
+  ragged.segment_stride = 4 * 128 + 2;
+  expect_refused(ragged, fds, "whole blocks");
 
   // update() refuses the same, and a changed reservation, and leaves the mapping as it was.
   auto m = PoolMapping::map(good, fds);
