@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <map>
+#include <numeric>
 
 #include "common/byte_units.h"
 #include "common/system_memory.h"
@@ -49,16 +51,29 @@ std::vector<std::string> machine_errors(const Config& config) {
   std::vector<std::string> errors;
   const auto avail = mem_available_bytes();
   const uint64_t gran = segment_granularity(config);
+  // A hybrid model's host tiers (one per group) take their memory together.
+  std::map<std::string, uint64_t> model_host_bytes;
+  auto host_bytes = [](const PoolConfig& p) {
+    const uint64_t per_page = page_data_bytes(p.geometry) + page_scale_bytes(p.geometry);
+    return p.host_tier->unit == Capacity::Unit::pages ? p.host_tier->value * per_page
+                                                      : p.host_tier->value;
+  };
+  for (const PoolConfig& p : config.pools) {
+    if (!p.model.empty() && p.host_tier && p.host_tier->unit != Capacity::Unit::fraction) {
+      model_host_bytes[p.model] += host_bytes(p);
+    }
+  }
   for (size_t i = 0; i < config.pools.size(); ++i) {
     const PoolConfig& pool = config.pools[i];
     const std::string key = "pools[" + std::to_string(i) + "].";
     const uint64_t stride = page_data_bytes(pool.geometry);
     const uint64_t scale = page_scale_bytes(pool.geometry);
     const uint64_t per_page = stride + scale;
-    if (pool.host_tier && pool.host_tier->unit != Capacity::Unit::fraction && avail) {
-      const uint64_t bytes = pool.host_tier->unit == Capacity::Unit::pages
-                                 ? pool.host_tier->value * per_page
-                                 : pool.host_tier->value;
+    // A model's groups are checked once, at its first group, with their sum.
+    const bool host_checked = pool.model.empty() || pool.group == 0;
+    if (pool.host_tier && pool.host_tier->unit != Capacity::Unit::fraction && avail &&
+        host_checked) {
+      const uint64_t bytes = pool.model.empty() ? host_bytes(pool) : model_host_bytes[pool.model];
       if (bytes > *avail) {
         errors.push_back(where(pool.host_tier_at, key + "host_tier") + ": " + human_bytes(bytes) +
                          " is more than the " + human_bytes(*avail) +
@@ -71,8 +86,16 @@ std::vector<std::string> machine_errors(const Config& config) {
                                                       ? pool.max_capacity->value
                                                       : pool.max_capacity->value / per_page,
                                                   core::kMaxPages);
-    const uint64_t segment = round_up_to(std::max(pool.segment_size, stride), gran);
-    const uint64_t region = round_up_to(max_pages * stride, gran);
+    uint64_t segment = round_up_to(std::max(pool.segment_size, stride), gran);
+    uint64_t region = round_up_to(max_pages * stride, gran);
+    if (pool.layout == KvLayout::layer_major) {
+      // Segmented, as PoolRuntime::create_elastic lays it out: segments of whole granules and
+      // whole plane blocks, the pool whole segments.
+      const uint64_t block = stride / (uint64_t{kv_planes(pool.geometry)} * pool.geometry.layers);
+      segment = round_up_to(std::max(pool.segment_size, stride), std::lcm(gran, block));
+      const uint64_t per_segment = segment / stride;
+      region = (max_pages + per_segment - 1) / per_segment * segment;
+    }
     const uint64_t scale_segments = scale != 0 ? 1 : 0;
     const uint64_t segments = (region + segment - 1) / segment + scale_segments;
     if (segments > wire::kMaxSegments) {

@@ -101,20 +101,20 @@ void HostTier::drop_promote(SlotId slot) {
   ++counters_.dropped;
 }
 
-bool HostTier::drop(Namespace ns, const BlockHash& hash) {
+bool HostTier::free_held(Namespace ns, const BlockHash& hash, uint64_t& counter) {
   const SlotId slot = find(ns, hash);
   if (slot == kNoSlot) return false;
   unhold(slot, SlotState::free);
-  ++counters_.dropped;
+  ++counter;
   return true;
 }
 
+bool HostTier::drop(Namespace ns, const BlockHash& hash) {
+  return free_held(ns, hash, counters_.dropped);
+}
+
 bool HostTier::erase(Namespace ns, const BlockHash& hash) {
-  const SlotId slot = find(ns, hash);
-  if (slot == kNoSlot) return false;
-  unhold(slot, SlotState::free);
-  ++counters_.superseded;
-  return true;
+  return free_held(ns, hash, counters_.superseded);
 }
 
 void HostTier::discard(SlotId slot) {

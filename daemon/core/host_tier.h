@@ -114,6 +114,8 @@ class HostTier {
   void make_held(SlotId slot, Namespace ns, const BlockHash& hash);
   // A HELD slot leaves the index and the queue and becomes `next` (FREE: back on the stack).
   void unhold(SlotId slot, SlotState next);
+  // Frees the HELD slot of (ns, hash), if any, counting it in `counter`; whether there was one.
+  bool free_held(Namespace ns, const BlockHash& hash, uint64_t& counter);
 
   std::vector<Key> keys_;
   std::vector<SlotId> free_;

@@ -141,69 +141,107 @@ int run_cuda_bench() {
   cudaFree(src);
   cudaFree(dst);
 
+  // One decode call's best time of 5 (ms) over batch sequences of ctx tokens, 32 query heads over
+  // 8 KV heads of dim 128, 16 tokens a page, pages in a random order; layer_major pools segmented
+  // when segment_pages > 0 (an elastic pool's layout: a block of slack after each segment).
+  std::mt19937 rng(7);
+  auto measure = [&](KvDtype dt, KvLayout layout, uint32_t segment_pages, uint32_t batch,
+                     uint32_t ctx) -> float {
+    const Geometry g{1, 8, 128, 16, dt};
+    const uint32_t blocks = ctx / 16;
+    const uint32_t pages = batch * blocks;
+    const uint64_t stride = page_data_bytes(g);
+    uint64_t segment_stride = 0;
+    uint64_t bytes = uint64_t(pages) * stride;
+    if (segment_pages != 0) {
+      segment_stride = uint64_t(segment_pages) * stride + stride / 2;  // + one block
+      bytes = (pages + segment_pages - 1) / segment_pages * segment_stride;
+    }
+    void* base = nullptr;
+    CHECK_CUDA(cudaMalloc(&base, bytes));
+    CHECK_CUDA(cudaMemset(base, 0x3c, bytes));
+    std::vector<float> scales_h(dtype_is_quantized(dt) ? size_t(pages) * 16 : 0, 0.01f);
+    float* scales = scales_h.empty() ? nullptr : to_device(scales_h);
+    std::vector<PageId> table(pages);
+    std::iota(table.begin(), table.end(), 0u);
+    std::shuffle(table.begin(), table.end(), rng);
+    PageId* d_table = to_device(table);
+    std::vector<uint32_t> lens(batch, ctx);
+    uint32_t* d_lens = to_device(lens);
+    std::vector<float> q(size_t(batch) * 32 * 128, 0.01f);
+    float* d_q = to_device(q);
+    float* d_out = nullptr;
+    CHECK_CUDA(cudaMalloc(&d_out, q.size() * sizeof(float)));
+    DecodeArgs a;
+    a.kv = PagedKv{base, stride, scales, g, layout, pages, segment_pages, segment_stride};
+    a.num_seqs = batch;
+    a.num_q_heads = 32;
+    a.q = d_q;
+    a.out = d_out;
+    a.block_tables = d_table;
+    a.block_table_stride = blocks;
+    a.context_lens = d_lens;
+    a.scale = 0.088f;
+    const size_t ws_bytes = cuda::decode_workspace_bytes(a, ctx, sm_count);
+    void* ws = nullptr;
+    if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
+    float t = 1e30f;
+    for (int r = 0; r < 5; ++r) {
+      cold();
+      CHECK_CUDA(cudaEventRecord(e0));
+      const std::string err = cuda::decode(a, ctx, sm_count, ws, ws_bytes, nullptr);
+      CHECK_CUDA(cudaEventRecord(e1));
+      CHECK_CUDA(cudaEventSynchronize(e1));
+      if (!err.empty()) {
+        std::fprintf(stderr, "decode: %s\n", err.c_str());
+        t = -1.0f;
+        break;
+      }
+      t = std::min(t, time_ms(e0, e1));
+    }
+    for (void* ptr :
+         {base, static_cast<void*>(scales), static_cast<void*>(d_table),
+          static_cast<void*>(d_lens), static_cast<void*>(d_q), static_cast<void*>(d_out), ws}) {
+      if (ptr) cudaFree(ptr);
+    }
+    return t;
+  };
+  auto gbs_of = [](KvDtype dt, uint32_t batch, uint32_t ctx, float ms) {
+    return double(batch) * ctx * 2.0 * 8 * 128 * dtype_bytes(dt) / (ms * 1e-3) / 1e9;
+  };
+
   std::printf("\n%-9s %5s %7s %10s %10s %9s %8s\n", "dtype", "batch", "context", "KV MB", "time us",
               "GB/s", "of copy");
-  std::mt19937 rng(7);
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp8_e4m3}) {
-    const Geometry g{1, 8, 128, 16, dt};
-    const uint64_t per_token = 2ull * 8 * 128 * dtype_bytes(dt);
     for (uint32_t batch : {1u, 16u, 64u}) {
       for (uint32_t ctx : {1024u, 4096u, 16384u, 65536u}) {
-        const uint32_t blocks = ctx / 16;
-        const uint32_t pages = batch * blocks;
-        const uint64_t stride = page_data_bytes(g);
-        void* base = nullptr;
-        CHECK_CUDA(cudaMalloc(&base, uint64_t(pages) * stride));
-        CHECK_CUDA(cudaMemset(base, 0x3c, uint64_t(pages) * stride));
-        std::vector<float> scales_h(dtype_is_quantized(dt) ? size_t(pages) * 16 : 0, 0.01f);
-        float* scales = scales_h.empty() ? nullptr : to_device(scales_h);
-        std::vector<PageId> table(pages);
-        std::iota(table.begin(), table.end(), 0u);
-        std::shuffle(table.begin(), table.end(), rng);
-        PageId* d_table = to_device(table);
-        std::vector<uint32_t> lens(batch, ctx);
-        uint32_t* d_lens = to_device(lens);
-        std::vector<float> q(size_t(batch) * 32 * 128, 0.01f);
-        float* d_q = to_device(q);
-        float* d_out = nullptr;
-        CHECK_CUDA(cudaMalloc(&d_out, q.size() * sizeof(float)));
-        DecodeArgs a;
-        a.kv = PagedKv{base, stride, scales, g};
-        a.num_seqs = batch;
-        a.num_q_heads = 32;
-        a.q = d_q;
-        a.out = d_out;
-        a.block_tables = d_table;
-        a.block_table_stride = blocks;
-        a.context_lens = d_lens;
-        a.scale = 0.088f;
-        const size_t ws_bytes = cuda::decode_workspace_bytes(a, ctx, sm_count);
-        void* ws = nullptr;
-        if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
-        float t = 1e30f;
-        for (int r = 0; r < 5; ++r) {
-          cold();
-          CHECK_CUDA(cudaEventRecord(e0));
-          const std::string err = cuda::decode(a, ctx, sm_count, ws, ws_bytes, nullptr);
-          CHECK_CUDA(cudaEventRecord(e1));
-          CHECK_CUDA(cudaEventSynchronize(e1));
-          if (!err.empty()) {
-            std::fprintf(stderr, "decode: %s\n", err.c_str());
-            return 1;
-          }
-          t = std::min(t, time_ms(e0, e1));
-        }
-        const double bytes = double(batch) * ctx * per_token;
-        const double gbs = bytes / (t * 1e-3) / 1e9;
+        const float t = measure(dt, KvLayout::page_major, 0, batch, ctx);
+        if (t < 0) return 1;
+        const double gbs = gbs_of(dt, batch, ctx, t);
         std::printf("%-9s %5u %7u %10.1f %10.1f %9.0f %7.0f%%\n",
-                    std::string(dtype_name(dt)).c_str(), batch, ctx, bytes / 1e6, t * 1e3, gbs,
+                    std::string(dtype_name(dt)).c_str(), batch, ctx,
+                    double(batch) * ctx * 2.0 * 8 * 128 * dtype_bytes(dt) / 1e6, t * 1e3, gbs,
                     100.0 * gbs / copy_read_gbs);
-        for (void* ptr :
-             {base, static_cast<void*>(scales), static_cast<void*>(d_table),
-              static_cast<void*>(d_lens), static_cast<void*>(d_q), static_cast<void*>(d_out), ws}) {
-          if (ptr) cudaFree(ptr);
-        }
       }
+    }
+  }
+
+  // The layouts side by side: page_major, layer_major (one plane per layer), and segmented
+  // layer_major (an elastic pool's, segments of 1,024 pages: 64 MiB), bf16, GB/s.
+  std::printf("\n%-9s %5s %7s %11s %12s %10s %10s\n", "dtype", "batch", "context", "page_major",
+              "layer_major", "segmented", "seg/plain");
+  for (uint32_t batch : {16u, 64u}) {
+    for (uint32_t ctx : {4096u, 65536u}) {
+      double gbs[3];
+      const uint32_t seg[3] = {0, 0, 1024};
+      const KvLayout lay[3] = {KvLayout::page_major, KvLayout::layer_major, KvLayout::layer_major};
+      for (int i = 0; i < 3; ++i) {
+        const float t = measure(KvDtype::bf16, lay[i], seg[i], batch, ctx);
+        if (t < 0) return 1;
+        gbs[i] = gbs_of(KvDtype::bf16, batch, ctx, t);
+      }
+      std::printf("%-9s %5u %7u %11.0f %12.0f %10.0f %9.2fx\n", "bf16", batch, ctx, gbs[0], gbs[1],
+                  gbs[2], gbs[2] / gbs[1]);
     }
   }
   cudaFree(flush);

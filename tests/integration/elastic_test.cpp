@@ -414,6 +414,12 @@ TEST(ElasticConfig, CheckConfigAndTheStartRefuseTheSameConfigs) {
       {"backend: host\n" + std::string("pools:\n") + "  - name: a\n    geometry: " + kGeometry +
            "\n    capacity: 256 pages\n    max_capacity: 94GiB\n",
        ":6: pools[0].max_capacity", "segments of 64.0 MiB; a pool has at most 253"},
+      // layer_major: a 12 KiB segment holds one 8 KiB page whole (page_major would fit 1.5),
+      // so 300 pages take 300 segments.
+      {"backend: host\n" + std::string("pools:\n") +
+           "  - name: a\n    layout: layer_major\n    geometry: " + kGeometry +
+           "\n    capacity: 2 pages\n    max_capacity: 300 pages\n    segment_size: 12KiB\n",
+       ":8: pools[0].segment_size", "300 segments of 12.0 KiB; a pool has at most 253"},
   };
   for (const Bad& b : bad) {
     Daemon d(b.yaml);
