@@ -33,6 +33,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -169,6 +170,14 @@ wire::Result<std::unique_ptr<MemoryBackend>> make_backend(std::string_view name,
 // `bytes` rounded up to a multiple of `granularity` (> 0).
 constexpr uint64_t round_up(uint64_t bytes, uint64_t granularity) {
   return (bytes + granularity - 1) / granularity * granularity;
+}
+
+// What an elastic layer_major pool's segments are whole multiples of (kernels/paged_kv.h,
+// segmented): the backend's granularity and one plane block (tokens_per_page · kv_heads ·
+// head_dim elements), so that engines can view each layer's planes as one tensor of blocks.
+inline uint64_t layer_major_segment_unit(const Geometry& g, uint64_t granularity) {
+  const uint64_t block = page_data_bytes(g) / (uint64_t{kv_planes(g)} * g.layers);
+  return std::lcm(granularity, block);
 }
 
 // Segment sizes for `bytes` of pool: each a multiple of `granularity`, at most

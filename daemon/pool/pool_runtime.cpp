@@ -69,6 +69,7 @@ wire::Result<std::unique_ptr<PoolRuntime>> PoolRuntime::create(
   }
   std::unique_ptr<PoolRuntime> pool(new PoolRuntime(pc, index, set));
   wire::PoolInfo& info = pool->info_;
+  info.page_stride = page_data_bytes(g);  // create_elastic counts pages by it
   if (pc.max_capacity) {
     auto n = pool->create_elastic(backend, static_cast<uint32_t>(pages));
     if (!n.ok()) return n.error();
@@ -89,7 +90,6 @@ wire::Result<std::unique_ptr<PoolRuntime>> PoolRuntime::create(
   info.geometry = g;
   info.layout = pc.layout;
   info.num_pages = static_cast<uint32_t>(pages);
-  info.page_stride = page_data_bytes(g);
   info.segment_bytes = pool->memory_->bytes();
   info.pool_name = pc.name;
   info.backend = std::string(backend.name());

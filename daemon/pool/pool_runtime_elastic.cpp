@@ -12,7 +12,6 @@
 // pushes one to the pool's other sessions; each client then asks for the segments and maps them.
 #include <algorithm>
 #include <chrono>
-#include <numeric>
 
 #include "common/byte_units.h"
 #include "daemon/core/check.h"
@@ -61,12 +60,12 @@ wire::Result<uint32_t> PoolRuntime::create_elastic(MemoryBackend& backend, uint3
     // Segmented (kernels/paged_kv.h): each segment is a layer_major pool of its own pages, and
     // its size a whole number of plane blocks, so that an engine can view each layer's planes as
     // one tensor of blocks. Pages never straddle segments: the pool is whole segments.
-    const uint64_t block = stride / (uint64_t{kv_planes(g)} * g.layers);
-    const uint64_t unit = std::lcm(gran, block);
+    const uint64_t unit = layer_major_segment_unit(g, gran);
     if (unit > (uint64_t{1} << 32)) {
       return resize_error(Errc::invalid_argument,
                           where + "a layer_major pool's segments must be whole granules (" +
-                              human_bytes(gran) + ") and whole blocks of " + human_bytes(block) +
+                              human_bytes(gran) + ") and whole blocks of " +
+                              human_bytes(stride / (uint64_t{kv_planes(g)} * g.layers)) +
                               " (tokens_per_page × kv_heads × head_dim); their least common "
                               "multiple, " +
                               human_bytes(unit) + ", is too large: use page_major");
@@ -111,7 +110,6 @@ wire::Result<uint32_t> PoolRuntime::create_elastic(MemoryBackend& backend, uint3
   info_.reserved_bytes = memory_->reserved_bytes();
   info_.scales_offset = l.scales_offset;
   info_.max_pages = static_cast<uint32_t>(max_pages);
-  info_.page_stride = stride;
   const uint64_t pages = std::min(pages_in(memory_->pages_bytes_mapped()), max_pages);
   log_event(LogLevel::info, "pool_elastic",
             {kv("pool", pc.name), kv("pages", pages), kv("min_pages", elastic_.min_pages),
