@@ -6,12 +6,12 @@
 
 #include <cstdint>
 #include <map>
+#include <numeric>
 
 #include "common/byte_units.h"
 #include "common/system_memory.h"
 #include "common/wire/protocol.h"
 #include "daemon/core/types.h"
-#include "daemon/memory/memory_backend.h"
 
 namespace kvpool::daemon {
 
@@ -91,8 +91,8 @@ std::vector<std::string> machine_errors(const Config& config) {
     if (pool.layout == KvLayout::layer_major) {
       // Segmented, as PoolRuntime::create_elastic lays it out: segments of whole granules and
       // whole plane blocks, the pool whole segments.
-      segment = round_up_to(std::max(pool.segment_size, stride),
-                            layer_major_segment_unit(pool.geometry, gran));
+      const uint64_t block = stride / (uint64_t{kv_planes(pool.geometry)} * pool.geometry.layers);
+      segment = round_up_to(std::max(pool.segment_size, stride), std::lcm(gran, block));
       const uint64_t per_segment = segment / stride;
       region = (max_pages + per_segment - 1) / per_segment * segment;
     }
