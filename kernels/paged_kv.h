@@ -189,6 +189,32 @@ KVPOOL_HD bool mask_is_none(const AttentionMask& m) {
   return m.window_left == -1 && m.chunk == 0 && m.sinks == nullptr;
 }
 
+// Mixed precision (docs/ARCHITECTURE.md, "Mixed precision"): a sequence's oldest pages may live in
+// a second pool, `older`, of the same shape (layers, KV heads, head_dim, tokens per page, kind and
+// window: same_shape) in another dtype, usually 8 bits while kv is 16: block-table entry i of
+// sequence s names a page of `older` when i < older_pages[s], a page of kv otherwise. The two
+// pools may differ in layout and segments too. Each page is read in its own pool's dtype (and
+// scales) and everything after the row conversion is the same, so a mixed call is the plain
+// kernel with a per-page choice of pool: its result equals a plain call over pages holding the
+// same dequantised values, up to fp32 rounding. older.base null: no older pages (every entry is
+// kv's, older_pages is not read). older_num_pages bounds the CPU kernels' check of its ids.
+struct MixedPrecision {
+  PagedKv older;
+  const uint32_t* older_pages = nullptr;  // [num_seqs]: leading block-table entries in `older`
+  uint32_t older_num_pages = 0;
+};
+
+KVPOOL_HD bool mixed_in_use(const MixedPrecision& m) {
+  return m.older.base != nullptr;
+}
+
+// Whether two geometries describe the same cache in possibly different dtypes: what a mixed
+// call's two pools, and a conversion's source and destination, must share.
+KVPOOL_HD bool same_shape(const Geometry& a, const Geometry& b) {
+  return a.layers == b.layers && a.kv_heads == b.kv_heads && a.head_dim == b.head_dim &&
+         a.tokens_per_page == b.tokens_per_page && a.kind == b.kind && a.window == b.window;
+}
+
 // Decode: one query token per sequence attends to its context_lens[s] cached tokens (those of
 // them the mask lets it see: it sits at position context_lens[s] − 1).
 // Query head h uses KV head h / (num_q_heads / kv_heads) (GQA/MQA); num_q_heads must be a
@@ -213,6 +239,7 @@ struct DecodeArgs {
   // takes; a latent pool may name its latent width (kv_lora_rank, 512 for DeepSeek-V3), and then
   // the rest of the vector (the rotary key) enters the scores only.
   uint32_t value_dim = 0;
+  MixedPrecision mixed;  // older pages in another pool (default: none)
 };
 
 // Extend (prefill over a cached prefix): sequence s has context_lens[s] tokens in the pool, of
@@ -234,6 +261,7 @@ struct ExtendArgs {
   float scale = 1.0f;
   AttentionMask mask;      // sliding window, chunked attention, sinks (default: none)
   uint32_t value_dim = 0;  // as in DecodeArgs
+  MixedPrecision mixed;    // as in DecodeArgs
 };
 
 // The width of a value (and output) row: args.value_dim, or head_dim when it is 0.
@@ -267,6 +295,23 @@ struct CopyPagesArgs {
   uint32_t num_pairs = 0;
   const PageId* src = nullptr;
   const PageId* dst = nullptr;
+};
+
+// Convert-pages: re-encodes whole pages of `src` into pages of `dst`, a pool of the same shape
+// (same_shape) in another dtype or layout, src_pages[i] → dst_pages[i]: every (layer, KV head,
+// K|V) tile of the page (a latent pool's one vector per token), all tokens_per_page rows, and into
+// an 8-bit dst that tile's scale. A tile quantised to 8 bits gets scale = max(amax, kMinAmax) / R
+// (R = kFp8Max or kInt8Max, amax = max |x| over the tile's dequantised elements, NaN ignored), so
+// every element lands within half a quantisation step (int8) or fp8's rounding of the scale; into
+// a 16-bit dst each element is the dequantised source rounded once. What the precision tier uses
+// to take a full page of 16-bit KV down to 8 bits (and, for tests, back). Every row of a source
+// page must have been written (a page converts whole: a full block).
+struct ConvertPagesArgs {
+  PagedKv src;
+  PagedKv dst;
+  uint32_t num_pairs = 0;
+  const PageId* src_pages = nullptr;
+  const PageId* dst_pages = nullptr;
 };
 
 }  // namespace kvpool::kernels

@@ -8,9 +8,11 @@
 //    with one K row, kept as fixed partial sums (they vectorise without -ffast-math, and their
 //    rounding does not depend on the thread count, the kernel or the call site);
 //  - head_tile: the K and V tiles of one (page, layer, KV head), their token stride (head_dim
-//    elements in page_major, kv_heads · head_dim in layer_major) and their scales;
+//    elements in page_major, kv_heads · head_dim in layer_major) and their scales; CallPools:
+//    which pool a block-table entry names in a mixed-precision call;
 //  - load_rows: row conversion of n tokens of a tile, one call when they are contiguous;
-//  - argument checks: check_pool, check_value_dim, check_mask, check_layout and check_sequence,
+//  - argument checks: check_pool, check_value_dim, check_mask, check_layout, check_mixed and
+//    check_sequence,
 //    the preconditions of kernels_cpu.h, which return a message (empty = ok) and never write
 //    anything;
 //  - softmax_denominator: l, or l plus the query head's sink (AttentionMask::sinks);
@@ -232,6 +234,23 @@ inline HeadTile head_tile(const PagedKv& kv, const KvStrides& s, uint32_t layer,
   return t;
 }
 
+// A call's pools: kv and, in a mixed call (paged_kv.h, MixedPrecision), the older pool, with
+// their strides computed once. Block-table entry i of a sequence with `older` older pages names
+// a page of at(i, older).
+struct CallPools {
+  const PagedKv* kv[2];
+  KvStrides strides[2];
+  CallPools(const PagedKv& recent, const MixedPrecision& m)
+      : kv{&recent, mixed_in_use(m) ? &m.older : &recent},
+        strides{kv_strides(recent), kv_strides(*kv[1])} {}
+  static int at(uint64_t entry, uint32_t older) { return entry < older ? 1 : 0; }
+};
+
+// Sequence s's older pages in a mixed call (0 when the call is not mixed).
+inline uint32_t older_count(const MixedPrecision& m, uint32_t s) {
+  return mixed_in_use(m) ? m.older_pages[s] : 0;
+}
+
 // Validation -------------------------------------------------------------------------------------
 
 inline std::string check_pool(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads) {
@@ -320,12 +339,33 @@ inline std::string check_layout(const PagedKv& kv, uint64_t num_pages) {
   return {};
 }
 
+// A mixed call's older pool (MixedPrecision): of kv's shape, itself a usable pool of
+// older_num_pages pages (check_pool, check_layout), with its per-sequence counts given.
+inline std::string check_mixed(const MixedPrecision& m, const PagedKv& kv, uint32_t layer,
+                               uint32_t num_q_heads) {
+  if (!mixed_in_use(m)) return {};
+  if (m.older_pages == nullptr) return "mixed.older_pages is null";
+  if (!same_shape(m.older.geometry, kv.geometry)) {
+    return "mixed.older.geometry is not of kv.geometry's shape (layers, kv_heads, head_dim, "
+           "tokens_per_page, kind and window must match; only dtype and layout may differ)";
+  }
+  if (std::string e = check_pool(m.older, layer, num_q_heads); !e.empty()) {
+    return "mixed.older: " + e;
+  }
+  if (std::string e = check_layout(m.older, m.older_num_pages); !e.empty()) {
+    return "mixed.older: " + e;
+  }
+  return {};
+}
+
 // Checks sequence s's context length and the block-table entries that its tokens from
 // `first_key` on use: the kernels read no key before the first one the mask lets a query see, so
-// entries before its page may be anything (kNoPage after a sliding pool's window hit).
+// entries before its page may be anything (kNoPage after a sliding pool's window hit). In a mixed
+// call entries below `older` name pages of the older pool, below older_num_pages.
 inline std::string check_sequence(const PageId* block_tables, uint32_t stride, uint32_t s,
                                   uint32_t ctx, uint32_t tokens_per_page, uint32_t num_pages,
-                                  uint32_t first_key = 0) {
+                                  uint32_t first_key = 0, uint32_t older = 0,
+                                  uint32_t older_num_pages = 0) {
   const std::string name = "[" + std::to_string(s) + "]";
   if (ctx == 0) return "context_lens" + name + " is 0";
   const uint64_t pages = (uint64_t{ctx} + tokens_per_page - 1) / tokens_per_page;
@@ -335,7 +375,12 @@ inline std::string check_sequence(const PageId* block_tables, uint32_t stride, u
   }
   const PageId* row = block_tables + size_t{s} * stride;
   for (uint64_t i = first_key / tokens_per_page; i < pages; ++i) {
-    if (row[i] >= num_pages) {
+    if (i < older && row[i] >= older_num_pages) {
+      return "block_tables" + name + "[" + std::to_string(i) + "] = " + std::to_string(row[i]) +
+             " (an older page: mixed.older_pages" + name + " = " + std::to_string(older) +
+             ") is not below mixed.older_num_pages " + std::to_string(older_num_pages);
+    }
+    if (i >= older && row[i] >= num_pages) {
       return "block_tables" + name + "[" + std::to_string(i) + "] = " + std::to_string(row[i]) +
              " is not below num_pages " + std::to_string(num_pages);
     }

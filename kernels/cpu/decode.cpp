@@ -31,6 +31,11 @@
 // converted once and serve both the scores and the P·V accumulation (accumulate_pv reads them at
 // the key rows' stride); nothing but K is read or prefetched.
 //
+// Mixed precision (MixedPrecision). A sequence's leading older_pages[s] block-table entries are
+// pages of the older pool: run_chunk picks each page's pool (CallPools) and converts its rows from
+// that pool's dtype with its scales; blocks never straddle a page, so nothing else changes and a
+// chunk may cross from older pages to recent ones.
+//
 // Prefetching. Pages are scattered, so the hardware prefetchers cannot see the next one coming;
 // run_chunk asks for the K and V tiles and scales of the page two ahead, a quarter of the lines
 // before each phase of a block (a 64-line burst would stall on the line-fill buffers).
@@ -206,23 +211,28 @@ struct NextPage {
 };
 
 // The K and V runs of the item's `heads` heads in the page holding token t (a page boundary) as
-// a NextPage, their scales prefetched at once; empty when t is past the chunk's end. row_bytes:
-// one token's bytes of those heads.
-NextPage upcoming_page(const DecodeArgs& a, const KvStrides& strides, const PageId* table,
-                       uint32_t head, uint32_t heads, uint64_t t, uint64_t end,
-                       uint64_t row_bytes) {
+// a NextPage, their scales prefetched at once; empty when t is past the chunk's end. The page is
+// of the pool its block-table entry names (CallPools; `older`: the sequence's older pages).
+NextPage upcoming_page(const DecodeArgs& a, const detail::CallPools& pools, uint32_t older,
+                       const PageId* table, uint32_t head, uint32_t heads, uint64_t t,
+                       uint64_t end) {
   if (t >= end) return {};
-  const Geometry& g = a.kv.geometry;
-  const PageId page = table[t / g.tokens_per_page];
+  const uint64_t entry = t / a.kv.geometry.tokens_per_page;
+  const int w = detail::CallPools::at(entry, older);
+  const PagedKv& kv = *pools.kv[w];
+  const Geometry& g = kv.geometry;
+  const PageId page = table[entry];
   if (dtype_is_quantized(g.dtype)) {
     // The heads' scales (K and V, or a latent pool's one) are consecutive floats.
     const auto* scales =
-        reinterpret_cast<const std::byte*>(detail::head_scales(a.kv, a.layer, page, head));
+        reinterpret_cast<const std::byte*>(detail::head_scales(kv, a.layer, page, head));
     for (uint64_t o = 0; o < uint64_t{heads} * kv_planes(g) * sizeof(float); o += kCacheLine)
       __builtin_prefetch(scales + o);
   }
-  const HeadTile tiles = detail::head_tile_addresses(a.kv, strides, a.layer, page, head);
+  const HeadTile tiles = detail::head_tile_addresses(kv, pools.strides[w], a.layer, page, head);
   const uint64_t rows = std::min<uint64_t>(g.tokens_per_page, end - t);
+  // A token's bytes of the item's heads: one run in both layouts (file comment).
+  const uint64_t row_bytes = uint64_t{heads} * g.head_dim * dtype_bytes(g.dtype);
   return NextPage{.k = tiles.k, .v = tiles.v, .bytes = rows * row_bytes, .runs = kv_planes(g)};
 }
 
@@ -242,12 +252,10 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
   const uint32_t t_page = g.tokens_per_page;
   const uint32_t group = a.num_q_heads / g.kv_heads;
   const uint32_t rows = heads * group;
-  // A page's rows of the item's heads: heads · d elements each, contiguous when the item has
-  // every head of a layer_major pool (file comment), else one head's rows.
-  const uint64_t row_bytes = uint64_t{heads} * d * dtype_bytes(g.dtype);
   const PageId* table = a.block_tables + size_t{it.seq} * a.block_table_stride;
   const float* q0 = a.q + (size_t{it.seq} * a.num_q_heads + size_t{it.head} * group) * d;
-  const KvStrides strides = kv_strides(a.kv);
+  const detail::CallPools pools(a.kv, a.mixed);
+  const uint32_t older = detail::older_count(a.mixed, it.seq);
   float* kb = ws.k.data();
   float* vb = ws.v.data();
   float* part = ws.part.data();
@@ -274,28 +282,32 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
     if (t0 == begin) {
       for (uint64_t ahead = 1; ahead < kPrefetchPages; ++ahead) {
         NextPage page =
-            upcoming_page(a, strides, table, it.head, heads, t0 + ahead * t_page, end, row_bytes);
+            upcoming_page(a, pools, older, table, it.head, heads, t0 + ahead * t_page, end);
         page.per_call = UINT64_MAX;
         page.prefetch();
       }
     }
-    NextPage next = upcoming_page(a, strides, table, it.head, heads, t0 + kPrefetchPages * t_page,
-                                  end, row_bytes);
+    NextPage next =
+        upcoming_page(a, pools, older, table, it.head, heads, t0 + kPrefetchPages * t_page, end);
     // A latent block has no V rows to convert: one prefetch call fewer.
     const uint64_t phases = uint64_t{latent ? kPrefetchPhases - 1 : kPrefetchPhases} * heads *
                             ((in_page - skip + kBlock - 1) / kBlock);
     next.per_call = (next.runs * next.bytes / kCacheLine + phases - 1) / phases;
+    // The page's pool: the older one for the sequence's leading `older` entries (mixed
+    // precision), whose dtype the rows are converted from; the rest is the same code.
+    const int w = detail::CallPools::at(t0 / t_page, older);
+    const KvDtype dtype = pools.kv[w]->geometry.dtype;
     for (uint32_t hh = 0; hh < heads; ++hh) {
-      const HeadTile tile =
-          detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head + hh);
+      const HeadTile tile = detail::head_tile(*pools.kv[w], pools.strides[w], a.layer,
+                                              table[t0 / t_page], it.head + hh);
       const float* q = q0 + size_t{hh} * group * d;
       float* acc_h = acc + size_t{hh} * group * dv;
       SoftmaxStats* st_h = st + size_t{hh} * group;
       for (uint32_t j0 = skip; j0 < in_page; j0 += kBlock) {
         const uint32_t n = std::min(kBlock, in_page - j0);
         next.prefetch();
-        detail::load_rows(ops.load_row, g.dtype, tile.k + j0 * tile.row_stride, tile.row_stride, n,
-                          d, tile.k_scale, kb);
+        detail::load_rows(ops.load_row, dtype, tile.k + j0 * tile.row_stride, tile.row_stride, n, d,
+                          tile.k_scale, kb);
         next.prefetch();
         ops.score_block(q, group, d, kb, n, a.scale, p, kBlock, part);
         for (uint32_t h = 0; h < group; ++h)
@@ -305,8 +317,8 @@ void run_chunk(const DecodeArgs& a, const BlockOps& ops, const Item& it, uint32_
           ops.accumulate_pv(acc_h, ws.corr.data(), p, kBlock, kb, d, group, n, dv);
           continue;
         }
-        detail::load_rows(ops.load_row, g.dtype, tile.v + j0 * tile.row_stride, tile.row_stride, n,
-                          d, tile.v_scale, vb);
+        detail::load_rows(ops.load_row, dtype, tile.v + j0 * tile.row_stride, tile.row_stride, n, d,
+                          tile.v_scale, vb);
         next.prefetch();
         ops.accumulate_pv(acc_h, ws.corr.data(), p, kBlock, vb, d, group, n, d);
       }
@@ -375,6 +387,10 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
   if (std::string e = detail::check_value_dim(args.kv.geometry, args.value_dim); !e.empty()) {
     return e;
   }
+  if (std::string e = detail::check_mixed(args.mixed, args.kv, args.layer, args.num_q_heads);
+      !e.empty()) {
+    return e;
+  }
   const uint32_t dv = value_width(args.kv.geometry, args.value_dim);
   const BlockOps* ops = nullptr;
   if (std::string e = pick_ops(isa, args.kv.geometry.head_dim, dv, ops); !e.empty()) return e;
@@ -395,7 +411,8 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads,
     const uint32_t ctx = args.context_lens[s];
     if (std::string e = detail::check_sequence(
             args.block_tables, args.block_table_stride, s, ctx, g.tokens_per_page, num_pages,
-            ctx == 0 ? 0 : first_visible_key(args.mask, ctx - 1));
+            ctx == 0 ? 0 : first_visible_key(args.mask, ctx - 1),
+            detail::older_count(args.mixed, s), args.mixed.older_num_pages);
         !e.empty()) {
       return e;
     }

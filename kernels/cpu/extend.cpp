@@ -15,7 +15,9 @@
 // accumulators live in the rows of `out` the item owns and are divided by l at the end (l plus
 // e^{sink − m} with attention sinks). Work items are handed to `threads` std::threads through one
 // atomic counter. A latent (MLA) pool's value row is the leading value_dim elements of the key
-// row already converted (kernels/paged_kv.h), so only K is read; out rows are value_dim wide.
+// row already converted (kernels/paged_kv.h), so only K is read; out rows are value_dim wide. In a
+// mixed-precision call (MixedPrecision) each page is read from the pool its block-table entry
+// names, in that pool's dtype.
 //
 // Invariants:
 //  - only slots of real tokens (t < context_lens[s]) are read, and a query never sees a position
@@ -70,7 +72,8 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
   const uint32_t t_page = g.tokens_per_page;
   const uint32_t group = a.num_q_heads / g.kv_heads;
   const PageId* table = a.block_tables + size_t{it.seq} * a.block_table_stride;
-  const KvStrides strides = kv_strides(a.kv);
+  const detail::CallPools pools(a.kv, a.mixed);
+  const uint32_t older = detail::older_count(a.mixed, it.seq);
 
   const uint32_t ctx = a.context_lens[it.seq];
   const uint32_t q_begin = a.q_offsets[it.seq];
@@ -98,8 +101,11 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
   const uint64_t keys = uint64_t{first_pos} + i1;  // the block's last token sees keys [.., keys)
   uint32_t i_end = i0;  // block tokens [.., i_end) see the current key through the mask
   for (uint64_t t0 = lo / t_page * t_page; t0 < keys; t0 += t_page) {
+    // The page's pool: the older one for the sequence's leading entries (mixed precision).
+    const int w = detail::CallPools::at(t0 / t_page, older);
+    const KvDtype dtype = pools.kv[w]->geometry.dtype;
     const detail::HeadTile tile =
-        detail::head_tile(a.kv, strides, a.layer, table[t0 / t_page], it.head);
+        detail::head_tile(*pools.kv[w], pools.strides[w], a.layer, table[t0 / t_page], it.head);
     const auto n = static_cast<uint32_t>(std::min<uint64_t>(t_page, keys - t0));
     for (auto j = static_cast<uint32_t>(t0 < lo ? lo - t0 : 0); j < n; ++j) {
       const uint64_t key = t0 + j;
@@ -110,14 +116,14 @@ void run_block(const ExtendArgs& a, const Item& it, Workspace& ws) {
       while (i_end < i1 && ws.first[i_end - i0] <= key)
         ++i_end;
       if (i_start >= i_end) continue;
-      detail::load_row(g.dtype, tile.k + j * tile.row_stride, d, tile.k_scale, ws.k.data());
+      detail::load_row(dtype, tile.k + j * tile.row_stride, d, tile.k_scale, ws.k.data());
       for (uint32_t i = i_start; i < i_end; ++i) {
         detail::dot_heads(a.q + q_row(i), group, d, ws.k.data(), a.scale, ws.part.data(),
                           ws.scores.data() + size_t{i - i0} * group);
       }
       const float* v = ws.k.data();
       if (!latent) {
-        detail::load_row(g.dtype, tile.v + j * tile.row_stride, d, tile.v_scale, ws.v.data());
+        detail::load_row(dtype, tile.v + j * tile.row_stride, d, tile.v_scale, ws.v.data());
         v = ws.v.data();
       }
       for (uint32_t i = i_start; i < i_end; ++i) {
@@ -152,6 +158,10 @@ std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads)
   if (std::string e = detail::check_value_dim(args.kv.geometry, args.value_dim); !e.empty()) {
     return e;
   }
+  if (std::string e = detail::check_mixed(args.mixed, args.kv, args.layer, args.num_q_heads);
+      !e.empty()) {
+    return e;
+  }
   if (args.num_seqs == 0) return {};
   if (args.q_offsets == nullptr) return "q_offsets is null";
   if (args.block_tables == nullptr) return "block_tables is null";
@@ -172,9 +182,10 @@ std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads)
     }
     // The keys the sequence's first new token sees start the block-table entries read.
     const uint32_t first_pos = ctx - (args.q_offsets[s + 1] - args.q_offsets[s]);
-    if (std::string e = detail::check_sequence(args.block_tables, args.block_table_stride, s, ctx,
-                                               g.tokens_per_page, num_pages,
-                                               first_visible_key(args.mask, first_pos));
+    if (std::string e = detail::check_sequence(
+            args.block_tables, args.block_table_stride, s, ctx, g.tokens_per_page, num_pages,
+            first_visible_key(args.mask, first_pos), detail::older_count(args.mixed, s),
+            args.mixed.older_num_pages);
         !e.empty()) {
       return e;
     }

@@ -36,5 +36,8 @@ std::string decode(const DecodeArgs& args, uint32_t num_pages, unsigned threads 
 std::string extend(const ExtendArgs& args, uint32_t num_pages, unsigned threads = 0);
 std::string append_kv(const AppendArgs& args, uint32_t num_pages);
 std::string copy_pages(const CopyPagesArgs& args, uint32_t num_pages);
+// src_num_pages / dst_num_pages bound each pool's page ids; pairs run on up to `threads` threads.
+std::string convert_pages(const ConvertPagesArgs& args, uint32_t src_num_pages,
+                          uint32_t dst_num_pages, unsigned threads = 1);
 
 }  // namespace kvpool::kernels::cpu

@@ -269,6 +269,7 @@ size_t decode_workspace_bytes(const DecodeArgs& a, uint32_t max_context, int sm_
 
 std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void* workspace,
                    size_t workspace_bytes, void* stream) {
+  if (mixed_in_use(a.mixed)) return std::string("decode: ") + kMixedNotOnGpu;
   if (a.kv.geometry.kind == AttentionKind::latent) return latent_decode(a, stream);
   if (std::string e = check_args(a); !e.empty()) return e;
   if (a.num_seqs == 0) return {};

@@ -171,6 +171,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream) {
   const Geometry& g = a.kv.geometry;
+  if (mixed_in_use(a.mixed)) return std::string("extend: ") + kMixedNotOnGpu;
   if (g.kind == AttentionKind::latent) return latent_extend(a, total_new_tokens, stream);
   if (!validate(g).empty()) return "extend: " + validate(g);
   if (a.layer >= g.layers) return "extend: layer out of range";

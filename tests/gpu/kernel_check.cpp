@@ -328,7 +328,7 @@ void Matrix::run_case(const Case& c) {
     std::vector<float> egot(ewant.size(), std::nanf(""));
     ExtendArgs e{p.view(),     layer,          nseq,          q_heads, eq.data(),
                  ewant.data(), offsets.data(), tables.data(), blocks,  c.contexts.data(),
-                 a.scale,      a.mask,         c.value_dim};
+                 a.scale,      a.mask,         c.value_dim,   {}};
     if (const std::string err = cpu::extend(e, p.num_pages); !err.empty())
       return error("reference extend " + describe(c), err);
     TargetBuffers run(t_);

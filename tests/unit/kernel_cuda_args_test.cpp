@@ -48,7 +48,7 @@ TEST(CudaKernelArgs, DecodeAndExtendNeed16ByteAlignment) {
   d.context_lens = &len;
   EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("multiples of 16 bytes"),
             std::string::npos);
-  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}};
+  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}, 0, {}};
   EXPECT_NE(cuda::extend(e, 1, nullptr).find("multiples of 16 bytes"), std::string::npos);
 }
 
@@ -73,7 +73,7 @@ TEST(CudaKernelArgs, BadMaskFieldsAndLatentShapesAreRefused) {
   d.context_lens = &len;
   d.mask.window_left = -2;
   EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr), "decode: mask.window_left is below -1");
-  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}};
+  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}, 0, {}};
   e.mask.window_left = -5;
   EXPECT_EQ(cuda::extend(e, 1, nullptr), "extend: mask.window_left is below -1");
   d.mask.window_left = -1;
@@ -101,6 +101,43 @@ TEST(CudaKernelArgs, BadMaskFieldsAndLatentShapesAreRefused) {
   e.kv.geometry = d.kv.geometry;
   e.kv.geometry.dtype = KvDtype::int8;  // no scales
   EXPECT_EQ(cuda::extend(e, 1, nullptr), "extend: an 8-bit pool needs its scales");
+}
+
+// A mixed-precision call is refused by name rather than run with the older pool's page ids read
+// from the recent pool; a conversion between pools of different shapes, or within one pool, too.
+TEST(CudaKernelArgs, MixedPrecisionIsRefusedAndConversionsAreChecked) {
+  const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
+  auto* base = reinterpret_cast<void*>(uintptr_t{0x10000});
+  auto* older_base = reinterpret_cast<void*>(uintptr_t{0x20000});
+  const float q = 0;
+  float out = 0;
+  const PageId table = 0;
+  const uint32_t len = 1;
+  const uint32_t older = 1;
+  const uint32_t offsets[2] = {0, 1};
+  DecodeArgs d;
+  d.kv = pool(KvDtype::bf16, base, stride);
+  d.num_seqs = 1;
+  d.num_q_heads = 2;
+  d.q = &q;
+  d.out = &out;
+  d.block_tables = &table;
+  d.block_table_stride = 1;
+  d.context_lens = &len;
+  d.mixed = MixedPrecision{pool(KvDtype::fp8_e4m3, older_base, stride / 2), &older, 8};
+  EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr),
+            std::string("decode: ") + cuda::kMixedNotOnGpu);
+  ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}, 0, {}};
+  e.mixed = d.mixed;
+  EXPECT_EQ(cuda::extend(e, 1, nullptr), std::string("extend: ") + cuda::kMixedNotOnGpu);
+
+  ConvertPagesArgs c{d.kv, d.mixed.older, 1, &table, &table};
+  c.dst.geometry.head_dim = 64;
+  EXPECT_NE(cuda::convert_pages(c, nullptr).find("differ in shape"), std::string::npos);
+  c.dst = d.kv;
+  EXPECT_EQ(cuda::convert_pages(c, nullptr), "convert_pages: src and dst are one pool");
+  c.dst = d.mixed.older;
+  EXPECT_EQ(cuda::convert_pages(c, nullptr), "convert_pages: an 8-bit pool needs its scales");
 }
 
 }  // namespace
