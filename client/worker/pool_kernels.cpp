@@ -121,4 +121,77 @@ std::string PoolKernels::copy_pages(kernels::CopyPagesArgs args, void* stream) {
 #endif
 }
 
+std::string PoolKernels::older_pool(const PoolKernels& other, const uint32_t* older_pages,
+                                    kernels::MixedPrecision& out) const {
+  if (other.device_ != device_) {
+    return "the older pool is in " +
+           (other.device_ < 0 ? std::string("host memory")
+                              : "GPU " + std::to_string(other.device_)) +
+           " and this one in " +
+           (device_ < 0 ? std::string("host memory") : "GPU " + std::to_string(device_)) +
+           ": a mixed call reads both from one place";
+  }
+  if (&other.connection_ == &connection_) return "the older pool is this pool";
+  out = kernels::MixedPrecision{other.paged_kv(), older_pages, other.connection_.pool().num_pages};
+  return {};
+}
+
+std::string PoolKernels::decode_mixed(kernels::DecodeArgs args, const PoolKernels& older,
+                                      const uint32_t* older_pages, uint32_t max_context,
+                                      void* stream) {
+  if (std::string e = older_pool(older, older_pages, args.mixed); !e.empty()) return e;
+  return decode(args, max_context, stream);
+}
+
+std::string PoolKernels::extend_mixed(kernels::ExtendArgs args, const PoolKernels& older,
+                                      const uint32_t* older_pages, uint32_t total_new_tokens,
+                                      void* stream) {
+  if (std::string e = older_pool(older, older_pages, args.mixed); !e.empty()) return e;
+  return extend(args, total_new_tokens, stream);
+}
+
+std::string PoolKernels::convert_to(const PoolKernels& dst, std::span<const PageId> from,
+                                    std::span<const PageId> to, void* stream) {
+  if (from.size() != to.size()) {
+    return "convert_to: " + std::to_string(from.size()) + " source pages for " +
+           std::to_string(to.size()) + " destinations";
+  }
+  if (dst.device_ != device_) return "convert_to: the two pools are not in the same memory";
+  if (from.empty()) return {};
+  kernels::ConvertPagesArgs args{paged_kv(), dst.paged_kv(), static_cast<uint32_t>(from.size()),
+                                 from.data(), to.data()};
+  if (device_ < 0) {
+    return kernels::cpu::convert_pages(args, connection_.pool().num_pages,
+                                       dst.connection_.pool().num_pages);
+  }
+#ifdef KVPOOL_WITH_CUDA
+  cudaSetDevice(device_);
+  const size_t bytes = from.size() * sizeof(PageId);
+  PageId* ids = nullptr;
+  if (const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&ids), 2 * bytes);
+      e != cudaSuccess) {
+    return device::cuda_error_text("convert_to page ids", e);
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  std::string err;
+  if (cudaMemcpyAsync(ids, from.data(), bytes, cudaMemcpyHostToDevice, s) != cudaSuccess ||
+      cudaMemcpyAsync(ids + from.size(), to.data(), bytes, cudaMemcpyHostToDevice, s) !=
+          cudaSuccess) {
+    err = "convert_to: copying the page ids to the GPU failed";
+  } else {
+    args.src_pages = ids;
+    args.dst_pages = ids + from.size();
+    err = kernels::cuda::convert_pages(args, stream);
+  }
+  if (const cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess && err.empty()) {
+    err = device::cuda_error_text("convert_to", e);
+  }
+  cudaFree(ids);
+  return err;
+#else
+  (void)stream;
+  return kNoCuda;
+#endif
+}
+
 }  // namespace kvpool::client

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "client/connection/connection.h"
@@ -47,9 +48,29 @@ class PoolKernels {
   std::string append_kv(kernels::AppendArgs args, void* stream = nullptr);
   std::string copy_pages(kernels::CopyPagesArgs args, void* stream = nullptr);
 
+  // Mixed precision (kernels/paged_kv.h, MixedPrecision; MixedSequence): decode and extend over
+  // block tables whose leading older_pages[s] entries are pages of `older`'s pool (same shape,
+  // usually 8-bit), the rest of this one's. Both pools must live in the same memory (host, or
+  // one GPU); the CUDA kernels refuse mixed calls for now (kernels_cuda.h, kMixedNotOnGpu).
+  std::string decode_mixed(kernels::DecodeArgs args, const PoolKernels& older,
+                           const uint32_t* older_pages, uint32_t max_context,
+                           void* stream = nullptr);
+  std::string extend_mixed(kernels::ExtendArgs args, const PoolKernels& older,
+                           const uint32_t* older_pages, uint32_t total_new_tokens,
+                           void* stream = nullptr);
+  // Re-encodes whole pages of this pool into `dst`'s (same shape, another dtype or layout):
+  // from[i] → to[i], host arrays, pages the caller holds (kernels/paged_kv.h, ConvertPagesArgs).
+  // Synchronous: on a GPU the ids are staged to device memory and the call returns once the
+  // conversion finished on `stream`, so the caller may publish the pages at once.
+  std::string convert_to(const PoolKernels& dst, std::span<const PageId> from,
+                         std::span<const PageId> to, void* stream = nullptr);
+
  private:
   // args.mask as the pool's kind has it ("" or why the caller's contradicts the pool's).
   std::string pool_mask(kernels::AttentionMask& mask) const;
+  // `other`'s pool as a mixed call's older pool, or why it cannot be one with this pool.
+  std::string older_pool(const PoolKernels& other, const uint32_t* older_pages,
+                         kernels::MixedPrecision& out) const;
 
   const Connection& connection_;
   int device_ = -1;

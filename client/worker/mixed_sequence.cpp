@@ -1,0 +1,234 @@
+#include "client/worker/mixed_sequence.h"
+
+#include <algorithm>
+#include <string>
+
+namespace kvpool::client {
+
+namespace {
+
+Error invalid(std::string message) {
+  return Error{Status(Errc::invalid_argument), std::move(message)};
+}
+
+// Releases `pages` through `conn`, last first (tails are evicted before heads).
+Result<Ok> release_tail_first(Connection& conn, std::vector<PageId> pages) {
+  std::reverse(pages.begin(), pages.end());
+  if (pages.empty()) return Ok{};
+  return conn.release(pages);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<MixedSequence>> MixedSequence::create(
+    Connection& recent, PoolKernels& recent_k, Connection& older, PoolKernels& older_k,
+    BlockHasher& hasher, const BlockHash& root, uint32_t recent_tokens) {
+  const Geometry& rg = recent.pool().geometry;
+  const Geometry& og = older.pool().geometry;
+  if (!kernels::same_shape(rg, og)) {
+    return invalid("pool " + recent.pool().pool_name + " and pool " + older.pool().pool_name +
+                   " are not of one shape (layers, kv_heads, head_dim, tokens_per_page, kind and "
+                   "window must match): they cannot hold one sequence's pages");
+  }
+  if (rg.dtype == og.dtype) {
+    return invalid("pools " + recent.pool().pool_name + " and " + older.pool().pool_name +
+                   " are both " + std::string(dtype_name(rg.dtype)) +
+                   ": the older pool keeps another precision (e.g. fp8_e4m3 under bf16)");
+  }
+  if (recent_tokens == 0) return invalid("recent_tokens must be at least 1");
+  for (const Connection* c : {&recent, &older}) {
+    if (!c->hash_scheme().name.empty() && c->hash_scheme().name != hasher.scheme_name()) {
+      return invalid("pool " + c->pool().pool_name + " names blocks by " + c->hash_scheme().name +
+                     ", the hasher by " + hasher.scheme_name());
+    }
+  }
+  return std::unique_ptr<MixedSequence>(
+      new MixedSequence(recent, recent_k, older, older_k, hasher, root, recent_tokens));
+}
+
+MixedSequence::MixedSequence(Connection& recent, PoolKernels& recent_k, Connection& older,
+                             PoolKernels& older_k, BlockHasher& hasher, const BlockHash& root,
+                             uint32_t recent_tokens)
+    : recent_(recent),
+      recent_k_(recent_k),
+      older_conn_(older),
+      older_k_(older_k),
+      hasher_(hasher),
+      root_(root),
+      recent_tokens_(recent_tokens),
+      tpp_(recent.pool().geometry.tokens_per_page) {}
+
+MixedSequence::~MixedSequence() {
+  (void)release();
+}
+
+void MixedSequence::hash_new_full_blocks() {
+  for (uint32_t b = static_cast<uint32_t>(hashes_.size()); b < full_blocks(); ++b) {
+    const BlockHash& parent = b == 0 ? root_ : hashes_[b - 1];
+    hashes_.push_back(hasher_.block(parent, std::span(tokens_).subspan(uint64_t{b} * tpp_, tpp_)));
+  }
+}
+
+Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
+  if (!tokens_.empty()) return invalid("begin() on a sequence that has tokens");
+  tokens_.assign(prompt.begin(), prompt.end());
+  hash_new_full_blocks();
+  // Older blocks first: a block converted by any worker is found there; the chain then goes on
+  // in the recent pool from the first block the older pool does not hold.
+  auto old_hits = older_conn_.lookup(hashes_);
+  if (!old_hits.ok()) {
+    (void)release();
+    return old_hits.error();
+  }
+  pages_ = std::move(old_hits.value());
+  older_ = static_cast<uint32_t>(pages_.size());
+  auto new_hits = recent_.lookup(std::span(hashes_).subspan(older_));
+  if (!new_hits.ok()) {
+    (void)release();
+    return new_hits.error();
+  }
+  pages_.insert(pages_.end(), new_hits.value().begin(), new_hits.value().end());
+  published_ = static_cast<uint32_t>(pages_.size());
+  const uint32_t blocks = (tokens() + tpp_ - 1) / tpp_;
+  if (blocks > pages_.size()) {
+    auto fresh = recent_.alloc(blocks - static_cast<uint32_t>(pages_.size()));
+    if (!fresh.ok()) {
+      (void)release();
+      return fresh.error();
+    }
+    pages_.insert(pages_.end(), fresh.value().begin(), fresh.value().end());
+  }
+  const uint32_t cached = published_ * tpp_;
+  auto aged = age();
+  if (!aged.ok()) {
+    (void)release();
+    return aged.error();
+  }
+  return cached;
+}
+
+Result<MixedSequence::Slot> MixedSequence::append(uint32_t token) {
+  if (tokens() % tpp_ == 0) {
+    auto page = recent_.alloc(1);
+    if (!page.ok()) return page.error();
+    pages_.push_back(page.value()[0]);
+  }
+  tokens_.push_back(token);
+  hash_new_full_blocks();
+  const uint32_t pos = tokens() - 1;
+  return Slot{pages_[pos / tpp_], pos % tpp_};
+}
+
+Result<uint32_t> MixedSequence::publish_full() {
+  const uint32_t full = full_blocks();
+  if (full > published_) {
+    std::vector<PublishItem> items;
+    for (uint32_t b = published_; b < full; ++b)
+      items.push_back({pages_[b], hashes_[b]});
+    PublishChain chain;
+    if (published_ > 0) chain.parent = hashes_[published_ - 1];
+    chain.token_ids = std::span(tokens_).subspan(uint64_t{published_} * tpp_, items.size() * tpp_);
+    auto results = recent_.publish(items, {}, chain);
+    if (!results.ok()) return results.error();
+    std::vector<PageId> own_copies;
+    for (size_t i = 0; i < items.size(); ++i) {
+      const PublishResult& r = results.value()[i];
+      if (r.kind == PublishResult::Kind::duplicate) {
+        own_copies.push_back(pages_[published_ + i]);
+        pages_[published_ + i] = r.page;  // retained for us by the daemon
+      }
+    }
+    published_ = full;
+    if (auto rel = release_tail_first(recent_, std::move(own_copies)); !rel.ok()) {
+      return rel.error();
+    }
+  }
+  return age();
+}
+
+Result<uint32_t> MixedSequence::age() {
+  const uint32_t aged = tokens() > recent_tokens_ ? (tokens() - recent_tokens_) / tpp_ : 0;
+  const uint32_t limit = std::min(aged, published_);
+  if (limit <= older_) return 0u;
+  // Blocks another worker converted already: adopt its pages.
+  auto hits = older_conn_.lookup(std::span(hashes_).subspan(older_, limit - older_));
+  if (!hits.ok()) return hits.error();
+  std::vector<PageId> replaced;
+  for (const PageId p : hits.value()) {
+    replaced.push_back(pages_[older_]);
+    pages_[older_++] = p;
+    ++adopted_;
+  }
+  if (auto rel = release_tail_first(recent_, std::move(replaced)); !rel.ok()) return rel.error();
+  if (limit <= older_) return 0u;
+  return convert_blocks(older_, limit - older_);
+}
+
+Result<uint32_t> MixedSequence::convert_blocks(uint32_t first, uint32_t n) {
+  auto fresh = older_conn_.alloc(n);
+  if (!fresh.ok()) {
+    // The older pool has no room now: the blocks stay in full precision until a later call.
+    if (fresh.error().status.code() == Errc::out_of_pages) return 0u;
+    return fresh.error();
+  }
+  std::vector<PageId> dst = std::move(fresh.value());
+  const std::span<const PageId> src(pages_.data() + first, n);
+  if (std::string e = recent_k_.convert_to(older_k_, src, dst); !e.empty()) {
+    (void)older_conn_.release(dst);
+    return Error{Status(Errc::internal),
+                 "converting " + std::to_string(n) + " blocks to " +
+                     std::string(dtype_name(older_conn_.pool().geometry.dtype)) + ": " + e};
+  }
+  if (after_convert_) after_convert_();
+  std::vector<PublishItem> items(n);
+  for (uint32_t i = 0; i < n; ++i)
+    items[i] = {dst[i], hashes_[first + i]};
+  PublishChain chain;
+  if (first > 0) chain.parent = hashes_[first - 1];
+  chain.token_ids = std::span(tokens_).subspan(uint64_t{first} * tpp_, uint64_t{n} * tpp_);
+  auto results = older_conn_.publish(items, {}, chain);
+  if (!results.ok()) {
+    (void)older_conn_.release(dst);
+    return results.error();
+  }
+  std::vector<PageId> own_copies;
+  uint32_t stored = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    const PublishResult& r = results.value()[i];
+    if (r.kind == PublishResult::Kind::duplicate) {
+      own_copies.push_back(dst[i]);  // another worker's conversion won: use its page
+      dst[i] = r.page;
+    } else {
+      ++stored;
+    }
+  }
+  std::vector<PageId> recent_pages(src.begin(), src.end());
+  std::copy(dst.begin(), dst.end(), pages_.begin() + first);
+  older_ = first + n;
+  converted_ += stored;
+  adopted_ += n - stored;
+  auto rel_own = release_tail_first(older_conn_, std::move(own_copies));
+  auto rel_recent = release_tail_first(recent_, std::move(recent_pages));
+  if (!rel_own.ok()) return rel_own.error();
+  if (!rel_recent.ok()) return rel_recent.error();
+  return stored;
+}
+
+Result<Ok> MixedSequence::release() {
+  std::vector<PageId> recent_pages, older_pages;
+  for (size_t b = 0; b < pages_.size(); ++b) {
+    if (pages_[b] == kNoPage) continue;
+    (b < older_ ? older_pages : recent_pages).push_back(pages_[b]);
+  }
+  tokens_.clear();
+  pages_.clear();
+  hashes_.clear();
+  older_ = 0;
+  published_ = 0;
+  auto a = release_tail_first(recent_, std::move(recent_pages));
+  auto b = release_tail_first(older_conn_, std::move(older_pages));
+  if (!a.ok()) return a.error();
+  return b;
+}
+
+}  // namespace kvpool::client

@@ -1,0 +1,302 @@
+// Integration: mixed precision with a real kvpoold and real worker processes (MixedSequence over a
+// bf16 pool and an fp8 pool of one shape; docs/ARCHITECTURE.md, "Mixed precision"). A worker's
+// blocks older than recent_tokens go down to fp8 when it publishes; a second worker begins the same
+// prompt, finds the old blocks in the fp8 pool and the newer ones in the bf16 pool, and decodes
+// bit for bit what the first one decoded, within fp8's error of an all-bf16 decode. While a
+// worker converts, others find only the bf16 block (the fp8 page is published whole or not at
+// all); a worker killed mid-conversion leaves no page held and no block in the fp8 index. Pools
+// that cannot pair are refused by name.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/connection/connection.h"
+#include "client/worker/mixed_sequence.h"
+#include "client/worker/pool_kernels.h"
+#include "common/block_hash.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/test_attach.h"
+
+namespace kvpool::testing {
+namespace {
+
+using client::Connection;
+using client::MixedSequence;
+using client::PoolKernels;
+
+constexpr uint32_t kT = 16, kHeads = 2, kDim = 64, kQHeads = 8;
+constexpr uint32_t kPrompt = 100;  // 6 full blocks and 4 tokens
+constexpr uint32_t kRecent = 32;   // blocks [0, (100 − 32) / 16) = [0, 4) age
+
+constexpr const char* kConfig = R"(
+backend: host
+pools:
+  - name: recent
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16}
+    capacity: 32 pages
+  - name: older
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3}
+    capacity: 32 pages
+  - name: other
+    geometry: {layers: 2, kv_heads: 2, head_dim: 128, tokens_per_page: 16, dtype: fp8_e4m3}
+    capacity: 4 pages
+)";
+
+std::vector<uint32_t> prompt() {
+  std::vector<uint32_t> p(kPrompt);
+  for (uint32_t i = 0; i < kPrompt; ++i)
+    p[i] = 1000 + 7 * i;
+  return p;
+}
+
+// Token t's K and V rows (every head), the same in every worker: [kHeads][kDim] each.
+void kv_of(uint32_t t, std::vector<float>& k, std::vector<float>& v) {
+  k.resize(size_t{kHeads} * kDim);
+  v.resize(k.size());
+  for (size_t i = 0; i < k.size(); ++i) {
+    k[i] = std::sin(0.37f * float(t) + 0.11f * float(i));
+    v[i] = std::cos(0.23f * float(t) - 0.07f * float(i));
+  }
+}
+
+// Writes tokens [from, to) of the sequence into its recent pages, every layer.
+std::string write_tokens(PoolKernels& k, const MixedSequence& s, uint32_t from, uint32_t to) {
+  std::vector<float> kr, vr, ks, vs;
+  std::vector<int64_t> slots;
+  for (uint32_t t = from; t < to; ++t) {
+    kv_of(t, kr, vr);
+    ks.insert(ks.end(), kr.begin(), kr.end());
+    vs.insert(vs.end(), vr.begin(), vr.end());
+    slots.push_back(int64_t{s.block_table()[t / kT]} * kT + t % kT);
+  }
+  for (uint32_t layer = 0; layer < 2; ++layer) {
+    kernels::AppendArgs a;
+    a.layer = layer;
+    a.num_tokens = to - from;
+    a.k = ks.data();
+    a.v = vs.data();
+    a.slots = slots.data();
+    if (std::string e = k.append_kv(a); !e.empty()) return e;
+  }
+  return {};
+}
+
+// Layer 1's decode of the sequence's next query: mixed when it has older pages.
+std::string decode(PoolKernels& recent, PoolKernels& older, const MixedSequence& s,
+                   std::vector<float>& out) {
+  std::vector<float> q(size_t{kQHeads} * kDim);
+  for (size_t i = 0; i < q.size(); ++i)
+    q[i] = std::cos(0.05f * float(i));
+  out.assign(q.size(), 0.0f);
+  const uint32_t ctx = s.tokens();
+  const uint32_t older_pages = s.older_pages();
+  kernels::DecodeArgs a;
+  a.layer = 1;
+  a.num_seqs = 1;
+  a.num_q_heads = kQHeads;
+  a.q = q.data();
+  a.out = out.data();
+  a.block_tables = s.block_table().data();
+  a.block_table_stride = static_cast<uint32_t>(s.block_table().size());
+  a.context_lens = &ctx;
+  a.scale = 0.125f;
+  if (older_pages == 0) return recent.decode(a, ctx);
+  return recent.decode_mixed(a, older, &older_pages, ctx);
+}
+
+bool save(const std::string& path, const std::vector<float>& v) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
+  return bool(f);
+}
+
+std::vector<float> load(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<float> v(size_t{kQHeads} * kDim);
+  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
+  return v;
+}
+
+// The chain's root: the recent pool's model (both pools name blocks by it).
+BlockHash root_of(BlockHasher& hasher) {
+  Geometry g{2, kHeads, kDim, kT, KvDtype::bf16};
+  return hasher.root({"mixed-test", g, "", ""});
+}
+
+// A worker's two connections, kernels and hasher.
+struct Worker {
+  explicit Worker(const Daemon& d, const std::string& name)
+      : recent(attach(d, name, "recent")), older(attach(d, name, "older")) {}
+  bool ok() const { return recent && older; }
+  std::unique_ptr<MixedSequence> sequence() {
+    rk = std::make_unique<PoolKernels>(*recent);
+    ok_ = std::make_unique<PoolKernels>(*older);
+    auto s = MixedSequence::create(*recent, *rk, *older, *ok_, hasher, root_of(hasher), kRecent);
+    return s.ok() ? std::move(s.value()) : nullptr;
+  }
+  std::unique_ptr<Connection> recent, older;
+  std::unique_ptr<PoolKernels> rk, ok_;
+  BlockHasher hasher;
+};
+
+uint32_t in_use(Connection& c) {
+  auto st = c.stats();
+  return st.ok() ? st.value().in_use : UINT32_MAX;
+}
+
+TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
+  Daemon d(kConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  TempDir dir;
+  const std::string first = dir.file("first"), bf16 = dir.file("bf16"), second = dir.file("second");
+  // Worker A: computes the prompt, decodes in bf16, publishes (aging 4 blocks), decodes mixed.
+  ASSERT_EQ(run_worker([&] {
+              Worker w(d, "a");
+              if (!w.ok()) return 10;
+              auto s = w.sequence();
+              if (!s) return 11;
+              auto cached = s->begin(prompt());
+              if (!cached.ok() || cached.value() != 0) return 12;
+              if (!write_tokens(*w.rk, *s, 0, kPrompt).empty()) return 13;
+              std::vector<float> out;
+              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(bf16, out)) return 14;
+              auto converted = s->publish_full();
+              if (!converted.ok() || converted.value() != 4 || s->older_pages() != 4) return 15;
+              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(first, out)) return 16;
+              return 0;
+            }),
+            0);
+  // Worker B: the same prompt is cached, 4 blocks in fp8 and 2 in bf16; only the last 4 tokens
+  // are computed.
+  ASSERT_EQ(run_worker([&] {
+              Worker w(d, "b");
+              if (!w.ok()) return 20;
+              auto s = w.sequence();
+              if (!s) return 21;
+              auto cached = s->begin(prompt());
+              if (!cached.ok()) return 22;
+              if (cached.value() != 96 || s->older_pages() != 4 || s->converted() != 0) return 23;
+              if (!write_tokens(*w.rk, *s, 96, kPrompt).empty()) return 24;
+              std::vector<float> out;
+              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(second, out)) return 25;
+              return 0;
+            }),
+            0);
+  const std::vector<float> a = load(first), b = load(second), ref = load(bf16);
+  EXPECT_EQ(a, b) << "two workers reading the same mixed pages decode differently";
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, double{std::fabs(a[i] - ref[i])});
+    norm = std::max(norm, double{std::fabs(ref[i])});
+  }
+  EXPECT_GT(err, 0.0) << "the aged blocks were not read in fp8";
+  EXPECT_LT(err, 0.05 * norm) << "fp8 blocks far from their bf16 source";
+
+  // Nothing is held once both workers are gone; the blocks stay cached in their pools.
+  auto probe = attach(d, "probe", "older");
+  auto probe_recent = attach(d, "probe", "recent");
+  ASSERT_TRUE(probe && probe_recent);
+  EXPECT_EQ(in_use(*probe), 0u);
+  EXPECT_EQ(in_use(*probe_recent), 0u);
+}
+
+TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksNothing) {
+  Daemon d(kConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  Pipe converted, go_on;
+  const pid_t child = spawn_worker([&] {
+    Worker w(d, "converter");
+    if (!w.ok()) return 10;
+    auto s = w.sequence();
+    if (!s) return 11;
+    if (!s->begin(prompt()).ok()) return 12;
+    if (!write_tokens(*w.rk, *s, 0, kPrompt).empty()) return 13;
+    // Between the conversion kernel and the publish: tell the test, wait, and die there.
+    s->set_after_convert([&] {
+      converted.signal();
+      go_on.wait();
+      ::raise(SIGKILL);
+    });
+    (void)s->publish_full();
+    return 14;  // not reached
+  });
+  ASSERT_TRUE(converted.wait());
+  // Mid-conversion: the fp8 pages exist and are written, but no reader can find them; the bf16
+  // blocks are all there.
+  Worker reader(d, "reader");
+  ASSERT_TRUE(reader.ok());
+  BlockHasher hasher;
+  std::vector<BlockHash> chain;
+  BlockHash parent = root_of(hasher);
+  const std::vector<uint32_t> p = prompt();
+  for (uint32_t b = 0; b < kPrompt / kT; ++b) {
+    parent = hasher.block(parent, std::span(p).subspan(b * kT, kT));
+    chain.push_back(parent);
+  }
+  auto in_older = reader.older->lookup(chain);
+  ASSERT_TRUE(in_older.ok());
+  EXPECT_TRUE(in_older.value().empty()) << "a block was found in fp8 before it was published";
+  EXPECT_EQ(in_use(*reader.older), 4u);  // the converter's unpublished fp8 pages
+  auto in_recent = reader.recent->lookup(chain);
+  ASSERT_TRUE(in_recent.ok());
+  EXPECT_EQ(in_recent.value().size(), 6u);
+  ASSERT_TRUE(reader.recent->release(in_recent.value()).ok());
+
+  go_on.signal();
+  EXPECT_EQ(wait_worker(child), 128 + SIGKILL);
+  // The daemon takes the dead session's pages back: none held, the fp8 index still without them.
+  for (int i = 0; i < 200 && in_use(*reader.older) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(in_use(*reader.older), 0u);
+  EXPECT_EQ(in_use(*reader.recent), 0u);
+  auto after = reader.older->lookup(chain);
+  ASSERT_TRUE(after.ok());
+  EXPECT_TRUE(after.value().empty());
+  EXPECT_TRUE(d.running());
+}
+
+TEST(MixedPrecision, PoolsThatCannotPairAreRefusedByName) {
+  Daemon d(kConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  auto recent = attach(d, "w", "recent");
+  auto other = attach(d, "w", "other");
+  auto recent2 = attach(d, "w2", "recent");
+  ASSERT_TRUE(recent && other && recent2);
+  PoolKernels rk(*recent), ok(*other), rk2(*recent2);
+  BlockHasher hasher;
+  const BlockHash root = root_of(hasher);
+  auto shape = MixedSequence::create(*recent, rk, *other, ok, hasher, root, kRecent);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.error().message.find("pool recent and pool other are not of one shape"),
+            std::string::npos)
+      << shape.error().message;
+  auto same = MixedSequence::create(*recent, rk, *recent2, rk2, hasher, root, kRecent);
+  ASSERT_FALSE(same.ok());
+  EXPECT_NE(same.error().message.find("are both bf16"), std::string::npos) << same.error().message;
+  auto older = attach(d, "w3", "older");
+  ASSERT_TRUE(older);
+  PoolKernels olk(*older);
+  auto zero = MixedSequence::create(*recent, rk, *older, olk, hasher, root, 0);
+  ASSERT_FALSE(zero.ok());
+  EXPECT_EQ(zero.error().message, "recent_tokens must be at least 1");
+  // A mixed decode whose older pool is the recent pool itself is refused too.
+  std::vector<float> out;
+  const uint32_t n = 1, ctx = 1;
+  const PageId page = 0;
+  kernels::DecodeArgs a;
+  a.num_seqs = 1;
+  a.num_q_heads = kQHeads;
+  a.block_tables = &page;
+  a.block_table_stride = 1;
+  a.context_lens = &ctx;
+  EXPECT_EQ(rk.decode_mixed(a, rk, &n, 1), "the older pool is this pool");
+}
+
+}  // namespace
+}  // namespace kvpool::testing
