@@ -30,10 +30,22 @@ Result<std::unique_ptr<MixedSequence>> MixedSequence::create(
                    " are not of one shape (layers, kv_heads, head_dim, tokens_per_page, kind and "
                    "window must match): they cannot hold one sequence's pages");
   }
-  if (rg.dtype == og.dtype) {
-    return invalid("pools " + recent.pool().pool_name + " and " + older.pool().pool_name +
-                   " are both " + std::string(dtype_name(rg.dtype)) +
-                   ": the older pool keeps another precision (e.g. fp8_e4m3 under bf16)");
+  if (dtype_is_quantized(rg.dtype) || !dtype_is_quantized(og.dtype)) {
+    return invalid("pool " + recent.pool().pool_name + " is " + std::string(dtype_name(rg.dtype)) +
+                   " and pool " + older.pool().pool_name + " " + std::string(dtype_name(og.dtype)) +
+                   ": the recent pool keeps 16 bits (bf16, fp16), the older one 8 (fp8_e4m3, "
+                   "int8)");
+  }
+  if (rg.kind == AttentionKind::sliding || rg.kind == AttentionKind::chunked) {
+    return invalid("pool " + recent.pool().pool_name + " is " +
+                   std::string(attention_kind_name(rg.kind)) +
+                   ": MixedSequence takes full and latent pools (a windowed pool's lookups leave "
+                   "holes it does not age yet)");
+  }
+  if (&recent_k.connection() != &recent || &older_k.connection() != &older) {
+    return invalid(
+        "recent_k and older_k must be the PoolKernels of the recent and older "
+        "connections given");
   }
   if (recent_tokens == 0) return invalid("recent_tokens must be at least 1");
   for (const Connection* c : {&recent, &older}) {
@@ -98,13 +110,10 @@ Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
     }
     pages_.insert(pages_.end(), fresh.value().begin(), fresh.value().end());
   }
-  const uint32_t cached = published_ * tpp_;
-  auto aged = age();
-  if (!aged.ok()) {
-    (void)release();
-    return aged.error();
-  }
-  return cached;
+  // The prompt is usable whether or not its old blocks could move now: a failed aging leaves
+  // them in 16 bits, and the next publish_full() tries again.
+  (void)age();
+  return published_ * tpp_;
 }
 
 Result<MixedSequence::Slot> MixedSequence::append(uint32_t token) {
@@ -160,20 +169,32 @@ Result<uint32_t> MixedSequence::age() {
     ++adopted_;
   }
   if (auto rel = release_tail_first(recent_, std::move(replaced)); !rel.ok()) return rel.error();
-  if (limit <= older_) return 0u;
-  return convert_blocks(older_, limit - older_);
+  // The rest in batches: a batch the older pool cannot take now (no free pages, its capacity, a
+  // quota) is halved, down to one block, and what is left stays in 16 bits until a later call.
+  uint32_t converted = 0;
+  uint32_t batch = limit - older_;
+  while (older_ < limit && batch > 0) {
+    auto r = convert_blocks(older_, std::min(batch, limit - older_));
+    if (!r.ok()) {
+      const Errc code = r.error().status.code();
+      if (code != Errc::out_of_pages && code != Errc::exceeds_capacity &&
+          code != Errc::quota_exceeded) {
+        return r.error();
+      }
+      batch /= 2;
+      continue;
+    }
+    converted += r.value();
+  }
+  return converted;
 }
 
 Result<uint32_t> MixedSequence::convert_blocks(uint32_t first, uint32_t n) {
   auto fresh = older_conn_.alloc(n);
-  if (!fresh.ok()) {
-    // The older pool has no room now: the blocks stay in full precision until a later call.
-    if (fresh.error().status.code() == Errc::out_of_pages) return 0u;
-    return fresh.error();
-  }
+  if (!fresh.ok()) return fresh.error();
   std::vector<PageId> dst = std::move(fresh.value());
   const std::span<const PageId> src(pages_.data() + first, n);
-  if (std::string e = recent_k_.convert_to(older_k_, src, dst); !e.empty()) {
+  if (std::string e = recent_k_.convert_to(older_k_, src, dst, stream_); !e.empty()) {
     (void)older_conn_.release(dst);
     return Error{Status(Errc::internal),
                  "converting " + std::to_string(n) + " blocks to " +

@@ -8,7 +8,8 @@
 // kernels/paged_kv.h, MixedPrecision): entries [0, older_pages()) are pages of the older pool.
 //   begin(prompt)   looks the prompt's full blocks up in the older pool, then the rest of the chain
 //                   in the recent pool (a block converted by another worker is found in 8 bits,
-//                   the newer ones in 16), allocates recent pages for the rest, and ages;
+//                   the newer ones in 16), allocates recent pages for the rest, and ages (a
+//                   failed aging leaves blocks in 16 bits and does not fail begin);
 //   append()        allocates in the recent pool as blocks fill;
 //   publish_full()  publishes the full blocks in the recent pool (adopting duplicates), then ages;
 //   age             every published block whose last token is recent_tokens or more behind the
@@ -18,9 +19,12 @@
 //                   written whole before it is published, so no reader ever sees it half
 //                   written), published there with their chain (KV events), and their recent
 //                   pages released: they stay cached in the recent pool until it evicts them.
+//                   Blocks the older pool cannot take now (no room, a quota) stay in 16 bits,
+//                   converted in halved batches, and are tried again at the next call;
 // Why the worker converts and not the daemon: the worker holds the page and its stream, and the
 // moment a block ages is a step of its own decode loop; the conversion is one kernel launch on
-// its GPU between steps, with no round trip to wait for and no copy job in the daemon, and a
+// its stream (set_stream) between steps, with no copy job in the daemon (the round trips are the
+// older pool's alloc and publish, batched per call), and a
 // worker killed mid-conversion leaks nothing (its unpublished older pages go back with its
 // session). The daemon's part is the pools' budget and, under pressure, the cached blocks.
 //
@@ -50,8 +54,10 @@ class MixedSequence {
     uint32_t offset = 0;
   };
 
-  // The two pools must be of one shape (layers, KV heads, head_dim, tokens per page, kind and
-  // window) and the recent pool's dtype must differ from the older's; recent_tokens ≥ 1. The
+  // The two pools must be of one shape (layers, KV heads, head_dim, tokens per page, kind), the
+  // recent one 16-bit and the older one 8-bit, of kind full or latent (a sliding or chunked
+  // pool's lookups leave holes before the window, which aging does not handle yet);
+  // recent_tokens ≥ 1; recent_k and older_k the kernels of those two connections. The
   // connections, kernels and hasher must outlive the sequence. `root`: the recent pool's
   // BlockHasher::root().
   static Result<std::unique_ptr<MixedSequence>> create(Connection& recent, PoolKernels& recent_k,
@@ -78,6 +84,9 @@ class MixedSequence {
   // Blocks converted to 8 bits by this sequence, and adopted from the older pool's index.
   uint64_t converted() const { return converted_; }
   uint64_t adopted() const { return adopted_; }
+  // The stream conversions run on (a cudaStream_t as void*; nullptr = the default stream; host
+  // pools ignore it): the worker's own, so a conversion queues behind the K/V it converts.
+  void set_stream(void* stream) { stream_ = stream; }
   // Tests: runs between a conversion's kernel and its publish (a worker killed there).
   void set_after_convert(std::function<void()> hook) { after_convert_ = std::move(hook); }
 
@@ -109,6 +118,7 @@ class MixedSequence {
   uint64_t converted_ = 0;
   uint64_t adopted_ = 0;
   std::function<void()> after_convert_;
+  void* stream_ = nullptr;
 };
 
 }  // namespace kvpool::client

@@ -29,6 +29,7 @@ PoolKernels::PoolKernels(const Connection& connection)
 PoolKernels::~PoolKernels() {
 #ifdef KVPOOL_WITH_CUDA
   if (workspace_ != nullptr) cudaFree(workspace_);
+  if (ids_ != nullptr) cudaFree(ids_);
 #endif
 }
 
@@ -132,6 +133,9 @@ std::string PoolKernels::older_pool(const PoolKernels& other, const uint32_t* ol
            ": a mixed call reads both from one place";
   }
   if (&other.connection_ == &connection_) return "the older pool is this pool";
+  if (other.connection_.base() == nullptr) {
+    return "the older pool's connection maps no memory (attached without a mapping)";
+  }
   out = kernels::MixedPrecision{other.paged_kv(), older_pages, other.connection_.pool().num_pages};
   return {};
 }
@@ -160,19 +164,29 @@ std::string PoolKernels::convert_to(const PoolKernels& dst, std::span<const Page
   if (from.empty()) return {};
   kernels::ConvertPagesArgs args{paged_kv(), dst.paged_kv(), static_cast<uint32_t>(from.size()),
                                  from.data(), to.data()};
-  if (device_ < 0) {
-    return kernels::cpu::convert_pages(args, connection_.pool().num_pages,
-                                       dst.connection_.pool().num_pages);
+  const uint32_t src_pages = connection_.pool().num_pages;
+  const uint32_t dst_pages = dst.connection_.pool().num_pages;
+  if (device_ < 0) return kernels::cpu::convert_pages(args, src_pages, dst_pages);
+  if (std::string e = kernels::cpu::check_convert_pages(args, src_pages, dst_pages); !e.empty()) {
+    return e;
   }
 #ifdef KVPOOL_WITH_CUDA
   cudaSetDevice(device_);
   const size_t bytes = from.size() * sizeof(PageId);
-  PageId* ids = nullptr;
-  if (const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&ids), 2 * bytes);
-      e != cudaSuccess) {
-    return device::cuda_error_text("convert_to page ids", e);
-  }
   auto s = static_cast<cudaStream_t>(stream);
+  if (2 * bytes > ids_bytes_) {
+    if (ids_ != nullptr) {
+      cudaStreamSynchronize(s);  // work queued earlier may still read the old buffer
+      cudaFree(ids_);
+      ids_ = nullptr;
+      ids_bytes_ = 0;
+    }
+    if (const cudaError_t e = cudaMalloc(&ids_, 2 * bytes); e != cudaSuccess) {
+      return device::cuda_error_text("convert_to page ids", e);
+    }
+    ids_bytes_ = 2 * bytes;
+  }
+  auto* ids = static_cast<PageId*>(ids_);
   std::string err;
   if (cudaMemcpyAsync(ids, from.data(), bytes, cudaMemcpyHostToDevice, s) != cudaSuccess ||
       cudaMemcpyAsync(ids + from.size(), to.data(), bytes, cudaMemcpyHostToDevice, s) !=
@@ -183,10 +197,10 @@ std::string PoolKernels::convert_to(const PoolKernels& dst, std::span<const Page
     args.dst_pages = ids + from.size();
     err = kernels::cuda::convert_pages(args, stream);
   }
+  // The ids are pageable host memory and the pages are published next: wait for the stream.
   if (const cudaError_t e = cudaStreamSynchronize(s); e != cudaSuccess && err.empty()) {
     err = device::cuda_error_text("convert_to", e);
   }
-  cudaFree(ids);
   return err;
 #else
   (void)stream;

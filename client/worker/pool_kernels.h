@@ -39,6 +39,7 @@ class PoolKernels {
 
   // The pool as the kernels see it (args.kv of every call).
   kernels::PagedKv paged_kv() const;
+  const Connection& connection() const { return connection_; }
   bool on_device() const { return device_ >= 0; }
 
   // max_context: the largest context_lens[s] (known to the host even when the array is not).
@@ -60,8 +61,9 @@ class PoolKernels {
                            void* stream = nullptr);
   // Re-encodes whole pages of this pool into `dst`'s (same shape, another dtype or layout):
   // from[i] → to[i], host arrays, pages the caller holds (kernels/paged_kv.h, ConvertPagesArgs).
-  // Synchronous: on a GPU the ids are staged to device memory and the call returns once the
-  // conversion finished on `stream`, so the caller may publish the pages at once.
+  // The ids are checked on the host first (cpu::check_convert_pages). Synchronous: on a GPU the
+  // ids are staged into a device buffer kept here and the call returns once the conversion
+  // finished on `stream`, so the caller may publish the pages at once.
   std::string convert_to(const PoolKernels& dst, std::span<const PageId> from,
                          std::span<const PageId> to, void* stream = nullptr);
 
@@ -77,6 +79,8 @@ class PoolKernels {
   int sm_count_ = 0;
   void* workspace_ = nullptr;  // device memory for decode's chunk states
   size_t workspace_bytes_ = 0;
+  void* ids_ = nullptr;  // device memory for convert_to's page ids
+  size_t ids_bytes_ = 0;
 };
 
 }  // namespace kvpool::client

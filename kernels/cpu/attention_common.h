@@ -23,8 +23,9 @@
 //  - head_dim ≤ kMaxHeadDim on every geometry that passed check_pool, so row lengths fit an int
 //    (softmax_add / softmax_merge take d as an int);
 //  - check_sequence accepts a sequence only if every block-table entry the call reads (from the
-//    page of the first key the mask lets a query see) is below num_pages, so the kernels can
-//    address pages without further checks; earlier entries are never read;
+//    page of the first key the mask lets a query see) is below its pool's page count (num_pages,
+//    or in a mixed call older_num_pages for the older entries), so the kernels can address
+//    pages without further checks; earlier entries are never read;
 //  - for_each_item runs every item exactly once and returns after all of them are done; a thread
 //    that cannot be started only means fewer workers, never a lost item. Item order across
 //    threads is unspecified, so callers must not let the result depend on it;

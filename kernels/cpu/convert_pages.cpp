@@ -106,8 +106,8 @@ void convert_tile(const ConvertPagesArgs& a, const KvStrides& ss, const KvStride
 
 }  // namespace
 
-std::string convert_pages(const ConvertPagesArgs& args, uint32_t src_num_pages,
-                          uint32_t dst_num_pages, unsigned threads) {
+std::string check_convert_pages(const ConvertPagesArgs& args, uint32_t src_num_pages,
+                                uint32_t dst_num_pages) {
   if (std::string e = check_convert_pool(args.src, src_num_pages, "src"); !e.empty()) return e;
   if (std::string e = check_convert_pool(args.dst, dst_num_pages, "dst"); !e.empty()) return e;
   if (!same_shape(args.src.geometry, args.dst.geometry)) {
@@ -141,7 +141,15 @@ std::string convert_pages(const ConvertPagesArgs& args, uint32_t src_num_pages,
              std::to_string(dsts[i].second) + " both write page " + std::to_string(dsts[i].first);
     }
   }
+  return {};
+}
 
+std::string convert_pages(const ConvertPagesArgs& args, uint32_t src_num_pages,
+                          uint32_t dst_num_pages, unsigned threads) {
+  if (std::string e = check_convert_pages(args, src_num_pages, dst_num_pages); !e.empty()) {
+    return e;
+  }
+  if (args.num_pairs == 0) return {};
   const Geometry& g = args.src.geometry;
   const KvStrides ss = kv_strides(args.src);
   const KvStrides ds = kv_strides(args.dst);

@@ -231,7 +231,9 @@ NextPage upcoming_page(const DecodeArgs& a, const detail::CallPools& pools, uint
   }
   const HeadTile tiles = detail::head_tile_addresses(kv, pools.strides[w], a.layer, page, head);
   const uint64_t rows = std::min<uint64_t>(g.tokens_per_page, end - t);
-  // A token's bytes of the item's heads: one run in both layouts (file comment).
+  // A token's bytes of the item's heads: one run when the page's pool has the layout the items
+  // were planned for (file comment). In a mixed call whose pools differ in layout, a page of the
+  // other layout gets part of its rows prefetched: a speed matter only, prefetches never fault.
   const uint64_t row_bytes = uint64_t{heads} * g.head_dim * dtype_bytes(g.dtype);
   return NextPage{.k = tiles.k, .v = tiles.v, .bytes = rows * row_bytes, .runs = kv_planes(g)};
 }

@@ -39,5 +39,9 @@ std::string copy_pages(const CopyPagesArgs& args, uint32_t num_pages);
 // src_num_pages / dst_num_pages bound each pool's page ids; pairs run on up to `threads` threads.
 std::string convert_pages(const ConvertPagesArgs& args, uint32_t src_num_pages,
                           uint32_t dst_num_pages, unsigned threads = 1);
+// convert_pages' checks alone ("" = ok): the pools, their shapes and the id lists (host arrays),
+// reading no pool memory; what a caller runs before staging the ids for the CUDA kernel.
+std::string check_convert_pages(const ConvertPagesArgs& args, uint32_t src_num_pages,
+                                uint32_t dst_num_pages);
 
 }  // namespace kvpool::kernels::cpu

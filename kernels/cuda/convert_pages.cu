@@ -3,8 +3,9 @@
 // dequantises the tile's tokens_per_page · head_dim elements once to find its amax (a block-wide
 // max over shared memory, NaN ignored as fmaxf does), thread 0 writes the 8-bit scale
 // max(amax, kMinAmax) / R, and every thread encodes its elements with the same quantisers as the
-// CPU (kernels/kv_dtype.h), so both kernels agree bit for bit. Ids are the caller's contract (the
-// CPU kernel checks them; here they live in device memory).
+// CPU (kernels/kv_dtype.h), so both kernels agree bit for bit. Ids are the caller's contract: they
+// live in device memory here; PoolKernels::convert_to checks them on the host first
+// (cpu::check_convert_pages).
 
 #include <cuda_runtime.h>
 
@@ -109,10 +110,24 @@ std::string convert_pages(const ConvertPagesArgs& a, void* stream) {
       (dtype_is_quantized(a.dst.geometry.dtype) && a.dst.scales == nullptr)) {
     return "convert_pages: an 8-bit pool needs its scales";
   }
-  if (!segments_fit(a.src) || !segments_fit(a.dst)) {
-    return "convert_pages: segment_pages and segment_stride do not fit a pool's layout";
+  for (const PagedKv* kv : {&a.src, &a.dst}) {
+    if (kv->layout == KvLayout::page_major) {
+      if (kv->page_stride < page_data_bytes(kv->geometry)) {
+        return "convert_pages: a page_major pool's page_stride is below its page size";
+      }
+    } else if (kv->layout != KvLayout::layer_major || kv->num_pages == 0) {
+      return "convert_pages: a pool's layout is not page_major, or layer_major with num_pages";
+    }
+    if (!segments_fit(*kv)) {
+      return "convert_pages: segment_pages and segment_stride do not fit a pool's layout";
+    }
   }
-  const dim3 grid(a.num_pairs, g.layers * g.kv_heads * kv_planes(g));
+  const uint64_t tiles = uint64_t{g.layers} * g.kv_heads * kv_planes(g);
+  if (tiles > 65535) {
+    return "convert_pages: " + std::to_string(tiles) +
+           " tiles a page (layers · kv_heads · planes) pass the grid's 65535";
+  }
+  const dim3 grid(a.num_pairs, static_cast<unsigned>(tiles));
   convert_pages_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       a, kv_strides(a.src), kv_strides(a.dst));
   const cudaError_t err = cudaGetLastError();

@@ -46,6 +46,26 @@ pools:
   - name: other
     geometry: {layers: 2, kv_heads: 2, head_dim: 128, tokens_per_page: 16, dtype: fp8_e4m3}
     capacity: 4 pages
+  - name: slide
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16,
+               kind: sliding, window: 64}
+    capacity: 4 pages
+  - name: slide8
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3,
+               kind: sliding, window: 64}
+    capacity: 4 pages
+)";
+
+// The older pool holds two pages: four aged blocks cannot all go down at once.
+constexpr const char* kSmallOlderConfig = R"(
+backend: host
+pools:
+  - name: recent
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16}
+    capacity: 32 pages
+  - name: older
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3}
+    capacity: 2 pages
 )";
 
 std::vector<uint32_t> prompt() {
@@ -150,6 +170,12 @@ uint32_t in_use(Connection& c) {
   return st.ok() ? st.value().in_use : UINT32_MAX;
 }
 
+// Pages this connection's session holds.
+uint32_t held(Connection& c) {
+  auto st = c.stats();
+  return st.ok() ? st.value().session_held_pages : UINT32_MAX;
+}
+
 TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
   Daemon d(kConfig);
   ASSERT_TRUE(d.start()) << d.log();
@@ -169,6 +195,10 @@ TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
               auto converted = s->publish_full();
               if (!converted.ok() || converted.value() != 4 || s->older_pages() != 4) return 15;
               if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(first, out)) return 16;
+              // The sequence gives back every reference it took (the connections stay open, so
+              // the daemon's cleanup at exit does not hide a leak).
+              s.reset();
+              if (held(*w.recent) != 0 || held(*w.older) != 0) return 17;
               return 0;
             }),
             0);
@@ -185,6 +215,8 @@ TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
               if (!write_tokens(*w.rk, *s, 96, kPrompt).empty()) return 24;
               std::vector<float> out;
               if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(second, out)) return 25;
+              s.reset();
+              if (held(*w.recent) != 0 || held(*w.older) != 0) return 26;
               return 0;
             }),
             0);
@@ -227,6 +259,10 @@ TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksN
     return 14;  // not reached
   });
   ASSERT_TRUE(converted.wait());
+  struct LetGo {  // whatever fails below, the converter is let go on (and dies)
+    Pipe& p;
+    ~LetGo() { p.signal(); }
+  } let_go{go_on};
   // Mid-conversion: the fp8 pages exist and are written, but no reader can find them; the bf16
   // blocks are all there.
   Worker reader(d, "reader");
@@ -278,10 +314,28 @@ TEST(MixedPrecision, PoolsThatCannotPairAreRefusedByName) {
       << shape.error().message;
   auto same = MixedSequence::create(*recent, rk, *recent2, rk2, hasher, root, kRecent);
   ASSERT_FALSE(same.ok());
-  EXPECT_NE(same.error().message.find("are both bf16"), std::string::npos) << same.error().message;
+  EXPECT_NE(same.error().message.find("pool recent is bf16 and pool recent bf16: the recent pool "
+                                      "keeps 16 bits"),
+            std::string::npos)
+      << same.error().message;
+  auto slide = attach(d, "w4", "slide");
+  auto slide8 = attach(d, "w4", "slide8");
+  ASSERT_TRUE(slide && slide8);
+  PoolKernels sk(*slide), s8k(*slide8);
+  auto windowed = MixedSequence::create(*slide, sk, *slide8, s8k, hasher, root, kRecent);
+  ASSERT_FALSE(windowed.ok());
+  EXPECT_NE(windowed.error().message.find("pool slide is sliding: MixedSequence takes full and "
+                                          "latent pools"),
+            std::string::npos)
+      << windowed.error().message;
   auto older = attach(d, "w3", "older");
   ASSERT_TRUE(older);
   PoolKernels olk(*older);
+  auto swapped = MixedSequence::create(*recent, olk, *older, rk, hasher, root, kRecent);
+  ASSERT_FALSE(swapped.ok());
+  EXPECT_NE(swapped.error().message.find("recent_k and older_k must be the PoolKernels"),
+            std::string::npos)
+      << swapped.error().message;
   auto zero = MixedSequence::create(*recent, rk, *older, olk, hasher, root, 0);
   ASSERT_FALSE(zero.ok());
   EXPECT_EQ(zero.error().message, "recent_tokens must be at least 1");
@@ -296,6 +350,97 @@ TEST(MixedPrecision, PoolsThatCannotPairAreRefusedByName) {
   a.block_table_stride = 1;
   a.context_lens = &ctx;
   EXPECT_EQ(rk.decode_mixed(a, rk, &n, 1), "the older pool is this pool");
+}
+
+// Two workers convert the same blocks at once (the second one from its begin(), which ages the
+// bf16 hits it found): the later publish gets the first's pages as duplicates, adopts them and
+// gives its own back; both then read the same fp8 pages.
+TEST(MixedPrecision, AConversionThatLosesTheRaceAdoptsTheWinnersPages) {
+  Daemon d(kConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  TempDir dir;
+  const std::string slow_out = dir.file("slow");
+  Pipe converted, go_on;
+  const pid_t slow = spawn_worker([&] {
+    Worker w(d, "slow");
+    if (!w.ok()) return 10;
+    auto s = w.sequence();
+    if (!s || !s->begin(prompt()).ok()) return 11;
+    if (!write_tokens(*w.rk, *s, 0, kPrompt).empty()) return 12;
+    s->set_after_convert([&] {
+      converted.signal();
+      go_on.wait();
+    });
+    auto r = s->publish_full();
+    if (!r.ok() || r.value() != 0 || s->converted() != 0 || s->adopted() != 4) return 13;
+    if (s->older_pages() != 4) return 14;
+    std::vector<float> out;
+    if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(slow_out, out)) return 15;
+    s.reset();
+    return held(*w.older) == 0 && held(*w.recent) == 0 ? 0 : 16;  // its fp8 copies went back
+  });
+  ASSERT_TRUE(converted.wait());
+  // Whatever fails below, the slow worker is let go on (else it would wait forever).
+  struct LetGo {
+    Pipe& p;
+    ~LetGo() { p.signal(); }
+  } let_go{go_on};
+  // Meanwhile this worker begins the same prompt: the slow one published it in bf16 before it
+  // started converting, so every full block is cached, and this begin() ages the four old ones
+  // itself, publishing them in fp8 first.
+  Worker fast(d, "fast");
+  ASSERT_TRUE(fast.ok());
+  auto s = fast.sequence();
+  ASSERT_TRUE(s);
+  auto cached = s->begin(prompt());
+  ASSERT_TRUE(cached.ok());
+  EXPECT_EQ(cached.value(), 96u);
+  EXPECT_EQ(s->converted(), 4u);
+  EXPECT_EQ(s->older_pages(), 4u);
+  ASSERT_EQ(write_tokens(*fast.rk, *s, 96, kPrompt), "");
+  auto r = s->publish_full();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value(), 0u);
+  std::vector<float> fast_out;
+  ASSERT_EQ(decode(*fast.rk, *fast.ok_, *s, fast_out), "");
+  go_on.signal();
+  EXPECT_EQ(wait_worker(slow), 0);
+  EXPECT_EQ(load(slow_out), fast_out);
+  s.reset();
+  EXPECT_EQ(in_use(*fast.older), 0u);
+  EXPECT_EQ(in_use(*fast.recent), 0u);
+}
+
+// An older pool with room for two of the four aged blocks: two go down (a batch of four is
+// halved), the other two stay in bf16, and the sequence decodes across the boundary.
+TEST(MixedPrecision, BlocksTheOlderPoolCannotTakeStayInSixteenBits) {
+  Daemon d(kSmallOlderConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  Worker w(d, "w");
+  ASSERT_TRUE(w.ok());
+  auto s = w.sequence();
+  ASSERT_TRUE(s);
+  ASSERT_TRUE(s->begin(prompt()).ok());
+  ASSERT_EQ(write_tokens(*w.rk, *s, 0, kPrompt), "");
+  auto r = s->publish_full();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value(), 2u);
+  EXPECT_EQ(s->older_pages(), 2u);
+  std::vector<float> out;
+  ASSERT_EQ(decode(*w.rk, *w.ok_, *s, out), "");
+  for (const float x : out)
+    ASSERT_TRUE(std::isfinite(x));
+  // The next publish tries again and still finds no room: nothing changes, nothing fails.
+  for (uint32_t t = 0; t < kT; ++t)
+    ASSERT_TRUE(s->append(5000 + t).ok());
+  ASSERT_EQ(write_tokens(*w.rk, *s, kPrompt, kPrompt + kT), "");
+  r = s->publish_full();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value(), 0u);
+  EXPECT_EQ(s->older_pages(), 2u);
+  s.reset();
+  EXPECT_EQ(in_use(*w.older), 0u);
+  EXPECT_EQ(in_use(*w.recent), 0u);
 }
 
 }  // namespace

@@ -221,7 +221,9 @@ constexpr KvLayout kPM = KvLayout::page_major;
 constexpr KvLayout kLM = KvLayout::layer_major;
 constexpr AttentionKind kFull = AttentionKind::full;
 
-// (context, older pages): a boundary inside a split chunk, at the last page, none, all of them.
+// (context, older pages), with 16 tokens a page: a boundary inside a split chunk, every page older
+// (a count past the table), none, all (the one page); with 8 tokens a page the same counts fall
+// elsewhere, still boundaries at and between pages.
 const std::vector<std::pair<uint32_t, uint32_t>> kSeqs{{70, 3}, {33, 4}, {129, 0}, {16, 1}};
 
 INSTANTIATE_TEST_SUITE_P(
