@@ -67,6 +67,9 @@ class CudaTarget final : public KernelTarget {
   std::string copy_pages(const CopyPagesArgs& a, uint32_t) override {
     return cuda::copy_pages(a, nullptr);
   }
+  std::string convert_pages(const ConvertPagesArgs& a, uint32_t, uint32_t) override {
+    return cuda::convert_pages(a, nullptr);
+  }
 
  private:
   std::string name_;

@@ -158,6 +158,8 @@ class Matrix {
   void error(const std::string& what, const std::string& err) { result(false, what + ": " + err); }
   void expect_close(const char* what, const Case& c, uint32_t detail, const std::string& err,
                     const std::vector<float>& got, const std::vector<float>& want);
+  void run_convert_case(HostPool& src, const PagedKv& on_target, TargetBuffers& buf,
+                        const std::string& what);
 
   KernelTarget& t_;
   bool verbose_;
@@ -441,6 +443,52 @@ void Matrix::run_append_case(KvDtype dtype, KvLayout layout, bool latent, uint32
   result(copy_same, "copy    " + what +
                         (copy_same ? ": bytes identical to the CPU copy"
                                    : ": bytes differ from the CPU copy"));
+  if (!dtype_is_quantized(dtype)) run_convert_case(cpu_pool, dc.kv, buf, what);
+}
+
+// Convert-pages: pages 3 and 4 of a 16-bit pool (the CPU's bytes, uploaded to `on_target`)
+// into pages 5 and 0 of an 8-bit pool of the other layout (fp8 from bf16, int8 from fp16): the
+// target's bytes and scales must be the CPU kernel's, bit for bit (same quantisers, same amax).
+void Matrix::run_convert_case(HostPool& src, const PagedKv& on_target, TargetBuffers& buf,
+                              const std::string& what) {
+  HostPool dst;
+  dst.g = src.g;
+  dst.g.dtype = src.g.dtype == KvDtype::bf16 ? KvDtype::fp8_e4m3 : KvDtype::int8;
+  dst.layout = src.layout == KvLayout::page_major ? KvLayout::layer_major : KvLayout::page_major;
+  dst.num_pages = 6;
+  dst.stride = page_data_bytes(dst.g);
+  dst.mem.assign(dst.bytes(), std::byte{0});
+  dst.scales.assign(dst.num_pages * page_scale_bytes(dst.g) / sizeof(float), 0.0f);
+  const std::string name = "convert " + what + " to " + std::string(dtype_name(dst.g.dtype)) + " " +
+                           std::string(layout_name(dst.layout));
+  const std::vector<PageId> from{3, 4}, to{5, 0};
+  const std::vector<std::byte> zero = dst.mem;
+  const std::vector<float> zero_scales = dst.scales;
+  ConvertPagesArgs cc{src.view(), dst.view(), 2, from.data(), to.data()};
+  if (const std::string e = cpu::convert_pages(cc, src.num_pages, dst.num_pages); !e.empty())
+    return error("reference " + name, e);
+  // The target's source starts from the CPU's bytes, so a wrong copy before leaves this alone.
+  buf.note(t_.upload(on_target.base, src.mem.data(), src.mem.size()));
+  ConvertPagesArgs dc = cc;
+  dc.src = on_target;
+  dc.dst.base = buf.put(zero);
+  dc.dst.scales = buf.put(zero_scales);
+  dc.src_pages = buf.put(from);
+  dc.dst_pages = buf.put(to);
+  std::string err = buf.error();
+  if (err.empty()) err = t_.convert_pages(dc, src.num_pages, dst.num_pages);
+  if (err.empty()) err = t_.synchronize();
+  std::vector<std::byte> got(zero.size());
+  std::vector<float> got_scales(zero_scales.size());
+  if (err.empty()) {
+    buf.get(got, static_cast<const std::byte*>(dc.dst.base));
+    buf.get(got_scales, dc.dst.scales);
+    err = buf.error();
+  }
+  if (!err.empty()) return error(name, err);
+  const bool same = got == dst.mem && got_scales == dst.scales;
+  result(same, name + (same ? ": bytes and scales identical to the CPU conversion"
+                            : ": bytes or scales differ from the CPU conversion"));
 }
 
 std::vector<Case> matrix_cases() {
@@ -586,6 +634,18 @@ class CpuStandIn final : public KernelTarget {
     }
     return cpu::copy_pages(b, num_pages);
   }
+  std::string convert_pages(const ConvertPagesArgs& a, uint32_t src_pages,
+                            uint32_t dst_pages) override {
+    ConvertPagesArgs b = a;
+    std::vector<PageId> dst;
+    if (fault_ == Fault::convert) {
+      dst.assign(a.dst_pages, a.dst_pages + a.num_pairs);
+      for (PageId& p : dst)
+        p = (p + 1) % dst_pages;
+      b.dst_pages = dst.data();
+    }
+    return cpu::convert_pages(b, src_pages, dst_pages);
+  }
 
  private:
   // The longest context of the call, one token short: the smallest error a real off-by-one
@@ -603,11 +663,9 @@ class CpuStandIn final : public KernelTarget {
 }  // namespace
 
 bool parse_fault(const std::string& text, Fault& out) {
-  static constexpr std::pair<const char*, Fault> kNames[] = {{"none", Fault::none},
-                                                             {"decode", Fault::decode},
-                                                             {"extend", Fault::extend},
-                                                             {"append", Fault::append},
-                                                             {"copy", Fault::copy}};
+  static constexpr std::pair<const char*, Fault> kNames[] = {
+      {"none", Fault::none},     {"decode", Fault::decode}, {"extend", Fault::extend},
+      {"append", Fault::append}, {"copy", Fault::copy},     {"convert", Fault::convert}};
   for (const auto& [name, fault] : kNames) {
     if (text == name) {
       out = fault;

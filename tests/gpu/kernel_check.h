@@ -46,14 +46,16 @@ class KernelTarget {
                              uint32_t num_pages) = 0;
   virtual std::string append_kv(const kernels::AppendArgs& a, uint32_t num_pages) = 0;
   virtual std::string copy_pages(const kernels::CopyPagesArgs& a, uint32_t num_pages) = 0;
+  virtual std::string convert_pages(const kernels::ConvertPagesArgs& a, uint32_t src_pages,
+                                    uint32_t dst_pages) = 0;
 };
 
 // A deliberate bug in the CPU stand-in, to show that the matrix fails when a kernel is wrong:
 // decode and extend read one token fewer of the longest context in each call, append writes
-// each token one slot later, copy writes each page one page later.
-enum class Fault : uint8_t { none, decode, extend, append, copy };
+// each token one slot later, copy and convert write each page one page later.
+enum class Fault : uint8_t { none, decode, extend, append, copy, convert };
 
-// Parses "none", "decode", "extend", "append", "copy"; false for anything else.
+// Parses "none", "decode", "extend", "append", "copy", "convert"; false for anything else.
 bool parse_fault(const std::string& text, Fault& out);
 
 // The CPU kernels as a target, over host memory. Decode runs the portable inner loops (the

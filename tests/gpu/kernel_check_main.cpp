@@ -2,7 +2,7 @@
 //
 //   kvpool_gpu_check --tests [--verbose]     the CUDA kernels against the CPU kernels
 //   kvpool_gpu_check --bench                 decode bandwidth next to device copy bandwidth
-//   kvpool_gpu_check --tests --stand-in cpu [--inject-fault decode|extend|append|copy]
+//   kvpool_gpu_check --tests --stand-in cpu [--inject-fault decode|extend|append|copy|convert]
 //                                            the same matrix with the CPU kernels standing in
 //                                            for the CUDA ones: no GPU needed (CI runs it)
 // tests/gpu/run.sh runs --tests and --bench as separate processes, each under its own timeout.
@@ -27,7 +27,7 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: kvpool_gpu_check [--tests] [--bench] [--verbose] [--dtype LIST] [--sample K]\n"
-    "                        [--stand-in cpu] [--inject-fault decode|extend|append|copy]\n"
+    "                        [--stand-in cpu] [--inject-fault decode|extend|append|copy|convert]\n"
     "                        [--version]\n"
     "  --tests          the kernel matrix: every kernel against the CPU kernels (default: both)\n"
     "  --dtype LIST     only these KV dtypes' cases (comma-separated: bf16,fp16,fp8_e4m3,int8)\n"

@@ -336,7 +336,7 @@ def _gpu_check_bin():
     return path
 
 
-@pytest.mark.parametrize("kernel", ["decode", "extend", "append", "copy"])
+@pytest.mark.parametrize("kernel", ["decode", "extend", "append", "copy", "convert"])
 def test_an_injected_off_by_one_fails_the_kernel_matrix(kernel):
     # A share of the matrix (KVPOOL_GPU_CHECK_SHARE, e.g. "--dtype fp16") shows the fault; the
     # whole matrix runs without one in gpu_check.cpu_stand_in.
