@@ -42,6 +42,14 @@ Result<std::unique_ptr<MixedSequence>> MixedSequence::create(
                    ": MixedSequence takes full and latent pools (a windowed pool's lookups leave "
                    "holes it does not age yet)");
   }
+  if (recent.base() == nullptr || older.base() == nullptr) {
+    return invalid("pool " + (recent.base() == nullptr ? recent : older).pool().pool_name +
+                   " is attached without a mapping: a conversion reads and writes the pages");
+  }
+  if (recent.device() != older.device()) {
+    return invalid("pools " + recent.pool().pool_name + " and " + older.pool().pool_name +
+                   " are not in the same memory (host or one GPU): a conversion runs on one");
+  }
   if (&recent_k.connection() != &recent || &older_k.connection() != &older) {
     return invalid(
         "recent_k and older_k must be the PoolKernels of the recent and older "
@@ -110,10 +118,15 @@ Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
     }
     pages_.insert(pages_.end(), fresh.value().begin(), fresh.value().end());
   }
-  // The prompt is usable whether or not its old blocks could move now: a failed aging leaves
-  // them in 16 bits, and the next publish_full() tries again.
-  (void)age();
-  return published_ * tpp_;
+  // Blocks the older pool has no room for stay in 16 bits (age() takes that as no failure); any
+  // other failure (the daemon gone, a conversion error) is the call's.
+  const uint32_t cached = published_ * tpp_;
+  auto aged = age();
+  if (!aged.ok()) {
+    (void)release();
+    return aged.error();
+  }
+  return cached;
 }
 
 Result<MixedSequence::Slot> MixedSequence::append(uint32_t token) {

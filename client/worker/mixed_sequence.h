@@ -8,8 +8,8 @@
 // kernels/paged_kv.h, MixedPrecision): entries [0, older_pages()) are pages of the older pool.
 //   begin(prompt)   looks the prompt's full blocks up in the older pool, then the rest of the chain
 //                   in the recent pool (a block converted by another worker is found in 8 bits,
-//                   the newer ones in 16), allocates recent pages for the rest, and ages (a
-//                   failed aging leaves blocks in 16 bits and does not fail begin);
+//                   the newer ones in 16), allocates recent pages for the rest, and ages
+//                   (blocks the older pool has no room for stay in 16 bits; no failure);
 //   append()        allocates in the recent pool as blocks fill;
 //   publish_full()  publishes the full blocks in the recent pool (adopting duplicates), then ages;
 //   age             every published block whose last token is recent_tokens or more behind the
@@ -19,8 +19,9 @@
 //                   written whole before it is published, so no reader ever sees it half
 //                   written), published there with their chain (KV events), and their recent
 //                   pages released: they stay cached in the recent pool until it evicts them.
-//                   Blocks the older pool cannot take now (no room, a quota) stay in 16 bits,
-//                   converted in halved batches, and are tried again at the next call;
+//                   Blocks the older pool cannot take now (no room, a quota) stay in 16 bits:
+//                   a batch it refuses is halved down to one block within the call, and the
+//                   next call starts again from the whole backlog;
 // Why the worker converts and not the daemon: the worker holds the page and its stream, and the
 // moment a block ages is a step of its own decode loop; the conversion is one kernel launch on
 // its stream (set_stream) between steps, with no copy job in the daemon (the round trips are the
@@ -55,7 +56,8 @@ class MixedSequence {
   };
 
   // The two pools must be of one shape (layers, KV heads, head_dim, tokens per page, kind), the
-  // recent one 16-bit and the older one 8-bit, of kind full or latent (a sliding or chunked
+  // recent one 16-bit and the older one 8-bit, both mapped in the same memory (host or one
+  // GPU), of kind full or latent (a sliding or chunked
   // pool's lookups leave holes before the window, which aging does not handle yet);
   // recent_tokens ≥ 1; recent_k and older_k the kernels of those two connections. The
   // connections, kernels and hasher must outlive the sequence. `root`: the recent pool's

@@ -176,8 +176,7 @@ std::string PoolKernels::convert_to(const PoolKernels& dst, std::span<const Page
   auto s = static_cast<cudaStream_t>(stream);
   if (2 * bytes > ids_bytes_) {
     if (ids_ != nullptr) {
-      cudaStreamSynchronize(s);  // work queued earlier may still read the old buffer
-      cudaFree(ids_);
+      cudaFree(ids_);  // every earlier call waited for its conversion: nothing reads it now
       ids_ = nullptr;
       ids_bytes_ = 0;
     }

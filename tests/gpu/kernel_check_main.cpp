@@ -31,7 +31,7 @@ constexpr const char* kUsage =
     "                        [--version]\n"
     "  --tests          the kernel matrix: every kernel against the CPU kernels (default: both)\n"
     "  --dtype LIST     only these KV dtypes' cases (comma-separated: bf16,fp16,fp8_e4m3,int8)\n"
-    "  --sample K       every K-th attention case only (append and copy always run)\n"
+    "  --sample K       every K-th attention case only (append, copy and convert always run)\n"
     "  --bench          the decode bandwidth table (GPU only)\n"
     "  --verbose        a line per comparison (otherwise only FAILED lines and the verdict)\n"
     "  --stand-in cpu   run the matrix with the CPU kernels standing in for the CUDA ones\n"

@@ -74,8 +74,18 @@ struct Pipe {
     if (::pipe(fd) != 0) std::abort();
   }
   ~Pipe() {
-    ::close(fd[0]);
-    ::close(fd[1]);
+    close_read();
+    close_write();
+  }
+  // A side that only reads (or only writes) closes the other end, so that wait() sees the end of
+  // the pipe (and returns false) once every writer is gone, instead of blocking forever.
+  void close_read() {
+    if (fd[0] >= 0) ::close(fd[0]);
+    fd[0] = -1;
+  }
+  void close_write() {
+    if (fd[1] >= 0) ::close(fd[1]);
+    fd[1] = -1;
   }
   void signal() const { (void)!::write(fd[1], "x", 1); }
   bool wait() const {

@@ -243,6 +243,7 @@ TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksN
   ASSERT_TRUE(d.start()) << d.log();
   Pipe converted, go_on;
   const pid_t child = spawn_worker([&] {
+    go_on.close_write();  // a test that dies makes go_on.wait() return
     Worker w(d, "converter");
     if (!w.ok()) return 10;
     auto s = w.sequence();
@@ -258,7 +259,8 @@ TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksN
     (void)s->publish_full();
     return 14;  // not reached
   });
-  ASSERT_TRUE(converted.wait());
+  converted.close_write();  // a worker that fails before its hook makes converted.wait() false
+  ASSERT_TRUE(converted.wait()) << "the converter exited with " << wait_worker(child);
   struct LetGo {  // whatever fails below, the converter is let go on (and dies)
     Pipe& p;
     ~LetGo() { p.signal(); }
@@ -287,7 +289,7 @@ TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksN
   go_on.signal();
   EXPECT_EQ(wait_worker(child), 128 + SIGKILL);
   // The daemon takes the dead session's pages back: none held, the fp8 index still without them.
-  for (int i = 0; i < 200 && in_use(*reader.older) != 0; ++i)
+  for (int i = 0; i < 200 && (in_use(*reader.older) != 0 || in_use(*reader.recent) != 0); ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(in_use(*reader.older), 0u);
   EXPECT_EQ(in_use(*reader.recent), 0u);
@@ -362,6 +364,7 @@ TEST(MixedPrecision, AConversionThatLosesTheRaceAdoptsTheWinnersPages) {
   const std::string slow_out = dir.file("slow");
   Pipe converted, go_on;
   const pid_t slow = spawn_worker([&] {
+    go_on.close_write();
     Worker w(d, "slow");
     if (!w.ok()) return 10;
     auto s = w.sequence();
@@ -379,7 +382,8 @@ TEST(MixedPrecision, AConversionThatLosesTheRaceAdoptsTheWinnersPages) {
     s.reset();
     return held(*w.older) == 0 && held(*w.recent) == 0 ? 0 : 16;  // its fp8 copies went back
   });
-  ASSERT_TRUE(converted.wait());
+  converted.close_write();
+  ASSERT_TRUE(converted.wait()) << "the slow worker exited with " << wait_worker(slow);
   // Whatever fails below, the slow worker is let go on (else it would wait forever).
   struct LetGo {
     Pipe& p;
@@ -438,6 +442,18 @@ TEST(MixedPrecision, BlocksTheOlderPoolCannotTakeStayInSixteenBits) {
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r.value(), 0u);
   EXPECT_EQ(s->older_pages(), 2u);
+  // A second sequence of the prompt finds blocks 0–1 in fp8 and 2–5 in bf16; its begin() cannot
+  // move 2–3 down (the fp8 pool's two pages are held) and still succeeds, with them in bf16.
+  Worker second(d, "second");
+  ASSERT_TRUE(second.ok());
+  auto s2 = second.sequence();
+  ASSERT_TRUE(s2);
+  auto cached = s2->begin(prompt());
+  ASSERT_TRUE(cached.ok()) << cached.error().message;
+  EXPECT_EQ(cached.value(), 96u);
+  EXPECT_EQ(s2->older_pages(), 2u);
+  EXPECT_EQ(s2->converted(), 0u);
+  s2.reset();
   s.reset();
   EXPECT_EQ(in_use(*w.older), 0u);
   EXPECT_EQ(in_use(*w.recent), 0u);
