@@ -64,6 +64,7 @@ void bind_vllm_hashing(py::module_& m);
 void bind_connection(py::module_& m);
 void bind_memory(py::module_& m);
 void bind_sequence_cache(py::module_& m);
+void bind_mixed_sequence(py::module_& m);
 void bind_events(py::module_& m);
 void bind_bench_hooks(py::module_& m);
 

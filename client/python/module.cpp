@@ -11,6 +11,7 @@ PYBIND11_MODULE(_kvpool, m) {
   kvpool::python::bind_connection(m);
   kvpool::python::bind_memory(m);
   kvpool::python::bind_sequence_cache(m);
+  kvpool::python::bind_mixed_sequence(m);
   kvpool::python::bind_events(m);
   kvpool::python::bind_bench_hooks(m);
 }
