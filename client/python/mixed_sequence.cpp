@@ -149,7 +149,7 @@ void bind_mixed_sequence(py::module_& m) {
           "Blocks this sequence converted to 8 bits.")
       .def_property_readonly(
           "adopted", [](const PyMixedSequence& s) { return s.get().adopted(); },
-          "Blocks it took from the 8-bit pool's index instead (another worker's conversion).");
+          "Blocks another worker had converted first, whose pages it took instead of its own.");
 }
 
 }  // namespace kvpool::python

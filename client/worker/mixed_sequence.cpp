@@ -141,25 +141,36 @@ Result<MixedSequence::Slot> MixedSequence::append(uint32_t token) {
   return Slot{pages_[pos / tpp_], pos % tpp_};
 }
 
+Result<Ok> MixedSequence::publish_blocks(Connection& conn, uint32_t first,
+                                         std::vector<PageId>& pages,
+                                         std::vector<PageId>& own_copies) {
+  std::vector<PublishItem> items(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i)
+    items[i] = {pages[i], hashes_[first + i]};
+  PublishChain chain;
+  if (first > 0) chain.parent = hashes_[first - 1];
+  chain.token_ids = std::span(tokens_).subspan(uint64_t{first} * tpp_, pages.size() * tpp_);
+  auto results = conn.publish(items, {}, chain);
+  if (!results.ok()) return results.error();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const PublishResult& r = results.value()[i];
+    if (r.kind == PublishResult::Kind::duplicate) {
+      own_copies.push_back(pages[i]);
+      pages[i] = r.page;  // retained for us by the daemon
+    }
+  }
+  return Ok{};
+}
+
 Result<uint32_t> MixedSequence::publish_full() {
   const uint32_t full = full_blocks();
   if (full > published_) {
-    std::vector<PublishItem> items;
-    for (uint32_t b = published_; b < full; ++b)
-      items.push_back({pages_[b], hashes_[b]});
-    PublishChain chain;
-    if (published_ > 0) chain.parent = hashes_[published_ - 1];
-    chain.token_ids = std::span(tokens_).subspan(uint64_t{published_} * tpp_, items.size() * tpp_);
-    auto results = recent_.publish(items, {}, chain);
-    if (!results.ok()) return results.error();
+    std::vector<PageId> pages(pages_.begin() + published_, pages_.begin() + full);
     std::vector<PageId> own_copies;
-    for (size_t i = 0; i < items.size(); ++i) {
-      const PublishResult& r = results.value()[i];
-      if (r.kind == PublishResult::Kind::duplicate) {
-        own_copies.push_back(pages_[published_ + i]);
-        pages_[published_ + i] = r.page;  // retained for us by the daemon
-      }
+    if (auto r = publish_blocks(recent_, published_, pages, own_copies); !r.ok()) {
+      return r.error();
     }
+    std::copy(pages.begin(), pages.end(), pages_.begin() + published_);
     published_ = full;
     if (auto rel = release_tail_first(recent_, std::move(own_copies)); !rel.ok()) {
       return rel.error();
@@ -172,17 +183,10 @@ Result<uint32_t> MixedSequence::age() {
   const uint32_t aged = tokens() > recent_tokens_ ? (tokens() - recent_tokens_) / tpp_ : 0;
   const uint32_t limit = std::min(aged, published_);
   if (limit <= older_) return 0u;
-  // Blocks another worker converted already: adopt its pages.
-  auto hits = older_conn_.lookup(std::span(hashes_).subspan(older_, limit - older_));
-  if (!hits.ok()) return hits.error();
-  std::vector<PageId> replaced;
-  for (const PageId p : hits.value()) {
-    replaced.push_back(pages_[older_]);
-    pages_[older_++] = p;
-    ++adopted_;
-  }
-  if (auto rel = release_tail_first(recent_, std::move(replaced)); !rel.ok()) return rel.error();
-  // The rest in batches: a batch the older pool cannot take now (no free pages, its capacity, a
+  // No lookup first: begin() took what the older pool held of the prompt, and a block another
+  // worker converted since is adopted from the publish's duplicate answer (convert_blocks), so
+  // the common case (nobody else converted it) costs no extra round trip per aging step.
+  // In batches: a batch the older pool cannot take now (no free pages, its capacity, a
   // quota) is halved, down to one block, and what is left stays in 16 bits until a later call.
   uint32_t converted = 0;
   uint32_t batch = limit - older_;
@@ -214,28 +218,13 @@ Result<uint32_t> MixedSequence::convert_blocks(uint32_t first, uint32_t n) {
                      std::string(dtype_name(older_conn_.pool().geometry.dtype)) + ": " + e};
   }
   if (after_convert_) after_convert_();
-  std::vector<PublishItem> items(n);
-  for (uint32_t i = 0; i < n; ++i)
-    items[i] = {dst[i], hashes_[first + i]};
-  PublishChain chain;
-  if (first > 0) chain.parent = hashes_[first - 1];
-  chain.token_ids = std::span(tokens_).subspan(uint64_t{first} * tpp_, uint64_t{n} * tpp_);
-  auto results = older_conn_.publish(items, {}, chain);
-  if (!results.ok()) {
-    (void)older_conn_.release(dst);
-    return results.error();
-  }
+  // Another worker's conversion that won the race is adopted: its page replaces ours.
   std::vector<PageId> own_copies;
-  uint32_t stored = 0;
-  for (uint32_t i = 0; i < n; ++i) {
-    const PublishResult& r = results.value()[i];
-    if (r.kind == PublishResult::Kind::duplicate) {
-      own_copies.push_back(dst[i]);  // another worker's conversion won: use its page
-      dst[i] = r.page;
-    } else {
-      ++stored;
-    }
+  if (auto r = publish_blocks(older_conn_, first, dst, own_copies); !r.ok()) {
+    (void)older_conn_.release(dst);
+    return r.error();
   }
+  const auto stored = static_cast<uint32_t>(n - own_copies.size());
   std::vector<PageId> recent_pages(src.begin(), src.end());
   std::copy(dst.begin(), dst.end(), pages_.begin() + first);
   older_ = first + n;

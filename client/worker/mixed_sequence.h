@@ -13,12 +13,13 @@
 //   append()        allocates in the recent pool as blocks fill;
 //   publish_full()  publishes the full blocks in the recent pool (adopting duplicates), then ages;
 //   age             every published block whose last token is recent_tokens or more behind the
-//                   head (blocks [0, (tokens − recent_tokens) / T)) moves to the older pool: a
-//                   block the older pool already holds is adopted from a lookup; the others are
-//                   converted (PoolKernels::convert_to: a fresh older page only this worker holds,
-//                   written whole before it is published, so no reader ever sees it half
-//                   written), published there with their chain (KV events), and their recent
-//                   pages released: they stay cached in the recent pool until it evicts them.
+//                   head (blocks [0, (tokens − recent_tokens) / T)) moves to the older pool: it
+//                   is converted (PoolKernels::convert_to: a fresh older page only this worker
+//                   holds, written whole before it is published, so no reader ever sees it half
+//                   written) and published there with its chain (KV events); a block another
+//                   worker published there first is adopted from the publish's answer (its page
+//                   replaces ours). The recent pages are released: they stay cached in the
+//                   recent pool until it evicts them.
 //                   Blocks the older pool cannot take now (no room, a quota) stay in 16 bits:
 //                   a batch it refuses is halved down to one block within the call, and the
 //                   next call starts again from the whole backlog;
@@ -83,7 +84,7 @@ class MixedSequence {
   uint32_t older_pages() const { return older_; }
   const std::vector<PageId>& block_table() const { return pages_; }
   const std::vector<BlockHash>& block_hashes() const { return hashes_; }
-  // Blocks converted to 8 bits by this sequence, and adopted from the older pool's index.
+  // Blocks converted to 8 bits by this sequence, and adopted from another worker's conversion.
   uint64_t converted() const { return converted_; }
   uint64_t adopted() const { return adopted_; }
   // The stream conversions run on (a cudaStream_t as void*; nullptr = the default stream; host
@@ -100,6 +101,11 @@ class MixedSequence {
   // Moves the published blocks older than recent_tokens into the older pool; returns how many
   // were converted.
   Result<uint32_t> age();
+  // Publishes `pages` as blocks [first, first + pages.size()) in `conn` with their chain (parent,
+  // tokens); a block already published there is answered with that page (retained for us): it
+  // replaces ours in `pages`, and ours goes to own_copies for the caller to release.
+  Result<Ok> publish_blocks(Connection& conn, uint32_t first, std::vector<PageId>& pages,
+                            std::vector<PageId>& own_copies);
   // Converts blocks [first, first + n) (published, in the recent pool) into fresh older pages
   // and publishes them there; the table then names the older pages.
   Result<uint32_t> convert_blocks(uint32_t first, uint32_t n);
