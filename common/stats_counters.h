@@ -77,7 +77,15 @@ namespace kvpool::stats {
   X(host_copy_failures, counter, pool, as_is, "kvpool_host_tier_copy_failures_total",              \
     "Copies between the pool and its host tier that failed (their blocks were dropped).")          \
   X(reserved, gauge, pool, as_is, "kvpool_reserved_pages",                                         \
-    "Block-table entries static reservations hold (their pages stay in use).")
+    "Block-table entries static reservations hold (their pages stay in use).")                     \
+  X(converted, counter, pool, as_is, "kvpool_evictions_converted_total",                           \
+    "Blocks the pool evicted that were converted into its 8-bit pool (convert_evictions_to).")     \
+  X(convert_duplicates, counter, pool, as_is, "kvpool_evictions_convert_duplicates_total",         \
+    "Blocks the pool evicted that its 8-bit pool already held (not converted again).")             \
+  X(convert_skipped, counter, pool, as_is, "kvpool_evictions_convert_skipped_total",               \
+    "Blocks the pool evicted that its 8-bit pool had no page for (lost).")                         \
+  X(convert_failures, counter, pool, as_is, "kvpool_evictions_convert_failures_total",             \
+    "Conversions into the pool's 8-bit pool that failed (their blocks were lost).")
 
 // The daemon's rows, in DaemonStats order.
 #define KVPOOL_DAEMON_COUNTERS(X)                                                            \
@@ -150,11 +158,11 @@ inline constexpr size_t kNumPoolCounters = std::size(kPoolCounters);
 inline constexpr size_t kNumDaemonCounters = std::size(kDaemonCounters);
 
 // A row more is a PoolStats field more: raise kLayoutVersion, then these figures.
-static_assert(kNumPoolCounters == 26 && sizeof(PoolStats) == 704 && kLayoutVersion == 6,
+static_assert(kNumPoolCounters == 30 && sizeof(PoolStats) == 752 && kLayoutVersion == 7,
               "the counter table and PoolStats changed: raise kLayoutVersion");
-static_assert(kPoolCounters[kNumPoolCounters - 1].name == "reserved",
+static_assert(kPoolCounters[kNumPoolCounters - 1].name == "convert_failures",
               "rows are appended at the end of the table");
-static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 6,
+static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 7,
               "the daemon table and DaemonStats changed: raise kLayoutVersion");
 static_assert(kDaemonCounters[kNumDaemonCounters - 1].name == "kv_batches_dropped",
               "rows are appended at the end of the table");

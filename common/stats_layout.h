@@ -35,7 +35,7 @@ namespace kvpool::stats {
 inline constexpr uint64_t kSegmentMagic = 0x3153544154534B56;  // bytes "VKSTATS1"
 // 3: PoolStats::layout, the KV-event batch counters; 4: the host tier's and elastic pools' words
 // in PoolStats; 5: the geometry's attention kind and window in PoolStats.
-inline constexpr uint32_t kLayoutVersion = 6;
+inline constexpr uint32_t kLayoutVersion = 7;
 inline constexpr uint32_t kMaxOps = 32;  // histograms indexed by opcode number 0..31
 inline constexpr uint32_t kLatencyBuckets = 24;
 inline constexpr uint32_t kFirstBucketLog2 = 8;  // bucket 0 ends at 256 ns
@@ -151,8 +151,17 @@ struct PoolStats {
   uint32_t window = 0;
   // Block-table entries static reservations hold (reserve). Layout version 6.
   uint64_t reserved = 0;
+  // Precision before eviction (convert_evictions_to; daemon/pool/eviction_converter.h; zeros
+  // without). Layout version 7.
+  uint32_t convert_into = 0;  // the 8-bit pool's index among the pools + 1; 0 = none
+  uint32_t convert_unused = 0;
+  uint64_t converted = 0;           // evicted blocks converted into it
+  uint64_t convert_duplicates = 0;  // evicted blocks it held already
+  uint64_t convert_skipped = 0;     // evicted blocks lost: no page of it to be had
+  uint64_t convert_failures = 0;    // conversions that failed
+  uint64_t convert_ns = 0;          // time spent converting, in all
 };
-static_assert(sizeof(PoolStats) == 704);
+static_assert(sizeof(PoolStats) == 752);
 
 // A decoded snapshot.
 struct Snapshot {

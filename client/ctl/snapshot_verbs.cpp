@@ -55,6 +55,51 @@ std::string latency_json(const stats::OpLatency (&service)[stats::kMaxOps],
   return out + "}";
 }
 
+// The pool an index of PoolStats::convert_into names (null: none, or not in the snapshot).
+const stats::PoolStats* convert_target(const stats::Snapshot& s, const stats::PoolStats& p) {
+  return p.convert_into == 0 || p.convert_into > s.pools.size() ? nullptr
+                                                                : &s.pools[p.convert_into - 1];
+}
+
+// Precision before eviction, as JSON: null, or where the pool's evictions go and their counts.
+std::string convert_json(const stats::Snapshot& s, const stats::PoolStats& p) {
+  const stats::PoolStats* t = convert_target(s, p);
+  if (t == nullptr) return "null";
+  const auto u = [](uint64_t v) { return std::to_string(v); };
+  return "{\"into\":\"" +
+         json_escape(std::string(s.pool_name(static_cast<size_t>(t - s.pools.data())))) +
+         "\",\"dtype\":\"" + dtype_text(t->dtype) + "\",\"converted\":" + u(p.converted) +
+         ",\"duplicates\":" + u(p.convert_duplicates) + ",\"skipped\":" + u(p.convert_skipped) +
+         ",\"failures\":" + u(p.convert_failures) + ",\"into_pages\":{\"in_use\":" + u(t->in_use) +
+         ",\"cached\":" + u(t->cached) + "}}";
+}
+
+// Pages per precision: this pool's and those of the pool its evictions are converted into, or
+// of the pools converting into this one.
+void print_precision(const stats::Snapshot& s, const stats::PoolStats& p, bool raw) {
+  if (const stats::PoolStats* t = convert_target(s, p)) {
+    const std::string into(s.pool_name(static_cast<size_t>(t - s.pools.data())));
+    std::printf(
+        "  precision evictions converted into %s (%s): %s converted, %s held there "
+        "already, %s lost (no page), %s failed; there %s in use, %s cached\n",
+        display_text(into).c_str(), dtype_text(t->dtype).c_str(),
+        count_text(p.converted, raw).c_str(), count_text(p.convert_duplicates, raw).c_str(),
+        count_text(p.convert_skipped, raw).c_str(), count_text(p.convert_failures, raw).c_str(),
+        count_text(t->in_use, raw).c_str(), count_text(t->cached, raw).c_str());
+  }
+  for (size_t i = 0; i < s.pools.size(); ++i) {
+    const stats::PoolStats& from = s.pools[i];
+    if (convert_target(s, from) != &p) continue;
+    std::printf(
+        "  precision holds the evictions of %s (%s) in %s: %s converted so far; %s's "
+        "pages %s in use, %s cached\n",
+        display_text(std::string(s.pool_name(i))).c_str(), dtype_text(from.dtype).c_str(),
+        dtype_text(p.dtype).c_str(), count_text(from.converted, raw).c_str(),
+        display_text(std::string(s.pool_name(i))).c_str(), count_text(from.in_use, raw).c_str(),
+        count_text(from.cached, raw).c_str());
+  }
+}
+
 }  // namespace
 
 int status_verb(const Globals& g) {
@@ -85,7 +130,7 @@ int status_verb(const Globals& g) {
         "\"pinned_cached\":%u,\"sessions\":%u,\"pool_sessions\":%u,\"host_tier\":{\"pages\":%u,"
         "\"held\":%u,\"bytes\":%llu,\"demoted\":%llu,\"promoted\":%llu,\"dropped\":%llu},"
         "\"elastic\":{\"min_pages\":%u,\"max_pages\":%u,\"grows\":%llu,\"shrinks\":%llu,"
-        "\"epoch\":%u,\"history\":[%s]}}\n",
+        "\"epoch\":%u,\"history\":[%s]},\"convert_evictions\":%s}\n",
         kSchema, json_escape(g.socket).c_str(), source_name(f),
         static_cast<unsigned long long>(s.daemon.pid),
         static_cast<double>(s.daemon.uptime_ms) / 1e3, json_escape(name).c_str(),
@@ -100,7 +145,7 @@ int status_verb(const Globals& g) {
         static_cast<unsigned long long>(p.host_promoted),
         static_cast<unsigned long long>(p.host_dropped), p.min_pages, p.max_pages,
         static_cast<unsigned long long>(p.grows), static_cast<unsigned long long>(p.shrinks),
-        p.epoch, history.c_str());
+        p.epoch, history.c_str(), convert_json(s, p).c_str());
     return 0;
   }
   auto pct = [&](uint32_t n) { return p.total ? 100.0 * n / p.total : 0.0; };
@@ -156,6 +201,7 @@ int status_verb(const Globals& g) {
                 count_text(p.host_promoted, g.raw).c_str(),
                 count_text(p.host_dropped, g.raw).c_str());
   }
+  print_precision(s, p, g.raw);
   std::printf("  sessions  %u worker(s)\n", s.daemon.sessions);
   return 0;
 }

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <set>
 #include <span>
 #include <utility>
 
@@ -26,6 +27,7 @@
 #include "daemon/config/listen_address.h"
 #include "daemon/core/eviction_policy.h"
 #include "daemon/core/types.h"
+#include "kernels/paged_kv.h"
 
 namespace kvpool::daemon {
 
@@ -103,13 +105,17 @@ class Parser : private NodeReader {
       auto lf = fields(*v, kLoggingKeys);
       if (auto* level = find(lf, "level")) config.log_level = get_choice(*level, kLogLevels);
     }
-    if (auto* v = find(f, "pools")) parse_pools(*v, config);
+    // (pool index, its convert_evictions_to key), checked once pools and tenants are known.
+    std::vector<std::pair<size_t, Value>> conversions;
+    if (auto* v = find(f, "pools")) parse_pools(*v, config, conversions);
     if (auto* v = find(f, "memory_budget")) check_budget(*v, config);
     if (auto* v = find(f, "tenants")) parse_tenants(*v, config);
     if (auto* v = find(f, "default_tenant")) {
       config.default_tenant = get_string(*v);
       check_default_tenant(*v, config);
     }
+    for (const auto& [index, key] : conversions)
+      check_conversion(key, config, config.pools[index]);
     if (auto* v = find(f, "admin_group")) config.admin_group = get_string(*v);
     if (auto* v = find(f, "metrics")) parse_metrics(*v, config);
     if (auto* v = find(f, "events")) parse_events(*v, config);
@@ -249,7 +255,8 @@ class Parser : private NodeReader {
     }
   }
 
-  void parse_pools(const Value& v, Config& config) const {
+  void parse_pools(const Value& v, Config& config,
+                   std::vector<std::pair<size_t, Value>>& conversions) const {
     const std::vector<Value> list = items(v);
     if (list.empty()) fail(v, "must list at least one pool");
     config.pools.clear();
@@ -281,6 +288,11 @@ class Parser : private NodeReader {
       if (auto* h = find(f, "host_tier")) {
         pool.host_tier = parse_pool_capacity(*h, pool.geometry);
         pool.host_tier_at.text = location(*h);
+      }
+      if (auto* c = find(f, "convert_evictions_to")) {
+        pool.convert_evictions_to = get_name(*c);
+        pool.convert_at.text = location(*c);
+        conversions.emplace_back(config.pools.size(), *c);
       }
       if (auto* m = find(f, "max_capacity")) {
         pool.max_capacity = parse_pool_capacity(*m, pool.geometry);
@@ -338,6 +350,9 @@ class Parser : private NodeReader {
     const auto refuse = [&](std::string_view key, const std::string& why) {
       if (const Value* k = find(f, key)) fail(*k, why);
     };
+    refuse("convert_evictions_to",
+           "a hybrid model's groups evict together (a block serves no hit without every "
+           "group's page); converting one group's evictions is not supported");
     refuse("max_capacity",
            "a pool with groups is sized by its capacity, which its groups share (each grows "
            "into it by segments); drop max_capacity");
@@ -599,6 +614,71 @@ class Parser : private NodeReader {
                 "; tenants sharing a pool can read and overwrite each other's pages, so this "
                 "needs share_between_tenants: true on pool " +
                 quoted(pool) + " (pools[" + std::to_string(pc - config.pools.begin()) + "])");
+  }
+
+  // Precision before eviction: `pool`'s evictions become pages of the named 8-bit pool, which
+  // must hold the same blocks (same shape, 16 → 8 bits), keep them itself (no chain, no conversion
+  // of a model group) and show them to no tenant that cannot read `pool` already.
+  void check_conversion(const Value& v, const Config& config, const PoolConfig& pool) const {
+    const std::string& target = pool.convert_evictions_to;
+    const auto it = std::find_if(config.pools.begin(), config.pools.end(),
+                                 [&](const PoolConfig& p) { return p.name == target; });
+    if (it == config.pools.end()) fail(v, "no pool is named " + quoted(target));
+    const PoolConfig& to = *it;
+    const std::string to_at =
+        "pool " + quoted(target) + " (pools[" + std::to_string(it - config.pools.begin()) + "])";
+    if (to.name == pool.name) fail(v, "names this pool itself");
+    if (dtype_is_quantized(pool.geometry.dtype)) {
+      fail(v, "this pool's dtype is " + std::string(dtype_name(pool.geometry.dtype)) +
+                  ": only a 16-bit pool (fp16, bf16) converts its evictions to 8 bits");
+    }
+    if (!dtype_is_quantized(to.geometry.dtype)) {
+      fail(v, to_at + " has dtype " + std::string(dtype_name(to.geometry.dtype)) +
+                  ": the target holds 8-bit pages (fp8_e4m3 or int8)");
+    }
+    if (!to.model.empty()) fail(v, to_at + " is a group of hybrid model " + quoted(to.model));
+    if (!kernels::same_shape(pool.geometry, to.geometry)) {
+      fail(v, to_at +
+                  " has another shape: layers, kv_heads, head_dim, tokens_per_page, kind "
+                  "and window must match this pool's (only dtype and layout may differ)");
+    }
+    if (!to.convert_evictions_to.empty()) {
+      fail(v, to_at + " converts its own evictions (to " + quoted(to.convert_evictions_to) +
+                  "); conversions do not chain");
+    }
+    if (pool.host_tier) {
+      fail(v,
+           "this pool also has a host_tier; its evictions go to one place: give the host "
+           "tier to " +
+               to_at + " (16-bit pool → 8-bit pool → host)");
+    }
+    if (to.hash_scheme != pool.hash_scheme) {
+      fail(v,
+           to_at + " names blocks with " + to.hash_scheme + ", this pool with " + pool.hash_scheme);
+    }
+    const std::set<std::string> readers = pool_tenants(config, pool.name);
+    for (const std::string& t : pool_tenants(config, to.name)) {
+      if (readers.count(t) == 0) {
+        fail(v, "tenant " + quoted(t) + " may use " + to_at +
+                    " but not this pool: converted "
+                    "pages would show it this pool's blocks");
+      }
+    }
+  }
+
+  // The tenants that may attach to the pool named `name`: the entries listing it, else the
+  // implicit default tenant (a default_tenant no entry is named after), if any.
+  static std::set<std::string> pool_tenants(const Config& config, const std::string& name) {
+    std::set<std::string> out;
+    bool default_is_entry = false;
+    for (const TenantConfig& t : config.tenants) {
+      if (std::find(t.pools.begin(), t.pools.end(), name) != t.pools.end()) out.insert(t.name);
+      default_is_entry = default_is_entry || t.name == config.default_tenant;
+    }
+    if (out.empty() && !default_is_entry && !config.default_tenant.empty()) {
+      out.insert(config.default_tenant);
+    }
+    return out;
   }
 
   // Operations, metrics and events ----------------------------------------------------------

@@ -22,7 +22,7 @@
 //                 geometry: { layers, kv_heads, head_dim, tokens_per_page: INT,
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8,
 //                             kind: full | sliding | chunked | latent, window: INT },
-//                 host_tier: "8000 pages" | SIZE | "10%",
+//                 host_tier: "8000 pages" | SIZE | "10%", convert_evictions_to: POOL,
 //                 max_capacity: "4096 pages" | SIZE, min_capacity: "512 pages" | SIZE,
 //                 segment_size: SIZE, grow_ahead: BOOL,     (the last four: elastic pools)
 //                 groups: [ { name: STR, layers, kv_heads, head_dim: INT,
@@ -98,6 +98,12 @@ struct PoolConfig {
   // are demoted into it and lookups promote them back. Pages or bytes (whole pages of the pool's
   // geometry), or a fraction of MemAvailable; none = no tier. Fixed until a restart.
   std::optional<Capacity> host_tier{};
+  // Precision before eviction (docs/ARCHITECTURE.md, "Mixed precision"): the pool's cached pages
+  // that it evicts are converted into this 8-bit pool of the same shape under the same hashes
+  // instead of being lost. Empty: none. Checked by the parser (the pool exists, 16 → 8 bits,
+  // same shape, no chain, no host_tier here, its tenants among this pool's). Fixed until a
+  // restart.
+  std::string convert_evictions_to{};
   // Elastic pools (docs/ARCHITECTURE.md, "Elastic pools"): with max_capacity the pool starts at
   // `capacity` and grows by segments of segment_size when it runs out of free pages, while the
   // daemon's memory_budget has room or another pool can give a segment back, down to its own
@@ -124,6 +130,7 @@ struct PoolConfig {
   const std::string& tenancy_name() const { return model.empty() ? name : model; }
   KeyLocation capacity_at{};      // the capacity key, or the pool's entry when it has none
   KeyLocation host_tier_at{};     // the host_tier key, when given
+  KeyLocation convert_at{};       // the convert_evictions_to key, when given
   KeyLocation max_capacity_at{};  // the max_capacity key, when given
   KeyLocation segment_size_at{};  // the segment_size key, when given
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;

@@ -93,6 +93,7 @@ constexpr std::array kTable = {
     RESTART("pools[].geometry.window", "pools", KEEP_POOL(geometry.window)),
     RESTART("pools[].layout", "pools", KEEP_POOL(layout)),
     RESTART("pools[].host_tier", "pools", KEEP_POOL(host_tier)),
+    RESTART("pools[].convert_evictions_to", "pools", KEEP_POOL(convert_evictions_to)),
     RESTART("pools[].max_capacity", "pools", KEEP_POOL(max_capacity)),
     RESTART("pools[].min_capacity", "pools", KEEP_POOL(min_capacity)),
     RESTART("pools[].segment_size", "pools", KEEP_POOL(segment_size)),

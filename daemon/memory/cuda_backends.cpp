@@ -47,6 +47,10 @@ class IpcMemory final : public PoolMemory {
   std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) override {
     return copier_->copy(args, num_pages);
   }
+  std::string convert_pages(const kernels::ConvertPagesArgs& args, uint32_t src_num_pages,
+                            uint32_t dst_num_pages) override {
+    return copier_->convert(args, src_num_pages, dst_num_pages);
+  }
 
   void* ptr_ = nullptr;
   std::vector<wire::SegmentInfo> segments_;

@@ -6,6 +6,7 @@
 
 #include "common/device/cuda_device.h"
 #include "daemon/memory/page_copier.h"
+#include "kernels/cpu/kernels_cpu.h"
 #include "kernels/cuda/kernels_cuda.h"
 
 namespace kvpool::daemon {
@@ -55,6 +56,31 @@ class CudaCopier final : public PageCopier {
     if (!err.empty()) return err;
     if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess)
       return device::cuda_error_text("copy-pages", e);
+    return "";
+  }
+
+  std::string convert(const kernels::ConvertPagesArgs& args, uint32_t src_num_pages,
+                      uint32_t dst_num_pages) override {
+    // The ids are checked here, on the host: the kernel trusts them.
+    if (std::string err = kernels::cpu::check_convert_pages(args, src_num_pages, dst_num_pages);
+        !err.empty()) {
+      return err;
+    }
+    if (args.num_pairs == 0) return "";
+    if (args.num_pairs > wire::kMaxBatch) return "convert: more pairs than kMaxBatch";
+    cudaSetDevice(device_);
+    const size_t list = size_t{args.num_pairs} * sizeof(PageId);
+    std::memcpy(host_, args.src_pages, list);
+    std::memcpy(host_ + args.num_pairs, args.dst_pages, list);
+    cudaError_t e = cudaMemcpyAsync(dev_, host_, 2 * list, cudaMemcpyHostToDevice, stream_);
+    if (e != cudaSuccess) return device::cuda_error_text("cudaMemcpyAsync of the page lists", e);
+    kernels::ConvertPagesArgs d = args;
+    d.src_pages = dev_;
+    d.dst_pages = dev_ + args.num_pairs;
+    std::string err = kernels::cuda::convert_pages(d, stream_);
+    if (!err.empty()) return err;
+    if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess)
+      return device::cuda_error_text("convert-pages", e);
     return "";
   }
 

@@ -7,7 +7,7 @@
 namespace kvpool::daemon {
 
 uint64_t TierCopy::bytes() const {
-  uint64_t n = 0;
+  uint64_t n = convert_bytes;
   for (const ByteRun& r : runs)
     n += r.bytes;
   return n;

@@ -36,6 +36,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "daemon/core/host_tier.h"
@@ -54,7 +55,8 @@ struct HostTierCopyStats {
 };
 
 // One batch of copies between a pool's tiers (see above): demotions, then at most one
-// promotion's, as planned on the event loop.
+// promotion's, as planned on the event loop; or, for a pool that converts its evictions into an
+// 8-bit pool instead (daemon/pool/eviction_converter.h), that batch's conversions.
 struct TierCopy {
   std::vector<core::TierMover::Move> demoted;   // page → slot
   std::vector<core::TierMover::Move> promoted;  // slot → page
@@ -62,12 +64,19 @@ struct TierCopy {
   size_t demote_runs = 0;
   std::vector<PageId> held;  // evicted pages the tier's owner holds until the copy is done
   uint64_t failures_at_plan = 0;
+  // Conversions: evicted page convert_src[i] → 8-bit page convert_dst[i], to be published there
+  // under convert_keys[i] (namespace, hash); `convert` points into the two id lists.
+  std::vector<PageId> convert_src, convert_dst;
+  std::vector<std::pair<Namespace, BlockHash>> convert_keys;
+  kernels::ConvertPagesArgs convert{};
+  uint32_t convert_src_pages = 0, convert_dst_pages = 0;  // the pools' page counts at the plan
+  uint64_t convert_bytes = 0;                             // the source pages' bytes
   // Set by run().
-  std::string demote_error, promote_error;
-  uint64_t demote_ns = 0, promote_ns = 0;
+  std::string demote_error, promote_error, convert_error;
+  uint64_t demote_ns = 0, promote_ns = 0, convert_ns = 0;
 
   uint64_t bytes() const;
-  bool empty() const { return runs.empty() && held.empty(); }
+  bool empty() const { return runs.empty() && held.empty() && convert_src.empty(); }
 };
 
 class PoolHostTier {

@@ -107,6 +107,11 @@ class PoolMemory {
   // on the daemon's own stream and waits for the copy; `args.kv` is filled in by the caller from
   // base(). Returns "" or the error text.
   virtual std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) = 0;
+  // Re-encodes whole pages of `args.src` (this memory) into pages of `args.dst` (another pool's
+  // memory on the same device, usually 8-bit) with the convert-pages kernel, on the same stream,
+  // and waits; the ids are host arrays, bounded by src_num_pages / dst_num_pages. "" or the error.
+  virtual std::string convert_pages(const kernels::ConvertPagesArgs& args, uint32_t src_num_pages,
+                                    uint32_t dst_num_pages) = 0;
 
   // Elastic pools (see above); a fixed pool answers false, its bytes, and refuses to resize.
   virtual bool elastic() const { return false; }

@@ -11,6 +11,10 @@ class HostCopier final : public PageCopier {
   std::string copy(const kernels::CopyPagesArgs& args, uint32_t num_pages) override {
     return kernels::cpu::copy_pages(args, num_pages);
   }
+  std::string convert(const kernels::ConvertPagesArgs& args, uint32_t src_num_pages,
+                      uint32_t dst_num_pages) override {
+    return kernels::cpu::convert_pages(args, src_num_pages, dst_num_pages);
+  }
 };
 
 }  // namespace

@@ -26,6 +26,10 @@ class VmmMemory final : public PoolMemory {
   std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) override {
     return copier_->copy(args, num_pages);
   }
+  std::string convert_pages(const kernels::ConvertPagesArgs& args, uint32_t src_num_pages,
+                            uint32_t dst_num_pages) override {
+    return copier_->convert(args, src_num_pages, dst_num_pages);
+  }
 
   std::vector<wire::SegmentInfo> segments_;
   std::vector<int> fds_;  // exported, one per segment
@@ -55,6 +59,10 @@ class ElasticVmmMemory final : public PoolMemory {
   const std::vector<int>& fds() const override { return fds_; }
   std::string copy_pages(const kernels::CopyPagesArgs& args, uint32_t num_pages) override {
     return copier_->copy(args, num_pages);
+  }
+  std::string convert_pages(const kernels::ConvertPagesArgs& args, uint32_t src_num_pages,
+                            uint32_t dst_num_pages) override {
+    return copier_->convert(args, src_num_pages, dst_num_pages);
   }
   bool elastic() const override { return true; }
   uint64_t reserved_bytes() const override { return mapping_->bytes(); }

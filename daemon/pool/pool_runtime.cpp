@@ -9,6 +9,7 @@
 #include "daemon/core/check.h"
 #include "daemon/pool/pool_set.h"
 #include "daemon/telemetry/log.h"
+#include "kernels/cpu/kernels_cpu.h"
 #include "kernels/pool_view.h"
 
 namespace kvpool::daemon {
@@ -169,6 +170,41 @@ wire::Result<bool> PoolRuntime::attach_host_tier() {
   return true;
 }
 
+wire::Result<bool> PoolRuntime::attach_converter() {
+  const PoolConfig& pc = config_;
+  if (pc.convert_evictions_to.empty()) return true;
+  PoolRuntime* to = set_.find(pc.convert_evictions_to);
+  const auto refuse = [&](const std::string& why) {
+    return error(Errc::invalid_argument, "pool " + pc.name + ": convert_evictions_to " +
+                                             pc.convert_evictions_to + ": " + why);
+  };
+  // The parser refuses these; a config made in code is held to them here.
+  if (to == nullptr || to == this) return refuse("no other pool has that name");
+  if (host_tier_ != nullptr) return refuse("this pool has a host tier");
+  if (to->converter_ != nullptr) return refuse("that pool converts its own evictions");
+  if (!dtype_is_quantized(to->info().geometry.dtype)) return refuse("that pool is not 8-bit");
+  if (to->info().device != info_.device) {
+    return refuse("the pools lie in different memory (device " + std::to_string(info_.device) +
+                  " and " + std::to_string(to->info().device) + ")");
+  }
+  kernels::ConvertPagesArgs probe;
+  probe.src = paged_kv();
+  probe.dst = to->paged_kv();
+  if (std::string why =
+          kernels::cpu::check_convert_pages(probe, pages_->num_pages(), to->pages().num_pages());
+      !why.empty()) {
+    return refuse(why);
+  }
+  core::IndexObserver* next = group_evictions_
+                                  ? static_cast<core::IndexObserver*>(group_evictions_.get())
+                                  : index_events_.get();
+  converter_ = std::make_unique<EvictionConverter>(*this, *to, next);
+  log_event(LogLevel::info, "eviction_converter_ready",
+            {kv("pool", pc.name), kv("into", to->name()),
+             kv("dtype", std::string(dtype_name(to->info().geometry.dtype)))});
+  return true;
+}
+
 bool PoolRuntime::holds_block(Namespace ns, const BlockHash& hash) const {
   return pages_->find(ns, hash) != kNoPage ||
          (host_tier_ && host_tier_->tier().find(ns, hash) != core::kNoSlot);
@@ -232,19 +268,29 @@ uint32_t PoolRuntime::finish_promotion(TierCopy& tier, core::OwnerId owner, Name
 
 void PoolRuntime::plan_demotions(TierCopy& tier) {
   if (host_tier_) host_tier_->plan_demote(paged_kv(), tier);
+  if (converter_) converter_->plan(tier);
+}
+
+void PoolRuntime::demote_now() {
+  KVPOOL_CHECK(copies_in_flight_ == 0 || host_tier_ == nullptr);
+  if (host_tier_) host_tier_->demote(paged_kv());
 }
 
 void PoolRuntime::run_tier(TierCopy& tier) {
-  host_tier_->run(tier);
+  if (host_tier_) host_tier_->run(tier);
+  if (converter_) converter_->run(tier);
 }
 
 void PoolRuntime::finish_demotions(TierCopy& tier) {
-  host_tier_->finish_demote(tier);
+  if (host_tier_) host_tier_->finish_demote(tier);
+  if (converter_) converter_->finish(tier);
 }
 
 uint32_t PoolRuntime::evict(uint32_t count, TierCopy& tier) {
-  // With a host tier the pages go down first, held until their bytes are there.
-  return host_tier_ ? host_tier_->plan_evict(paged_kv(), count, tier) : pages_->evict(count);
+  // With a host tier or a converter the pages go down first, held until their bytes are there.
+  if (host_tier_) return host_tier_->plan_evict(paged_kv(), count, tier);
+  if (converter_) return converter_->plan_evict(count, tier);
+  return pages_->evict(count);
 }
 
 std::pair<uint32_t, uint32_t> PoolRuntime::flush() {
@@ -325,6 +371,15 @@ void PoolRuntime::fill_stats(stats::PoolStats& p) const {
     p.host_demote_ns = c.demote_ns;
     p.host_promote_ns = c.promote_ns;
     p.host_copy_failures = c.copy_failures;
+  }
+  if (converter_) {
+    const ConvertStats& c = converter_->stats();
+    p.convert_into = converter_->target().index() + 1u;
+    p.converted = c.converted;
+    p.convert_duplicates = c.duplicates;
+    p.convert_skipped = c.skipped;
+    p.convert_failures = c.failures;
+    p.convert_ns = c.ns;
   }
   p.total = ps.total;
   p.free = ps.free;

@@ -9,7 +9,8 @@
 //   - a lookup that misses on the device plans the promotion of the run that follows from the
 //     host tier (plan_promotion()), finished by finish_promotion();
 //   - after any call, plan_demotions() gathers the pages the call evicted, so that their bytes
-//     go down before a reply lets a worker overwrite them; evict() does so for an operator.
+//     go down (to the host tier, or converted into the pool's 8-bit pool: EvictionConverter)
+//     before a reply lets a worker overwrite them; evict() does so for an operator.
 // A TierCopy planned here runs where the caller decides (run_tier(), on the loop or off it) and
 // is finished here (finish_demotions(), finish_promotion()).
 //
@@ -44,6 +45,7 @@
 #include "daemon/core/page_pool.h"
 #include "daemon/memory/host_tier_store.h"
 #include "daemon/memory/memory_backend.h"
+#include "daemon/pool/eviction_converter.h"
 #include "daemon/telemetry/events.h"
 #include "daemon/telemetry/index_events.h"
 #include "daemon/telemetry/kv_event_encoder.h"
@@ -110,6 +112,9 @@ class PoolRuntime {
       const PoolConfig& pc, MemoryBackend& backend, uint64_t max_segment_bytes, uint16_t index,
       PoolSet& set, EventLog& events, const EventsConfig& events_config);
   wire::Result<bool> attach_host_tier();
+  // Precision before eviction: once every pool exists, the pool named by convert_evictions_to
+  // gets this pool's evictions (EvictionConverter). Refused when the two cannot convert.
+  wire::Result<bool> attach_converter();
 
   const PoolConfig& config() const { return config_; }
   const std::string& name() const { return config_.name; }
@@ -122,6 +127,9 @@ class PoolRuntime {
   PrefixStats& prefix_stats() { return *prefix_stats_; }
   const PrefixStats& prefix_stats() const { return *prefix_stats_; }
   bool has_host_tier() const { return host_tier_ != nullptr; }
+  // Whether evicted pages go somewhere (host tier or conversion): the Service plans after calls.
+  bool has_lower_tier() const { return host_tier_ != nullptr || converter_ != nullptr; }
+  const EvictionConverter* converter() const { return converter_.get(); }
   // Whether the pool holds (ns, hash) in its device index or its host tier.
   bool holds_block(Namespace ns, const BlockHash& hash) const;
   // Whether the host tier holds (ns, hash) and a promotion could read it now (no job of the
@@ -163,6 +171,9 @@ class PoolRuntime {
   // The pages this pool evicted since the last call, to copy down before the reply (nothing
   // without a host tier).
   void plan_demotions(TierCopy& tier);
+  // This pool's evictions go down to its host tier now, on the loop (a converter into this pool
+  // evicted them; it writes the pages next). Precondition: no job of this pool in flight.
+  void demote_now();
   // The copies of a plan (any thread, one job of the pool at a time) and their end (the loop).
   void run_tier(TierCopy& tier);
   void finish_demotions(TierCopy& tier);
@@ -234,6 +245,7 @@ class PoolRuntime {
   std::unique_ptr<PoolIndexEvents> index_events_;
   std::unique_ptr<GroupEvictions> group_evictions_;  // full groups of hybrid models only
   std::unique_ptr<PoolHostTier> host_tier_;
+  std::unique_ptr<EvictionConverter> converter_;  // after pages_: gone before them
   uint32_t copies_in_flight_ = 0;
   ElasticState elastic_;
 };

@@ -234,6 +234,9 @@ wire::Result<bool> PoolRuntime::shrink_last(LooseSegment* loose) {
     }
   }
   if (host_tier_) host_tier_->demote(tail);
+  // The tail is unmapped next, and a shrink may be the 8-bit pool's own growth: its evictions
+  // are not converted.
+  if (converter_) converter_->drop_pending();
   auto r = memory_->shrink_segment(loose);
   KVPOOL_CHECK(r.ok());  // the core refused nothing, and more than one pages segment is mapped
   resized(false);

@@ -164,7 +164,7 @@ bool Service::run_tier_copies(SessionState& s, uint32_t request_id, wire::Opcode
                               uint64_t started_ns, wire::Result<wire::Reply>& reply,
                               std::unique_ptr<CopyJob>* deferred) {
   PoolRuntime& pool = *s.pool;
-  if (!pool.has_host_tier()) return false;
+  if (!pool.has_lower_tier()) return false;
   pool.plan_demotions(call_tier_);
   if (call_tier_.empty()) return false;
   auto finish = [&pool, reply = std::move(reply),

@@ -50,6 +50,16 @@ pools:
     groups:
       - {name: local, layers: 5, kv_heads: 3, head_dim: 24, kind: sliding, window: 48}
       - {name: global}
+  - name: c
+    convert_evictions_to: d
+    capacity: 4 pages
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: bf16}
+  - name: d
+    capacity: 8 pages
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp8_e4m3}
+  - name: e
+    capacity: 8 pages
+    geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: int8}
 tenants:
   - {name: t, uids: [1000], gids: [1000], pools: []}
 default_tenant: default
@@ -107,6 +117,7 @@ const std::map<std::string, std::pair<std::string, std::string>> kSamples = {
     {"pools[].geometry.window", {"window: 64}", "window: 32}"}},
     {"pools[].layout", {"layout: page_major", "layout: page_major\n    # layout"}},
     {"pools[].host_tier", {"host_tier: 32 pages", "host_tier: 16 pages"}},
+    {"pools[].convert_evictions_to", {"convert_evictions_to: d", "convert_evictions_to: e"}},
     {"pools[].max_capacity", {"max_capacity: 128 pages", "max_capacity: 256 pages"}},
     {"pools[].min_capacity", {"min_capacity: 32 pages", "min_capacity: 48 pages"}},
     {"pools[].segment_size", {"segment_size: 4KiB", "segment_size: 8KiB"}},

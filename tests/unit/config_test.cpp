@@ -1122,5 +1122,65 @@ TEST(ConfigErrorTest, PoolAttentionKindAndWindow) {
                "at least 1");
 }
 
+// Two pools of one shape, lines 1-7, for precision before eviction: `recent` (line 2) names its
+// evictions' pool on line 4 (`into`) and has `dtype16`; `older` has `dtype8` and `more` after it.
+std::string converting(std::string_view into, std::string_view dtype16 = "bf16",
+                       std::string_view dtype8 = "fp8_e4m3", std::string_view more = "") {
+  return std::string("pools:\n  - name: recent\n    capacity: 8 pages\n") +
+         "    convert_evictions_to: " + std::string(into) +
+         "\n    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: " +
+         std::string(dtype16) +
+         "}\n  - name: older\n    capacity: 16 pages\n"
+         "    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: " +
+         std::string(dtype8) + "}\n" + std::string(more);
+}
+
+TEST(ConfigTest, ConvertEvictionsTo) {
+  const Config c = parse_ok(converting("older", "bf16", "fp8_e4m3", "    layout: layer_major\n"));
+  EXPECT_EQ(c.pools.at(0).convert_evictions_to, "older");
+  EXPECT_EQ(c.pools.at(0).convert_at.text.empty(), false);
+  EXPECT_EQ(c.pools.at(1).convert_evictions_to, "");
+  // fp16 into int8; the 8-bit pool may keep a host tier.
+  const Config i8 = parse_ok(converting("older", "fp16", "int8", "    host_tier: 32 pages\n"));
+  EXPECT_EQ(i8.pools.at(0).convert_evictions_to, "older");
+}
+
+TEST(ConfigErrorTest, ConvertEvictionsToNamesTheKeyAndTheCause) {
+  const std::string key = "pools[0].convert_evictions_to";
+  expect_error(converting("nowhere"), 4, key, "no pool is named \"nowhere\"");
+  expect_error(converting("recent"), 4, key, "names this pool itself");
+  // The precisions: 16 bits down to 8, never the other way.
+  expect_error(converting("older", "fp8_e4m3", "fp8_e4m3"), 4, key,
+               "this pool's dtype is fp8_e4m3: only a 16-bit pool");
+  expect_error(converting("older", "bf16", "fp16"), 4, key,
+               "pool \"older\" (pools[1]) has dtype fp16: the target holds 8-bit pages");
+  std::string wider = converting("older");
+  wider.replace(wider.rfind("head_dim: 64"), 12, "head_dim: 128");
+  expect_error(wider, 4, key, "has another shape");
+  std::string sliding = converting("older");
+  sliding.replace(sliding.rfind("dtype: fp8_e4m3"), 15,
+                  "dtype: fp8_e4m3, kind: sliding, window: 64");
+  expect_error(sliding, 4, key, "has another shape");
+  expect_error(converting("older", "bf16", "fp8_e4m3", "    convert_evictions_to: recent\n"), 4,
+               key, "converts its own evictions (to \"recent\"); conversions do not chain");
+  std::string both = converting("older");
+  both.insert(both.find("    convert_evictions_to"), "    host_tier: 8 pages\n");
+  expect_error(both, 5, key, "this pool also has a host_tier");
+  expect_error(converting("older", "bf16", "fp8_e4m3", "    hash_scheme: vllm-sha256-cbor/1\n"), 4,
+               key, "names blocks with vllm-sha256-cbor/1");
+  // A tenant that may read the 8-bit pool but not this one would see this pool's blocks there.
+  expect_error(converting("older", "bf16", "fp8_e4m3",
+                          "tenants:\n  - name: a\n    pools: [recent]\n"
+                          "  - name: b\n    pools: [older]\n"),
+               4, key, "tenant \"b\" may use pool \"older\" (pools[1]) but not this pool");
+  parse_ok(converting("older", "bf16", "fp8_e4m3",
+                      "tenants:\n  - name: a\n    pools: [recent, older]\n"));
+  // A hybrid model's groups evict together.
+  expect_error(std::string(kPools) +
+                   "      dtype: bf16\n    convert_evictions_to: b\n"
+                   "    groups:\n      - {name: g, kind: sliding, window: 64}\n",
+               10, "pools[0].convert_evictions_to", "a hybrid model's groups evict together");
+}
+
 }  // namespace
 }  // namespace kvpool::daemon
