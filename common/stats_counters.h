@@ -85,7 +85,9 @@ namespace kvpool::stats {
   X(convert_skipped, counter, pool, as_is, "kvpool_evictions_convert_skipped_total",               \
     "Blocks the pool evicted that its 8-bit pool had no page for (lost).")                         \
   X(convert_failures, counter, pool, as_is, "kvpool_evictions_convert_failures_total",             \
-    "Conversions into the pool's 8-bit pool that failed (their blocks were lost).")
+    "Conversions between the pool and its 8-bit pool that failed (their blocks were not served).") \
+  X(converted_back, counter, pool, as_is, "kvpool_evictions_converted_back_total",                 \
+    "Blocks lookups found in the pool's 8-bit pool and got converted back into the pool.")
 
 // The daemon's rows, in DaemonStats order.
 #define KVPOOL_DAEMON_COUNTERS(X)                                                            \
@@ -158,9 +160,9 @@ inline constexpr size_t kNumPoolCounters = std::size(kPoolCounters);
 inline constexpr size_t kNumDaemonCounters = std::size(kDaemonCounters);
 
 // A row more is a PoolStats field more: raise kLayoutVersion, then these figures.
-static_assert(kNumPoolCounters == 30 && sizeof(PoolStats) == 752 && kLayoutVersion == 7,
+static_assert(kNumPoolCounters == 31 && sizeof(PoolStats) == 760 && kLayoutVersion == 7,
               "the counter table and PoolStats changed: raise kLayoutVersion");
-static_assert(kPoolCounters[kNumPoolCounters - 1].name == "convert_failures",
+static_assert(kPoolCounters[kNumPoolCounters - 1].name == "converted_back",
               "rows are appended at the end of the table");
 static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 7,
               "the daemon table and DaemonStats changed: raise kLayoutVersion");

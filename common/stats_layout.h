@@ -160,8 +160,9 @@ struct PoolStats {
   uint64_t convert_skipped = 0;     // evicted blocks lost: no page of it to be had
   uint64_t convert_failures = 0;    // conversions that failed
   uint64_t convert_ns = 0;          // time spent converting, in all
+  uint64_t converted_back = 0;      // blocks lookups found there, converted back into the pool
 };
-static_assert(sizeof(PoolStats) == 752);
+static_assert(sizeof(PoolStats) == 760);
 
 // A decoded snapshot.
 struct Snapshot {

@@ -254,7 +254,11 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   res.release = summarize(shares, kRelease);
   res.lookup = summarize(shares, kLookup);
   const auto after = probe.value()->stats();
-  if (after.ok()) res.replay.evicted_pages = after.value().counter("evicted");
+  if (after.ok()) {
+    res.replay.evicted_pages = after.value().counter("evicted");
+    res.converted_pages = after.value().counter("converted");
+    res.converted_back_pages = after.value().counter("converted_back");
+  }
   ::munmap(mem, share_bytes);
   if (!all_ok) throw std::runtime_error("a replay worker failed: " + errors);
 

@@ -35,6 +35,11 @@ struct DaemonReplayResult {
   uint32_t workers = 0;
   bool ordered = true;
   LatencySummary alloc, release, lookup;  // round trips as the workers saw them
+  // A pool that converts its evictions into an 8-bit pool (convert_evictions_to): its counters
+  // after the replay (lookups then find blocks there too, so the hit rate is no longer the
+  // in-process replay's).
+  uint64_t converted_pages = 0;
+  uint64_t converted_back_pages = 0;
 };
 
 struct DaemonReplayOptions {

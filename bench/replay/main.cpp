@@ -118,12 +118,15 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
         "\"requests_per_second\":%.1f,\"alloc_p50_us\":%.2f,\"alloc_p99_us\":%.2f,"
         "\"release_p50_us\":%.2f,\"release_p99_us\":%.2f,\"lookup_p50_us\":%.2f,"
         "\"lookup_p99_us\":%.2f,\"pingpong_alloc_p50_us\":%.2f,"
-        "\"pingpong_release_p50_us\":%.2f,\"pingpong_lookup_p50_us\":%.2f}\n",
+        "\"pingpong_release_p50_us\":%.2f,\"pingpong_lookup_p50_us\":%.2f,"
+        "\"converted_pages\":%llu,\"converted_back_pages\":%llu}\n",
         ordered ? "true" : "false", workers, d.replay.capacity_blocks, d.replay.capacity_pages,
         d.replay.hit_rate(), p.hit_rate(), static_cast<unsigned long long>(d.replay.requests),
         static_cast<unsigned long long>(trace.total_blocks), d.replay.seconds, rps, d.alloc.p50_us,
         d.alloc.p99_us, d.release.p50_us, d.release.p99_us, d.lookup.p50_us, d.lookup.p99_us,
-        d.alloc.baseline_p50_us, d.release.baseline_p50_us, d.lookup.baseline_p50_us);
+        d.alloc.baseline_p50_us, d.release.baseline_p50_us, d.lookup.baseline_p50_us,
+        static_cast<unsigned long long>(d.converted_pages),
+        static_cast<unsigned long long>(d.converted_back_pages));
   } else {
     std::printf("replay through kvpoold at %s: %u worker processes, %s\n", socket.c_str(), workers,
                 ordered ? "in trace order" : "concurrent");
@@ -132,6 +135,13 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
                 d.replay.policy.c_str());
     std::printf("  hit rate %.4f through the daemon, %.4f in process%s\n", d.replay.hit_rate(),
                 p.hit_rate(), d.replay.hit_pages == p.hit_pages ? " (equal)" : " (differs)");
+    if (d.converted_pages != 0) {
+      std::printf(
+          "  the pool converted %llu evictions into its 8-bit pool; lookups converted %llu "
+          "blocks back from there (the in-process replay has no such tier)\n",
+          static_cast<unsigned long long>(d.converted_pages),
+          static_cast<unsigned long long>(d.converted_back_pages));
+    }
     std::printf("  %llu requests in %.3f s: %.0f requests/s (in process: %.0f requests/s)\n",
                 static_cast<unsigned long long>(d.replay.requests), d.replay.seconds, rps,
                 double(p.requests) / p.seconds);
@@ -143,7 +153,8 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
     print_latency("release", d.release);
     print_latency("lookup", d.lookup);
   }
-  return ordered && d.replay.hit_pages != p.hit_pages ? 1 : 0;
+  // In trace order the hit rates must be equal, but for a pool with an 8-bit tier below it.
+  return ordered && d.converted_pages == 0 && d.replay.hit_pages != p.hit_pages ? 1 : 0;
 }
 
 int run(int argc, char** argv) {

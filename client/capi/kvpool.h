@@ -141,10 +141,13 @@ int kvpool_release(kvpool_conn* c, const kvpool_page_id* pages, size_t n);
 #define KVPOOL_NO_PAGE 0xFFFFFFFFu
 int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_page_id* out,
                   uint32_t* hits);
-/* The same, and tiers[i] (room for n) says which tier served hit i: KVPOOL_TIER_DEVICE, or
- * KVPOOL_TIER_HOST for a block the daemon promoted from the pool's host tier into out[i]. */
+/* The same, and tiers[i] (room for n) says which tier served hit i: KVPOOL_TIER_DEVICE,
+ * KVPOOL_TIER_HOST for a block the daemon promoted from the pool's host tier into out[i], or
+ * KVPOOL_TIER_CONVERTED for one it converted back into out[i] from the 8-bit pool the pool's
+ * evictions go to (convert_evictions_to; its values carry 8-bit precision). */
 #define KVPOOL_TIER_DEVICE 0
 #define KVPOOL_TIER_HOST 1
+#define KVPOOL_TIER_CONVERTED 2
 #define KVPOOL_TIER_NONE 255 /* a KVPOOL_NO_PAGE entry */
 int kvpool_lookup_with_tiers(kvpool_conn* c, const kvpool_hash* chain, size_t n,
                              kvpool_page_id* out, uint8_t* tiers, uint32_t* hits);

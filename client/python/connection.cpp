@@ -213,16 +213,19 @@ void bind_connection(py::module_& m) {
                 c.call([&](client::Connection& k) { return k.lookup_with_tiers(chain, h); });
             py::list tiers;
             for (const uint8_t t : r.tiers)
-              tiers.append(t == wire::kTierHost   ? "host"
-                           : t == wire::kTierNone ? "none"
-                                                  : "device");
+              tiers.append(t == wire::kTierHost        ? "host"
+                           : t == wire::kTierConverted ? "converted"
+                           : t == wire::kTierNone      ? "none"
+                                                       : "device");
             return py::make_tuple(to_list(r.pages), tiers);
           },
           py::arg("chain"), py::kw_only(), py::arg("priority") = py::none(),
           py::arg("pin_ttl_ms") = 0,
           "As lookup, and which tier served each hit: (pages, tiers), a tier being \"device\", "
-          "\"host\" (a block the daemon promoted from the pool's host tier into the page) or "
-          "\"none\" (a None page: a block before a sliding window's hit).")
+          "\"host\" (a block the daemon promoted from the pool's host tier into the page), "
+          "\"converted\" (a block the daemon converted back from the 8-bit pool the pool's "
+          "evictions go to, convert_evictions_to: 8-bit precision) or \"none\" (a None page: "
+          "a block before a sliding window's hit).")
       .def(
           "lookup_groups",
           [](PyConnection& c, const std::vector<BlockHash>& chain, const py::object& priority,

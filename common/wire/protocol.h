@@ -60,8 +60,9 @@
 //   alloc    u32 n, n × u32 page
 //   retain   (empty)
 //   release  (empty)
-//   lookup   u32 hits, hits × u32 page, hits × u8 tier (kTierDevice, kTierHost: which tier
-//            served the block; a host-tier hit was promoted into the page before this reply)
+//   lookup   u32 hits, hits × u32 page, hits × u8 tier (kTierDevice, kTierHost, kTierConverted:
+//            which tier served the block; a host-tier hit was promoted into the page, and an
+//            8-bit pool's hit converted back into it, before this reply)
 //   publish  u32 n, n × (u8 kind, u32 page)
 //   stats    u32 total, u32 free, u32 in_use, u32 cached, u32 sessions,
 //            u32 session_held_pages, u32 n, n × u64 the pool counter table's values, u32 m, m × u64
@@ -429,13 +430,16 @@ struct ReleaseReply {
 // Where a lookup hit was found (LookupReply::tiers).
 inline constexpr uint8_t kTierDevice = 0;  // the pool itself
 inline constexpr uint8_t kTierHost = 1;    // the pool's host tier, promoted for this lookup
+// The 8-bit pool the pool converts its evictions into (convert_evictions_to), converted back
+// into a page of the pool for this lookup: its values carry the 8-bit pool's precision.
+inline constexpr uint8_t kTierConverted = 2;
 // No page: a block before the window a sliding or chunked pool's hit needs, which the caller
 // does not read (PagePool::lookup_window); its page is kNoPage.
 inline constexpr uint8_t kTierNone = 0xFF;
 
 struct LookupReply {
   std::vector<PageId> pages;   // the hits, in chain order (kNoPage: not needed, kTierNone)
-  std::vector<uint8_t> tiers;  // one per hit: kTierDevice or kTierHost
+  std::vector<uint8_t> tiers;  // one per hit: kTierDevice, kTierHost or kTierConverted
   friend bool operator==(const LookupReply&, const LookupReply&) = default;
 };
 struct PublishReply {

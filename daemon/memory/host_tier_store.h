@@ -69,14 +69,20 @@ struct TierCopy {
   std::vector<PageId> convert_src, convert_dst;
   std::vector<std::pair<Namespace, BlockHash>> convert_keys;
   kernels::ConvertPagesArgs convert{};
-  uint32_t convert_src_pages = 0, convert_dst_pages = 0;  // the pools' page counts at the plan
-  uint64_t convert_bytes = 0;                             // the source pages' bytes
+  // A lookup's run found in the 8-bit pool: its pages there (held by the converter) converted
+  // back into new pages of the pool (held by the caller); `convert_back` points into the lists.
+  std::vector<PageId> back_src, back_dst;
+  kernels::ConvertPagesArgs convert_back{};
+  uint32_t pages16 = 0, pages8 = 0;  // the two pools' page counts at the plan (id bounds)
+  uint64_t convert_bytes = 0;        // both directions' 16-bit pages' bytes
   // Set by run().
-  std::string demote_error, promote_error, convert_error;
+  std::string demote_error, promote_error, convert_error, convert_back_error;
   uint64_t demote_ns = 0, promote_ns = 0, convert_ns = 0;
 
   uint64_t bytes() const;
-  bool empty() const { return runs.empty() && held.empty() && convert_src.empty(); }
+  bool empty() const {
+    return runs.empty() && held.empty() && convert_src.empty() && back_src.empty();
+  }
 };
 
 class PoolHostTier {

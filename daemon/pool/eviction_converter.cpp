@@ -39,8 +39,6 @@ void EvictionConverter::drop_pending() {
 
 void EvictionConverter::plan(TierCopy& c) {
   if (pending_.empty()) return;
-  // One conversion batch per call: the Service plans after every call that may evict.
-  KVPOOL_CHECK(c.convert_src.empty());
   std::vector<Eviction> todo;
   todo.reserve(pending_.size());
   for (const Eviction& e : pending_) {
@@ -52,39 +50,69 @@ void EvictionConverter::plan(TierCopy& c) {
   }
   pending_.clear();
   if (todo.empty()) return;
-  // The target's host tier takes what our allocation evicts there at once, on the loop; with
+  // The 8-bit pool's host tier takes what our allocation evicts there at once, on the loop; with
   // one of its jobs in flight that copy could race it (one tier job per pool at a time), so the
   // batch is lost as plain evictions would be.
   if (to_.has_host_tier() && to_.copies_in_flight() != 0) {
     stats_.skipped += todo.size();
     return;
   }
-  // Evictions come coldest first: when the target cannot take them all, the warmest are kept.
+  // Evictions come coldest first: when the 8-bit pool cannot take them all, the warmest are kept.
   size_t n = todo.size();
   std::vector<PageId> dst(n);
-  core::PagePool& target = to_.pages();
-  while (n > 0 && !target.alloc(to_owner_, std::span<PageId>(dst.data(), n)).ok())
+  while (n > 0 && !to_.pages().alloc(to_owner_, std::span<PageId>(dst.data(), n)).ok())
     n /= 2;
   stats_.skipped += todo.size() - n;
   if (n == 0) return;
   to_.demote_now();
-  const size_t first = todo.size() - n;
-  c.convert_src.reserve(n);
-  c.convert_keys.reserve(n);
-  for (size_t i = first; i < todo.size(); ++i) {
+  for (size_t i = todo.size() - n, k = 0; i < todo.size(); ++i, ++k) {
     c.convert_src.push_back(todo[i].page);
+    c.convert_dst.push_back(dst[k]);
     c.convert_keys.emplace_back(todo[i].ns, todo[i].hash);
   }
-  dst.resize(n);
-  c.convert_dst = std::move(dst);
-  c.convert.src = from_.paged_kv();
-  c.convert.dst = to_.paged_kv();
-  c.convert.num_pairs = static_cast<uint32_t>(n);
-  c.convert.src_pages = c.convert_src.data();
-  c.convert.dst_pages = c.convert_dst.data();
-  c.convert_src_pages = from_.pages().num_pages();
-  c.convert_dst_pages = target.num_pages();
-  c.convert_bytes = n * page_data_bytes(from_.info().geometry);
+  describe(c);
+}
+
+bool EvictionConverter::plan_back(core::OwnerId owner, Namespace ns,
+                                  std::span<const BlockHash> missing, uint32_t max,
+                                  const core::CallHints& hints, TierCopy& c) {
+  KVPOOL_CHECK(c.back_src.empty());  // one lookup per call
+  const auto want = static_cast<uint32_t>(std::min<size_t>(missing.size(), max));
+  if (want == 0) return false;
+  // The 8-bit pool's run, retained so that nothing evicts it while it is read.
+  std::vector<PageId> found(want);
+  uint32_t hits = 0;
+  if (!to_.pages().lookup(to_owner_, ns, missing.first(want), found, hits).ok() || hits == 0) {
+    return false;
+  }
+  // As many 16-bit pages for the caller, fewer when the pool cannot give that many now.
+  std::vector<PageId> pages(hits);
+  uint32_t n = hits;
+  while (n > 0 && !from_.pages().alloc(owner, std::span<PageId>(pages.data(), n), hints).ok())
+    n /= 2;
+  if (n < hits) {
+    KVPOOL_CHECK(to_.pages().release(to_owner_, std::span(found).subspan(n, hits - n)).ok());
+  }
+  if (n == 0) return false;
+  // The allocation's evictions go down before these pages are written.
+  plan(c);
+  c.back_src.assign(found.begin(), found.begin() + n);
+  c.back_dst.assign(pages.begin(), pages.begin() + n);
+  describe(c);
+  return true;
+}
+
+void EvictionConverter::describe(TierCopy& c) const {
+  const kernels::PagedKv kv16 = from_.paged_kv();
+  const kernels::PagedKv kv8 = to_.paged_kv();
+  c.convert = {kv16, kv8, static_cast<uint32_t>(c.convert_src.size()), c.convert_src.data(),
+               c.convert_dst.data()};
+  c.convert_back = {kv8, kv16, static_cast<uint32_t>(c.back_src.size()), c.back_src.data(),
+                    c.back_dst.data()};
+  c.pages16 = from_.pages().num_pages();
+  c.pages8 = to_.pages().num_pages();
+  c.convert_bytes =
+      (c.convert_src.size() + c.back_src.size()) * page_data_bytes(from_.info().geometry);
 }
 
 uint32_t EvictionConverter::plan_evict(uint32_t n, TierCopy& c) {
@@ -94,17 +122,23 @@ uint32_t EvictionConverter::plan_evict(uint32_t n, TierCopy& c) {
 }
 
 void EvictionConverter::run(TierCopy& c) const {
-  if (c.convert_src.empty()) return;
+  if (c.convert_src.empty() && c.back_src.empty()) return;
   const uint64_t t0 = LatencyRecorder::now_ns();
-  c.convert_error =
-      from_.memory().convert_pages(c.convert, c.convert_src_pages, c.convert_dst_pages);
+  // Down first: a page converted back into may be one this call evicted.
+  PoolMemory& memory = from_.memory();
+  if (!c.convert_src.empty())
+    c.convert_error = memory.convert_pages(c.convert, c.pages16, c.pages8);
+  if (!c.back_src.empty()) {
+    c.convert_back_error = memory.convert_pages(c.convert_back, c.pages8, c.pages16);
+  }
   c.convert_ns = LatencyRecorder::now_ns() - t0;
 }
 
 void EvictionConverter::finish(TierCopy& c) {
-  core::PagePool& target = to_.pages();
+  core::PagePool& older = to_.pages();
+  stats_.ns += c.convert_ns;
+  c.convert_ns = 0;
   if (!c.convert_dst.empty()) {
-    stats_.ns += c.convert_ns;
     std::vector<PageId> release = c.convert_dst;
     if (!c.convert_error.empty()) {
       ++stats_.failures;
@@ -112,13 +146,12 @@ void EvictionConverter::finish(TierCopy& c) {
                 {kv("pool", from_.name()), kv("into", to_.name()),
                  kv("blocks", c.convert_dst.size()), kv("error", c.convert_error)});
     } else {
-      // One publish per namespace, in eviction order; duplicates keep the target's page.
+      // Namespaces differ from block to block: one publish each; duplicates keep their page.
       PublishResult result;
       for (size_t i = 0; i < c.convert_dst.size(); ++i) {
         const auto& [ns, hash] = c.convert_keys[i];
         const PublishItem item{c.convert_dst[i], hash};
-        KVPOOL_CHECK(
-            target.publish(to_owner_, ns, std::span(&item, 1), std::span(&result, 1)).ok());
+        KVPOOL_CHECK(older.publish(to_owner_, ns, std::span(&item, 1), std::span(&result, 1)).ok());
         if (result.kind == PublishResult::Kind::duplicate) {
           ++stats_.duplicates;
           release.push_back(result.page);
@@ -128,13 +161,55 @@ void EvictionConverter::finish(TierCopy& c) {
       }
     }
     // Published pages become CACHED, the others FREE.
-    KVPOOL_CHECK(target.release(to_owner_, release).ok());
+    KVPOOL_CHECK(older.release(to_owner_, release).ok());
   }
   if (!c.held.empty()) KVPOOL_CHECK(from_.pages().release(from_owner_, c.held).ok());
   c.convert_dst.clear();
   c.convert_src.clear();
   c.convert_keys.clear();
   c.held.clear();
+}
+
+uint32_t EvictionConverter::finish_back(TierCopy& c, core::OwnerId owner, Namespace ns,
+                                        std::span<const BlockHash> chain, std::span<PageId> out) {
+  finish(c);
+  const auto n = static_cast<uint32_t>(c.back_dst.size());
+  if (n == 0) return 0;
+  core::PagePool& pool = from_.pages();
+  uint32_t served = 0;
+  if (!c.convert_back_error.empty()) {
+    ++stats_.failures;
+    log_event(LogLevel::error, "eviction_convert_failed",
+              {kv("pool", to_.name()), kv("into", from_.name()), kv("blocks", n),
+               kv("error", c.convert_back_error)});
+    // Never published: the pages go back FREE.
+    KVPOOL_CHECK(pool.release(owner, c.back_dst).ok());
+  } else {
+    std::vector<PublishItem> items(n);
+    for (uint32_t i = 0; i < n; ++i)
+      items[i] = {c.back_dst[i], chain[i]};
+    std::vector<PublishResult> results(n);
+    KVPOOL_CHECK(pool.publish(owner, ns, items, results).ok());
+    std::vector<PageId> spare;
+    for (uint32_t i = 0; i < n; ++i) {
+      // A hash the pool gained meanwhile: that page is retained for the owner, ours goes.
+      out[i] = results[i].page;
+      if (results[i].kind == PublishResult::Kind::duplicate) spare.push_back(c.back_dst[i]);
+    }
+    if (!spare.empty()) KVPOOL_CHECK(pool.release(owner, spare).ok());
+    stats_.back += n;
+    served = n;
+  }
+  KVPOOL_CHECK(to_.pages().release(to_owner_, c.back_src).ok());
+  // Exclusive tiers: a block back in 16 bits leaves the 8-bit pool (unless someone else holds
+  // it there), so that the pools hold about the sum of their pages in blocks; its next eviction
+  // converts it again. Kept in both, the blocks a lookup brings back, the hottest, would take
+  // 8-bit pages twice (measured: bench/RESULTS.md, "Precision before eviction").
+  for (uint32_t i = 0; i < served; ++i)
+    (void)to_.pages().drop_cached(ns, chain[i]);
+  c.back_src.clear();
+  c.back_dst.clear();
+  return served;
 }
 
 }  // namespace kvpool::daemon

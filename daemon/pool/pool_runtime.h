@@ -159,12 +159,15 @@ class PoolRuntime {
   // have grown by; or, rarely, refused after a growth fell short of what admission counted on.
   Status alloc(core::OwnerId owner, std::span<PageId> out, const core::CallHints& hints,
                uint64_t* growable, bool* admitted);
-  // After a lookup's device hits: when the host tier holds the run at the start of `missing`
-  // (the chain past the hits), that run's promotion is planned into `tier` (its pages allocated,
-  // at most `max_new_pages` the caller does not hold yet) and true returned; the caller runs the
-  // copies and then calls finish_promotion with `missing` and the reply's pages past the hits.
+  // After a lookup's device hits: when the host tier (or the 8-bit pool this pool converts its
+  // evictions into) holds the run at the start of `missing` (the chain past the hits), that
+  // run's promotion is planned into `tier` (its pages allocated, at most `max_new_pages` the
+  // caller does not hold yet) and true returned; the caller runs the copies and then calls
+  // finish_promotion with `missing` and the reply's pages past the hits. promotion_tier() is
+  // what the reply calls such hits.
   bool plan_promotion(core::OwnerId owner, Namespace ns, std::span<const BlockHash> missing,
                       uint32_t max_new_pages, const core::CallHints& hints, TierCopy& tier);
+  uint8_t promotion_tier() const { return converter_ ? wire::kTierConverted : wire::kTierHost; }
   // The promoted pages, published now (0 when the copy failed).
   uint32_t finish_promotion(TierCopy& tier, core::OwnerId owner, Namespace ns,
                             std::span<const BlockHash> chain, std::span<PageId> out);

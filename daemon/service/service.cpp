@@ -330,7 +330,7 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
                        TierCopy& c) mutable -> wire::Result<wire::Reply> {
       const uint32_t promoted =
           s.pool->finish_promotion(c, s.owner, ns, chain, std::span(l.pages).subspan(hits));
-      l.tiers.resize(hits + promoted, wire::kTierHost);
+      l.tiers.resize(hits + promoted, s.pool->promotion_tier());
       if (promoted != 0) access_.refresh_held(s);
       return lookup_reply(s, std::move(l), hits + promoted);
     };

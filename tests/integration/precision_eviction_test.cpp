@@ -4,7 +4,9 @@
 // the convert-pages kernel makes of the bf16 bytes the writer published (both layouts, on the
 // event loop and on the copy thread). A full 8-bit pool makes room by its own policy (its host
 // tier, when it has one, takes those pages down), or keeps what it can and counts the rest lost;
-// a block the 8-bit pool holds already is not converted again. kill -9 of a worker whose call is
+// a block the 8-bit pool holds already is not converted again. A lookup of the bf16 pool that
+// misses continues in the fp8 pool: its run comes back converted (tier kTierConverted) and leaves
+// the fp8 pool. kill -9 of a worker whose call is
 // converting leaves no page held. kvpoolctl status shows where the evictions went.
 #include <signal.h>
 #include <unistd.h>
@@ -132,6 +134,32 @@ Expected expected_fp8(const Connection& recent, const Connection& older, uint64_
   return e;
 }
 
+// What converting that fp8 page back makes of it, in local memory shaped as `recent`.
+std::vector<std::byte> expected_back(const Connection& recent, const Connection& older,
+                                     uint64_t id) {
+  const Expected e = expected_fp8(recent, older, id);
+  kernels::PagedKv dst = PoolKernels(recent).paged_kv();
+  std::vector<std::byte> data(page_data_bytes(dst.geometry) + dst.page_stride);
+  dst.base = data.data();
+  dst.num_pages = 1;
+  const PageId zero = 0;
+  kernels::ConvertPagesArgs a{e.kv, dst, 1, &zero, &zero};
+  EXPECT_EQ(kernels::cpu::convert_pages(a, 1, 1), "");
+  std::vector<std::byte> want;
+  for_each_data_byte(dst, 0, [&](std::byte* b, uint64_t) { want.push_back(*b); });
+  return want;
+}
+
+// Bytes of `recent`'s page p that differ from block `id` converted to fp8 and back.
+uint64_t wrong_back_bytes(const Connection& recent, const Connection& older, PageId p,
+                          uint64_t id) {
+  const std::vector<std::byte> want = expected_back(recent, older, id);
+  uint64_t wrong = 0;
+  for_each_data_byte(PoolKernels(recent).paged_kv(), p,
+                     [&](std::byte* b, uint64_t at) { wrong += *b != want[at]; });
+  return wrong;
+}
+
 // Bytes and scales of `older`'s page p that differ from the conversion of block `id`.
 uint64_t wrong_bytes(const Connection& recent, const Connection& older, PageId p, uint64_t id) {
   const Expected e = expected_fp8(recent, older, id);
@@ -172,21 +200,18 @@ TEST_P(PrecisionEviction, EvictedBlocksAreFoundInEightBits) {
   auto recent = attach(d, "reader16", "recent");
   auto older = attach(d, "reader8", "older");
   ASSERT_TRUE(recent && older);
-  auto gone = recent->lookup(chain(0, 4));
-  ASSERT_TRUE(gone.ok());
-  EXPECT_TRUE(gone.value().empty()) << "blocks 0..3 were evicted from the bf16 pool";
   auto found = older->lookup(chain(0, 4));
   ASSERT_TRUE(found.ok()) << found.error().message;
   ASSERT_EQ(found.value().size(), 4u);
   for (uint64_t i = 0; i < 4; ++i)
     EXPECT_EQ(wrong_bytes(*recent, *older, found.value()[i], i), 0u) << "block " << i;
   // Blocks 4..7 are still bf16 only.
-  auto hot = recent->lookup(chain(4, 4));
-  ASSERT_TRUE(hot.ok());
-  EXPECT_EQ(hot.value().size(), 4u);
   auto not8 = older->lookup(chain(4, 1));
   ASSERT_TRUE(not8.ok());
   EXPECT_TRUE(not8.value().empty());
+  auto hot = recent->lookup(chain(4, 4));
+  ASSERT_TRUE(hot.ok());
+  EXPECT_EQ(hot.value().size(), 4u);
 
   const stats::PoolStats p16 = pool_stats(*recent, 0);
   const stats::PoolStats p8 = pool_stats(*recent, 1);
@@ -199,6 +224,35 @@ TEST_P(PrecisionEviction, EvictedBlocksAreFoundInEightBits) {
   ASSERT_TRUE(older->release(found.value()).ok());
   ASSERT_TRUE(recent->release(hot.value()).ok());
   EXPECT_EQ(pool_stats(*recent, 1).cached, 4u);
+
+  // A lookup of the bf16 pool continues its chain in the fp8 pool: blocks 0..3 come back into
+  // bf16 pages (tier converted), whose allocation pushed 4..7 down first.
+  auto back = recent->lookup_with_tiers(chain(0, 4));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  ASSERT_EQ(back.value().pages.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(back.value().tiers[i], wire::kTierConverted) << "block " << i;
+    EXPECT_EQ(wrong_back_bytes(*recent, *older, back.value().pages[i], i), 0u) << "block " << i;
+  }
+  auto again = recent->lookup_with_tiers(chain(0, 4));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value().pages, back.value().pages);
+  EXPECT_EQ(again.value().tiers, std::vector<uint8_t>(4, wire::kTierDevice));
+  // The tiers are exclusive: blocks 0..3 left the fp8 pool when they came back.
+  auto left = older->lookup(chain(0, 1));
+  ASSERT_TRUE(left.ok());
+  EXPECT_TRUE(left.value().empty());
+  auto down = older->lookup(chain(4, 4));
+  ASSERT_TRUE(down.ok());
+  ASSERT_EQ(down.value().size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i)
+    EXPECT_EQ(wrong_bytes(*recent, *older, down.value()[i], 4 + i), 0u) << "block " << 4 + i;
+  const stats::PoolStats after = pool_stats(*recent, 0);
+  EXPECT_EQ(after.converted, 8u);
+  EXPECT_EQ(after.converted_back, 4u);
+  ASSERT_TRUE(recent->release(again.value().pages).ok());
+  ASSERT_TRUE(recent->release(back.value().pages).ok());
+  ASSERT_TRUE(older->release(down.value()).ok());
   EXPECT_NE(d.log().find("event=eviction_converter_ready pool=recent into=older"),
             std::string::npos)
       << d.log();
@@ -209,7 +263,7 @@ TEST_P(PrecisionEviction, EvictedBlocksAreFoundInEightBits) {
                   out),
       0)
       << out;
-  EXPECT_NE(out.find("precision evictions converted into older (fp8_e4m3): 4 converted"),
+  EXPECT_NE(out.find("precision evictions converted into older (fp8_e4m3): 8 converted"),
             std::string::npos)
       << out;
   ASSERT_EQ(
@@ -217,7 +271,7 @@ TEST_P(PrecisionEviction, EvictedBlocksAreFoundInEightBits) {
                   out),
       0)
       << out;
-  EXPECT_NE(out.find("precision holds the evictions of recent (bf16) in fp8_e4m3: 4 converted"),
+  EXPECT_NE(out.find("precision holds the evictions of recent (bf16) in fp8_e4m3: 8 converted"),
             std::string::npos)
       << out;
 #endif
