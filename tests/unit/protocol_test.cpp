@@ -572,13 +572,16 @@ TEST(ProtocolRoundTrip, EveryReply) {
 
 // A lookup reply's tier bytes are checked like every enumeration.
 TEST(ProtocolRoundTrip, LookupReplyRefusesAnUnknownTier) {
-  Bytes frame = encode(7, Reply{LookupReply{{4, 5}, {kTierDevice, kTierHost}}});
-  frame.back() = std::byte{2};
+  Bytes frame = encode(7, Reply{LookupReply{{4, 5}, {kTierDevice, kTierConverted}}});
+  const auto converted = decode_reply(decode_header(frame).value(), exact(payload_of(frame)));
+  ASSERT_TRUE(converted.ok()) << converted.error().message;
+  EXPECT_EQ(std::get<LookupReply>(converted.value()).tiers[1], kTierConverted);
+  frame.back() = std::byte{3};
   auto h = decode_header(frame);
   ASSERT_TRUE(h.ok());
   const auto r = decode_reply(h.value(), exact(payload_of(frame)));
   ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
-  EXPECT_NE(r.error().message.find("tier 2"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("tier 3"), std::string::npos) << r.error().message;
   // A reply built without tiers says every hit came from the device tier.
   const Bytes plain = encode(7, Reply{LookupReply{{4, 5}, {}}});
   const auto d = decode_reply(decode_header(plain).value(), exact(payload_of(plain)));
