@@ -83,9 +83,11 @@ namespace kvpool::stats {
   X(convert_duplicates, counter, pool, as_is, "kvpool_evictions_convert_duplicates_total",         \
     "Blocks the pool evicted that its 8-bit pool already held (not converted again).")             \
   X(convert_skipped, counter, pool, as_is, "kvpool_evictions_convert_skipped_total",               \
-    "Blocks the pool evicted that its 8-bit pool had no page for (lost).")                         \
+    "Blocks the pool evicted and lost all the same: no 8-bit page to be had, or a flush, a "       \
+    "shrink "                                                                                      \
+    "or a busy host tier of the 8-bit pool meanwhile.")                                            \
   X(convert_failures, counter, pool, as_is, "kvpool_evictions_convert_failures_total",             \
-    "Conversions between the pool and its 8-bit pool that failed (their blocks were not served).") \
+    "Conversion batches between the pool and its 8-bit pool that failed (blocks not served).")     \
   X(converted_back, counter, pool, as_is, "kvpool_evictions_converted_back_total",                 \
     "Blocks lookups found in the pool's 8-bit pool and got converted back into the pool.")
 

@@ -157,8 +157,8 @@ struct PoolStats {
   uint32_t convert_unused = 0;
   uint64_t converted = 0;           // evicted blocks converted into it
   uint64_t convert_duplicates = 0;  // evicted blocks it held already
-  uint64_t convert_skipped = 0;     // evicted blocks lost: no page of it to be had
-  uint64_t convert_failures = 0;    // conversions that failed
+  uint64_t convert_skipped = 0;     // evicted blocks lost (no page there, a flush, ...)
+  uint64_t convert_failures = 0;    // conversion batches that failed
   uint64_t convert_ns = 0;          // time spent converting, in all
   uint64_t converted_back = 0;      // blocks lookups found there, converted back into the pool
 };

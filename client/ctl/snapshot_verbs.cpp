@@ -70,8 +70,8 @@ std::string convert_json(const stats::Snapshot& s, const stats::PoolStats& p) {
          json_escape(std::string(s.pool_name(static_cast<size_t>(t - s.pools.data())))) +
          "\",\"dtype\":\"" + dtype_text(t->dtype) + "\",\"converted\":" + u(p.converted) +
          ",\"duplicates\":" + u(p.convert_duplicates) + ",\"skipped\":" + u(p.convert_skipped) +
-         ",\"failures\":" + u(p.convert_failures) + ",\"into_pages\":{\"in_use\":" + u(t->in_use) +
-         ",\"cached\":" + u(t->cached) + "}}";
+         ",\"failures\":" + u(p.convert_failures) + ",\"back\":" + u(p.converted_back) +
+         ",\"into_pages\":{\"in_use\":" + u(t->in_use) + ",\"cached\":" + u(t->cached) + "}}";
 }
 
 // Pages per precision: this pool's and those of the pool its evictions are converted into, or
@@ -81,11 +81,13 @@ void print_precision(const stats::Snapshot& s, const stats::PoolStats& p, bool r
     const std::string into(s.pool_name(static_cast<size_t>(t - s.pools.data())));
     std::printf(
         "  precision evictions converted into %s (%s): %s converted, %s held there "
-        "already, %s lost (no page), %s failed; there %s in use, %s cached\n",
+        "already, %s lost, %s batches failed, %s converted back by lookups; there %s in use, "
+        "%s cached\n",
         display_text(into).c_str(), dtype_text(t->dtype).c_str(),
         count_text(p.converted, raw).c_str(), count_text(p.convert_duplicates, raw).c_str(),
         count_text(p.convert_skipped, raw).c_str(), count_text(p.convert_failures, raw).c_str(),
-        count_text(t->in_use, raw).c_str(), count_text(t->cached, raw).c_str());
+        count_text(p.converted_back, raw).c_str(), count_text(t->in_use, raw).c_str(),
+        count_text(t->cached, raw).c_str());
   }
   for (size_t i = 0; i < s.pools.size(); ++i) {
     const stats::PoolStats& from = s.pools[i];

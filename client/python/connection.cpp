@@ -106,6 +106,9 @@ void bind_connection(py::module_& m) {
           "layer_stride", [](const wire::PoolInfo& p) { return kernels::layer_stride_of(p); },
           "bytes from layer l to l+1 in a layer_major pool (inside a segment when it is "
           "segmented); 0 in page_major")
+      .def_readonly("scales_offset", &wire::PoolInfo::scales_offset,
+                    "byte offset of an 8-bit pool's scales region in its memory (0 for a 16-bit "
+                    "pool): float32 [num_pages, layers, kv_heads, planes], kv_scales_view()")
       .def_readonly("segment_pages", &wire::PoolInfo::segment_pages,
                     "a segmented (elastic) layer_major pool's pages per segment; 0 otherwise")
       .def_readonly("segment_stride", &wire::PoolInfo::segment_stride,

@@ -74,6 +74,7 @@ struct TierCopy {
   std::vector<PageId> back_src, back_dst;
   kernels::ConvertPagesArgs convert_back{};
   uint32_t pages16 = 0, pages8 = 0;  // the two pools' page counts at the plan (id bounds)
+  uint64_t flushes = 0;              // the converter's flush count at the plan
   uint64_t convert_bytes = 0;        // both directions' 16-bit pages' bytes
   // Set by run().
   std::string demote_error, promote_error, convert_error, convert_back_error;

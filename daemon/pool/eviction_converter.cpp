@@ -42,7 +42,14 @@ void EvictionConverter::plan(TierCopy& c) {
   std::vector<Eviction> todo;
   todo.reserve(pending_.size());
   for (const Eviction& e : pending_) {
-    if (to_.holds_block(e.ns, e.hash)) {
+    if (from_.pages().refcount(e.page) == 0) {
+      // Gone FREE within the call (a reservation rolled back): another session may write it
+      // while a deferred conversion reads it, so its bytes count as lost.
+      ++stats_.skipped;
+    } else if (to_.pages().find(e.ns, e.hash) != kNoPage) {
+      // The 8-bit pool's device tier has it. One in its host tier is converted again: lookups
+      // of the 16-bit pool read only the 8-bit pool's device tier, and the fresh copy replaces
+      // the host tier's.
       ++stats_.duplicates;
     } else {
       todo.push_back(e);
@@ -109,6 +116,7 @@ void EvictionConverter::describe(TierCopy& c) const {
                c.convert_dst.data()};
   c.convert_back = {kv8, kv16, static_cast<uint32_t>(c.back_src.size()), c.back_src.data(),
                     c.back_dst.data()};
+  c.flushes = flushes_;
   c.pages16 = from_.pages().num_pages();
   c.pages8 = to_.pages().num_pages();
   c.convert_bytes =
@@ -140,7 +148,10 @@ void EvictionConverter::finish(TierCopy& c) {
   c.convert_ns = 0;
   if (!c.convert_dst.empty()) {
     std::vector<PageId> release = c.convert_dst;
-    if (!c.convert_error.empty()) {
+    if (c.flushes != flushes_) {
+      // A flush came while the conversion ran: its blocks are not to be found again.
+      stats_.skipped += c.convert_dst.size();
+    } else if (!c.convert_error.empty()) {
       ++stats_.failures;
       log_event(LogLevel::error, "eviction_convert_failed",
                 {kv("pool", from_.name()), kv("into", to_.name()),
@@ -177,7 +188,10 @@ uint32_t EvictionConverter::finish_back(TierCopy& c, core::OwnerId owner, Namesp
   if (n == 0) return 0;
   core::PagePool& pool = from_.pages();
   uint32_t served = 0;
-  if (!c.convert_back_error.empty()) {
+  if (c.flushes != flushes_) {
+    // A flush came while the conversion ran: nothing of the cache before it is served.
+    KVPOOL_CHECK(pool.release(owner, c.back_dst).ok());
+  } else if (!c.convert_back_error.empty()) {
     ++stats_.failures;
     log_event(LogLevel::error, "eviction_convert_failed",
               {kv("pool", to_.name()), kv("into", from_.name()), kv("blocks", n),

@@ -54,8 +54,9 @@ class PoolRuntime;
 struct ConvertStats {
   uint64_t converted = 0;   // evicted blocks now held in 8 bits by the 8-bit pool
   uint64_t duplicates = 0;  // evicted blocks it held already (or gained meanwhile)
-  uint64_t skipped = 0;     // evicted blocks lost: no page of it to be had, or its job busy
-  uint64_t failures = 0;    // conversions (either way) that failed; their blocks not served
+  uint64_t skipped = 0;     // evicted blocks lost: no 8-bit page to be had, its host tier busy, a
+                            // shrink or a flush meanwhile, or the page gone FREE
+  uint64_t failures = 0;    // conversion batches (either way) that failed; their blocks not served
   uint64_t back = 0;        // blocks a lookup found there and got converted back
   uint64_t ns = 0;          // time spent converting, in all
 };
@@ -91,6 +92,9 @@ class EvictionConverter final : public core::IndexObserver {
                        std::span<const BlockHash> chain, std::span<PageId> out);
   // Forgets the evictions not planned yet (a shrink: their pages are about to be unmapped).
   void drop_pending();
+  // The 16-bit pool was flushed (PoolRuntime::flush flushes the 8-bit pool with it): conversions
+  // planned before it publish nothing when they finish.
+  void flushed() { ++flushes_; }
 
   PoolRuntime& target() const { return to_; }
   const ConvertStats& stats() const { return stats_; }
@@ -110,6 +114,7 @@ class EvictionConverter final : public core::IndexObserver {
   core::OwnerId from_owner_;  // holds the pages an operator's evict took, until converted
   core::OwnerId to_owner_;    // holds 8-bit pages until published, or while converted back
   std::vector<Eviction> pending_;
+  uint64_t flushes_ = 0;
   ConvertStats stats_;
 };
 

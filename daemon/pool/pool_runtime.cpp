@@ -316,6 +316,13 @@ std::pair<uint32_t, uint32_t> PoolRuntime::flush() {
   // A flush drops this group's cache only, as its device flush does not cascade either: what
   // its host tier reported dropping is not a loss for the other groups.
   if (group_evictions_) (void)group_evictions_->take();
+  if (converter_) {
+    // The 8-bit pool is this pool's lower tier, as a host tier is: it goes too (with any other
+    // pool's conversions into it), and conversions under way publish nothing.
+    converter_->flushed();
+    const auto [n8, host8] = converter_->target().flush();
+    return {n + n8, host + host8};
+  }
   return {n, host};
 }
 

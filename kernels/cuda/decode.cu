@@ -27,6 +27,13 @@
 // One chunk: acc / l goes to out. Several: (m, l) and acc go to the workspace and merge_chunks
 // combines them in chunk order with softmax_merge, as the CPU decode does.
 //
+// Mixed precision (DecodeArgs::mixed): the dtype is a template parameter of the tile pipeline, so
+// a mixed call is two launches, one per pool, over the same grid: the older pool's reads only the
+// tokens of each sequence's first older_pages[s] block-table entries, the recent pool's the rest;
+// each writes its chunk states into its own half of the workspace (2 · chunks entries per row,
+// always: even a one-chunk call merges), and merge_chunks combines all of them. A chunk that
+// straddles the boundary is read in part by each launch; a part with no token weighs nothing.
+//
 // Invariants: a state with l = 0 is empty and weighs nothing in softmax_merge; only positions
 // below the chunk end are read; every CTA writes its workspace entry, empty or not.
 
@@ -59,10 +66,16 @@ struct DecodeShape : TileShape<DT, D> {
       S::kPipelineBytes > kMergeBytes ? S::kPipelineBytes : kMergeBytes;
 };
 
+// Which tokens of each sequence a launch reads: all of them, or a mixed call's older or recent
+// part.
+enum class Part : uint32_t { all = 0, older = 1, recent = 2 };
+
+// kv: the pool this launch reads (a.kv, or a.mixed.older for Part::older). ws_chunks: workspace
+// entries per row (1: write out directly); this launch's start at ws_offset of them.
 template <KvDtype DT, int D, int kG>
 __global__ void __launch_bounds__(kThreads, 2)
-    decode_kernel(DecodeArgs a, uint32_t split, uint32_t num_chunks, float* ws_acc,
-                  float2* ws_stats) {
+    decode_kernel(DecodeArgs a, PagedKv kv, Part part, uint32_t split, uint32_t ws_chunks,
+                  uint32_t ws_offset, float* ws_acc, float2* ws_stats) {
   using S = DecodeShape<DT, D, kG>;
   extern __shared__ uint4 smem_u4[];
   auto* smem = reinterpret_cast<unsigned char*>(smem_u4);
@@ -79,8 +92,15 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int lane_group = lane / S::kLanesPerRow;
   const int col = lane % S::kLanesPerRow;  // this lane's 8 elements: [col · 8, col · 8 + 8)
   const uint32_t ctx = a.context_lens[seq];
-  const uint32_t begin = max(chunk * split, first_visible_key(a.mask, ctx - 1));
-  const uint32_t end = min(ctx, chunk * split + split);
+  uint32_t lo = first_visible_key(a.mask, ctx - 1);
+  uint32_t hi = ctx;
+  if (part != Part::all) {
+    const uint32_t edge = min(ctx, a.mixed.older_pages[seq] * kv.geometry.tokens_per_page);
+    if (part == Part::older) hi = edge;
+    if (part == Part::recent) lo = max(lo, edge);
+  }
+  const uint32_t begin = max(chunk * split, lo);
+  const uint32_t end = min(hi, chunk * split + split);
 
   float q[kG][8];
   float acc[kG][8];
@@ -98,7 +118,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
   stream_tiles<DT, D>(
-      smem, a.kv, table, a.layer, kvh, begin, end,
+      smem, kv, table, a.layer, kvh, begin, end,
       [&](const unsigned char* tile, uint32_t tile_start) {
         const int valid = static_cast<int>(min(uint32_t(S::kTile), end - tile_start));
 #pragma unroll 1
@@ -174,13 +194,14 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int w = 0; w < kWarps; ++w)
       softmax_merge(total, &total_acc, s_st[w * kG + h], &s_acc[(w * kG + h) * D + d], 1);
     const uint64_t row = row0 + h;
-    if (num_chunks == 1) {
+    if (ws_chunks == 1) {
       const float sink =
           a.mask.sinks != nullptr ? expf(a.mask.sinks[row % a.num_q_heads] - total.m) : 0.0f;
       a.out[row * D + d] = total_acc / (total.l + sink);
     } else {
-      ws_acc[(row * num_chunks + chunk) * D + d] = total_acc;
-      if (d == 0) ws_stats[row * num_chunks + chunk] = make_float2(total.m, total.l);
+      const uint64_t entry = row * ws_chunks + ws_offset + chunk;
+      ws_acc[entry * D + d] = total_acc;
+      if (d == 0) ws_stats[entry] = make_float2(total.m, total.l);
     }
   }
 }
@@ -228,6 +249,20 @@ std::string check_args(const DecodeArgs& a) {
   if (dtype_is_quantized(g.dtype) && a.kv.scales == nullptr) {
     return "decode: an 8-bit pool needs its scales";
   }
+  if (mixed_in_use(a.mixed)) {
+    const PagedKv& o = a.mixed.older;
+    if (!same_shape(o.geometry, g)) {
+      return "decode: mixed.older is not of the pool's shape (layers, kv_heads, head_dim, "
+             "tokens_per_page, kind, window)";
+    }
+    if (dtype_is_quantized(o.geometry.dtype) && o.scales == nullptr) {
+      return "decode: mixed.older is an 8-bit pool without its scales";
+    }
+    if (a.num_seqs != 0 && a.mixed.older_pages == nullptr) {
+      return "decode: mixed.older_pages is null";
+    }
+    if (std::string e = check_tile_alignment(o, "decode (mixed.older)"); !e.empty()) return e;
+  }
   if (a.num_seqs == 0) return {};
   if (a.q == nullptr || a.out == nullptr || a.block_tables == nullptr ||
       a.context_lens == nullptr || a.kv.base == nullptr) {
@@ -261,7 +296,8 @@ uint32_t decode_split_tokens(const DecodeArgs& a, uint32_t max_context, int sm_c
 size_t decode_workspace_bytes(const DecodeArgs& a, uint32_t max_context, int sm_count) {
   if (a.kv.geometry.kind == AttentionKind::latent) return 0;  // latent.cu splits nothing
   const uint32_t split = decode_split_tokens(a, max_context, sm_count);
-  const uint32_t chunks = (max_context + split - 1) / split;
+  uint32_t chunks = (max_context + split - 1) / split;
+  if (mixed_in_use(a.mixed)) chunks *= 2;  // a state per chunk and pool, merged even for one
   if (chunks <= 1) return 0;
   const uint64_t rows = uint64_t(a.num_seqs) * a.num_q_heads;
   return rows * chunks * (a.kv.geometry.head_dim * sizeof(float) + sizeof(float2));
@@ -269,13 +305,17 @@ size_t decode_workspace_bytes(const DecodeArgs& a, uint32_t max_context, int sm_
 
 std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void* workspace,
                    size_t workspace_bytes, void* stream) {
-  if (mixed_in_use(a.mixed)) return std::string("decode: ") + kMixedNotOnGpu;
-  if (a.kv.geometry.kind == AttentionKind::latent) return latent_decode(a, stream);
+  if (a.kv.geometry.kind == AttentionKind::latent) {
+    if (mixed_in_use(a.mixed)) return std::string("decode (latent): ") + kMixedNotOnGpu;
+    return latent_decode(a, stream);
+  }
   if (std::string e = check_args(a); !e.empty()) return e;
   if (a.num_seqs == 0) return {};
   if (max_context == 0) return "decode: max_context must be at least 1";
   const uint32_t split = decode_split_tokens(a, max_context, sm_count);
   const uint32_t chunks = (max_context + split - 1) / split;
+  const bool mixed = mixed_in_use(a.mixed);
+  const uint32_t ws_chunks = mixed ? 2 * chunks : chunks;
   const size_t need = decode_workspace_bytes(a, max_context, sm_count);
   if (workspace_bytes < need) {
     return "decode: workspace of " + std::to_string(workspace_bytes) + " bytes, " +
@@ -283,33 +323,42 @@ std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void
   }
   const uint64_t rows = uint64_t(a.num_seqs) * a.num_q_heads;
   auto* ws_acc = static_cast<float*>(workspace);
-  auto* ws_stats = chunks > 1
-                       ? reinterpret_cast<float2*>(ws_acc + rows * chunks * a.kv.geometry.head_dim)
-                       : nullptr;
+  auto* ws_stats =
+      ws_chunks > 1 ? reinterpret_cast<float2*>(ws_acc + rows * ws_chunks * a.kv.geometry.head_dim)
+                    : nullptr;
   auto s = static_cast<cudaStream_t>(stream);
   const uint32_t group = a.num_q_heads / a.kv.geometry.kv_heads;
   const uint32_t slices = group <= kMaxGroup ? 1 : (group + kMaxGroup - 1) / kMaxGroup;
   const dim3 grid(chunks, a.kv.geometry.kv_heads * slices, a.num_seqs);
   cudaError_t err = cudaSuccess;
-  dispatch_dtype(a.kv.geometry.dtype, [&](auto dt) {
-    dispatch_head_dim(a.kv.geometry.head_dim, [&](auto d) {
-      dispatch_group(a.num_q_heads / a.kv.geometry.kv_heads, [&](auto g) {
-        constexpr KvDtype kDt = decltype(dt)::value;
-        constexpr int kD = decltype(d)::value;
-        constexpr int kG = decltype(g)::value;
-        constexpr int kSmem = DecodeShape<kDt, kD, kG>::kSmemBytes;
-        err = allow_dynamic_smem<decode_kernel<kDt, kD, kG>, kSmem>();
-        if (err == cudaSuccess) {
-          decode_kernel<kDt, kD, kG>
-              <<<grid, kThreads, kSmem, s>>>(a, split, chunks, ws_acc, ws_stats);
-        }
+  // One launch per pool read: the recent (or only) pool's states after the older pool's.
+  const auto launch = [&](const PagedKv& kv, Part part, uint32_t ws_offset) {
+    dispatch_dtype(kv.geometry.dtype, [&](auto dt) {
+      dispatch_head_dim(kv.geometry.head_dim, [&](auto d) {
+        dispatch_group(a.num_q_heads / kv.geometry.kv_heads, [&](auto g) {
+          constexpr KvDtype kDt = decltype(dt)::value;
+          constexpr int kD = decltype(d)::value;
+          constexpr int kG = decltype(g)::value;
+          constexpr int kSmem = DecodeShape<kDt, kD, kG>::kSmemBytes;
+          err = allow_dynamic_smem<decode_kernel<kDt, kD, kG>, kSmem>();
+          if (err == cudaSuccess) {
+            decode_kernel<kDt, kD, kG><<<grid, kThreads, kSmem, s>>>(a, kv, part, split, ws_chunks,
+                                                                     ws_offset, ws_acc, ws_stats);
+          }
+        });
       });
     });
-  });
+  };
+  if (mixed) {
+    launch(a.mixed.older, Part::older, 0);
+    if (err == cudaSuccess) launch(a.kv, Part::recent, chunks);
+  } else {
+    launch(a.kv, Part::all, 0);
+  }
   if (err != cudaSuccess) return std::string("decode: ") + cudaGetErrorString(err);
-  if (chunks > 1) {
+  if (ws_chunks > 1) {
     merge_chunks<<<static_cast<unsigned>(rows), a.kv.geometry.head_dim, 0, s>>>(
-        chunks, a.kv.geometry.head_dim, ws_acc, ws_stats, a.mask.sinks, a.num_q_heads, a.out);
+        ws_chunks, a.kv.geometry.head_dim, ws_acc, ws_stats, a.mask.sinks, a.num_q_heads, a.out);
   }
   err = cudaGetLastError();
   if (err != cudaSuccess) return std::string("decode: launch failed: ") + cudaGetErrorString(err);

@@ -66,8 +66,17 @@ struct Case {
   uint32_t value_dim = 0;
   // layer_major only: pages per segment of a segmented pool; 0 for one plane per layer.
   uint32_t segment_pages = 0;
+  // Mixed precision (DecodeArgs::mixed; 16-bit dtypes): each sequence's first half of its blocks
+  // (rounded up) lives in an 8-bit pool of the other layout (fp8 under bf16, int8 under fp16).
+  // Decode only: the CUDA extend refuses a mixed call.
+  bool mixed = false;
   bool latent() const { return value_dim != 0; }
 };
+
+// The 8-bit pool under a mixed case's 16-bit one.
+KvDtype older_dtype(const Case& c) {
+  return c.dtype == KvDtype::bf16 ? KvDtype::fp8_e4m3 : KvDtype::int8;
+}
 
 // Elements of one output row.
 uint32_t out_width(const Case& c) {
@@ -180,6 +189,12 @@ std::string describe(const Case& c) {
   if (c.chunk != 0) out += " chunk=" + std::to_string(c.chunk);
   if (c.sinks) out += " sinks";
   if (c.latent()) out += " latent value_dim=" + std::to_string(c.value_dim);
+  if (c.mixed) {
+    out += " mixed (older: " + std::string(dtype_name(older_dtype(c))) + " " +
+           std::string(layout_name(c.layout == KvLayout::page_major ? KvLayout::layer_major
+                                                                    : KvLayout::page_major)) +
+           ")";
+  }
   return out;
 }
 
@@ -248,6 +263,21 @@ void Matrix::run_case(const Case& c) {
   std::vector<PageId> tables(size_t(nseq) * blocks);
   for (size_t i = 0; i < tables.size(); ++i)
     tables[i] = perm[i];
+  // A mixed case's older pool: the same page count, its own NaN-filled memory; block-table entry
+  // i < older_pages[s] of sequence s names a page of it.
+  HostPool o;
+  std::vector<uint32_t> older_pages(nseq, 0);
+  if (c.mixed) {
+    o.g = g;
+    o.g.dtype = older_dtype(c);
+    o.layout = c.layout == KvLayout::page_major ? KvLayout::layer_major : KvLayout::page_major;
+    o.num_pages = p.num_pages;
+    o.stride = page_data_bytes(o.g);
+    o.mem.assign(o.bytes(), std::byte{0x7f});  // fp8 NaN; int8 127 with a NaN scale
+    o.scales.assign(o.num_pages * page_scale_bytes(o.g) / sizeof(float), std::nanf(""));
+    for (uint32_t s = 0; s < nseq; ++s)
+      older_pages[s] = ((c.contexts[s] + c.tpp - 1) / c.tpp + 1) / 2;
+  }
   std::normal_distribution<float> nd(0.0f, 1.0f);
   // Fill every sequence's tokens through the CPU append, in order.
   for (uint32_t s = 0; s < nseq; ++s) {
@@ -258,8 +288,9 @@ void Matrix::run_case(const Case& c) {
       for (auto& x : v)
         x = nd(rng_);
       const int64_t slot = int64_t(tables[s * blocks + t / c.tpp]) * c.tpp + t % c.tpp;
-      AppendArgs a{p.view(), layer, 1, k.data(), c.latent() ? nullptr : v.data(), &slot};
-      if (const std::string e = cpu::append_kv(a, p.num_pages); !e.empty())
+      HostPool& into = t / c.tpp < older_pages[s] ? o : p;
+      AppendArgs a{into.view(), layer, 1, k.data(), c.latent() ? nullptr : v.data(), &slot};
+      if (const std::string e = cpu::append_kv(a, into.num_pages); !e.empty())
         return error("fill " + describe(c), e);
     }
   }
@@ -283,6 +314,7 @@ void Matrix::run_case(const Case& c) {
   a.scale = 1.0f / std::sqrt(float(c.head_dim));
   a.mask = AttentionMask{c.window_left, c.chunk, c.sinks ? sinks.data() : nullptr};
   a.value_dim = c.value_dim;
+  if (c.mixed) a.mixed = MixedPrecision{o.view(), older_pages.data(), o.num_pages};
   if (const std::string e = cpu::decode(a, p.num_pages); !e.empty())
     return error("reference decode " + describe(c), e);
 
@@ -295,6 +327,11 @@ void Matrix::run_case(const Case& c) {
   d.block_tables = buf.put(tables);
   d.context_lens = buf.put(c.contexts);
   if (c.sinks) d.mask.sinks = buf.put(sinks);
+  if (c.mixed) {
+    d.mixed.older.base = buf.put(o.mem);
+    d.mixed.older.scales = buf.put(o.scales);
+    d.mixed.older_pages = buf.put(older_pages);
+  }
   if (!buf.error().empty()) return error("upload " + describe(c), buf.error());
   for (uint32_t split : c.splits) {
     d.split_tokens = split;
@@ -312,6 +349,8 @@ void Matrix::run_case(const Case& c) {
     }
     expect_close("decode", c, split, err, got, want);
   }
+
+  if (c.mixed) return;  // the CUDA extend refuses mixed calls: nothing to compare yet
 
   // Extend over the same pool.
   for (const bool with_prefix : {true, false}) {
@@ -566,6 +605,21 @@ std::vector<Case> matrix_cases() {
                      5});
     cases.push_back({dt, 64, 8, 8, {9, 500}, {16, 0}, KvLayout::layer_major, 63, 0, true, 0, 3});
     cases.push_back({dt, 576, 16, 64, {65, 300}, {0}, KvLayout::layer_major, -1, 0, false, 512, 3});
+  }
+  // Mixed precision: older halves in 8 bits of the other layout; one-page splits (a chunk per
+  // page, so chunks fall on both sides of the boundary), straddling splits, planned and none; a
+  // window with sinks; a wide group; a sequence shorter than a page (its one block older).
+  for (KvDtype dt : {KvDtype::bf16, KvDtype::fp16}) {
+    std::vector<Case> mixed{
+        {dt, 128, 4, 16, {1, 17, 300, 1000}, {16, 40, 0, kNoSplit}},
+        {dt, 64, 8, 8, {9, 2049}, {8, 0}, KvLayout::layer_major, 127, 0, true},
+        {dt, 256, 1, 32, {33, 500}, {0, kNoSplit}},
+        {dt, 128, 16, 16, {40, 700}, {0, 64}, KvLayout::layer_major},
+        {dt, 64, 4, 16, {3000, 5}, {0, 256}, KvLayout::page_major, -1, 64, true}};
+    for (Case& c : mixed) {
+      c.mixed = true;
+      cases.push_back(std::move(c));
+    }
   }
   return cases;
 }

@@ -345,6 +345,43 @@ TEST_P(PrecisionEviction, ABlockTheEightBitPoolHoldsIsNotConvertedAgain) {
   EXPECT_EQ(changed, 0u);
 }
 
+// An operator's evict converts what it evicts (the daemon holds the pages until then); a flush of
+// the 16-bit pool empties its 8-bit pool too, so nothing of the cache before it comes back.
+TEST_P(PrecisionEviction, AnOperatorsEvictConvertsAndAFlushEmptiesBothPools) {
+  Daemon d(yaml(16), args());
+  ASSERT_TRUE(d.start()) << d.log();
+  auto recent = attach(d, "op16", "recent");
+  auto older = attach(d, "op8", "older");
+  ASSERT_TRUE(recent && older);
+  ASSERT_EQ(cache_blocks(*recent, 0, 3), "");
+  auto evicted = recent->evict(2);
+  ASSERT_TRUE(evicted.ok()) << evicted.error().message;
+  EXPECT_EQ(evicted.value(), 2u);
+  stats::PoolStats p16 = pool_stats(*recent, 0);
+  EXPECT_EQ(p16.converted, 2u);
+  EXPECT_EQ(p16.in_use, 0u);  // the daemon let go of the evicted pages once converted
+  uint32_t found = 0;
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto r = older->lookup(chain(i, 1));
+    ASSERT_TRUE(r.ok());
+    if (r.value().empty()) continue;
+    ++found;
+    EXPECT_EQ(wrong_bytes(*recent, *older, r.value()[0], i), 0u) << "block " << i;
+    ASSERT_TRUE(older->release(r.value()).ok());
+  }
+  EXPECT_EQ(found, 2u);
+
+  auto flushed = recent->flush();
+  ASSERT_TRUE(flushed.ok()) << flushed.error().message;
+  EXPECT_EQ(flushed.value(), 3u);  // one bf16 page and the two fp8 ones
+  for (uint64_t i = 0; i < 3; ++i) {
+    auto r = recent->lookup_with_tiers(chain(i, 1));
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r.value().pages.empty()) << "block " << i << " came back after the flush";
+  }
+  EXPECT_EQ(pool_stats(*recent, 1).indexed, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(LayoutsAndThreads, PrecisionEviction,
                          ::testing::Values(std::make_tuple("page_major", "page_major", false),
                                            std::make_tuple("page_major", "layer_major", true),

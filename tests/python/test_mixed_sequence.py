@@ -70,3 +70,43 @@ def test_pools_that_cannot_pair_are_refused():
             kvpool.MixedSequence(recent, older, hasher, root, 0)
         with pytest.raises(ValueError, match="one connection"):
             kvpool.MixedSequence(recent, recent, hasher, root, 8)
+
+
+def test_the_scales_view_decodes_what_the_conversion_wrote():
+    """kv_scales_view shows the 8-bit pool's scales: the bf16 values written before a
+    conversion come back from the fp8 bytes times their tile's scale, within fp8's error."""
+    torch = pytest.importorskip("torch")
+    with LocalDaemon(CONFIG) as d:
+        recent = kvpool.attach(d.socket, worker="w", pool="recent")
+        older = kvpool.attach(d.socket, worker="w", pool="older")
+        with pytest.raises(ValueError, match="no scales"):
+            kvpool.kv_scales_view(recent)
+        scales = kvpool.kv_scales_view(older)
+        g = older.pool.geometry
+        assert tuple(scales.shape) == (older.pool.num_pages, g.layers, g.kv_heads, 2)
+        hasher = kvpool.BlockHasher()
+        root = hasher.root("scales", recent.pool.geometry)
+        prompt = list(range(200, 210))  # 2 full blocks and 2 tokens
+        with kvpool.MixedSequence(recent, older, hasher, root, recent_tokens=1) as seq:
+            seq.begin(prompt)
+            view16 = kvpool.kv_cache_view(recent, 0)
+            values = torch.linspace(-3.0, 5.0, 10 * 8).view(10, 1, 8)
+            table = seq.block_table
+            for t in range(10):
+                view16[0, table[t // 4], t % 4] = values[t].to(torch.bfloat16)
+                view16[1, table[t // 4], t % 4] = (-values[t]).to(torch.bfloat16)
+            written = [view16[0, table[b]].float().clone() for b in range(2)]
+            assert seq.publish_full() == 2
+            view8 = kvpool.kv_cache_view(older, 0)
+            for b in range(2):
+                page = seq.block_table[b]
+                k_scale = float(scales[page, 0, 0, 0])
+                assert k_scale > 0 and float(scales[page, 0, 0, 1]) > 0
+                # The tile's amax maps to fp8's largest value, 448.
+                assert k_scale == pytest.approx(float(written[b].abs().max()) / 448.0, rel=1e-6)
+                raw = view8[0, page].to(torch.int32)  # e4m3fn bytes
+                sign = torch.where(raw >= 128, -1.0, 1.0)
+                e, m = (raw >> 3) & 15, raw & 7
+                mag = torch.where(e == 0, m / 8.0 * 2.0**-6, (1 + m / 8.0) * 2.0 ** (e - 7.0))
+                decoded = sign * mag * k_scale
+                assert torch.allclose(decoded, written[b], rtol=0.07, atol=1e-6 * k_scale)

@@ -103,9 +103,11 @@ TEST(CudaKernelArgs, BadMaskFieldsAndLatentShapesAreRefused) {
   EXPECT_EQ(cuda::extend(e, 1, nullptr), "extend: an 8-bit pool needs its scales");
 }
 
-// A mixed-precision call is refused by name rather than run with the older pool's page ids read
-// from the recent pool; a conversion between pools of different shapes, or within one pool, too.
-TEST(CudaKernelArgs, MixedPrecisionIsRefusedAndConversionsAreChecked) {
+// A mixed-precision decode checks its older pool (shape, scales, the older_pages array) and needs
+// a workspace entry per chunk and pool even for one chunk; a mixed extend, or a mixed decode of a
+// latent pool, is refused by name rather than run with the older pool's page ids read from the
+// recent pool; a conversion between pools of different shapes, or within one pool, too.
+TEST(CudaKernelArgs, MixedPrecisionIsCheckedAndConversionsAreChecked) {
   const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
   auto* base = reinterpret_cast<void*>(uintptr_t{0x10000});
   auto* older_base = reinterpret_cast<void*>(uintptr_t{0x20000});
@@ -126,7 +128,28 @@ TEST(CudaKernelArgs, MixedPrecisionIsRefusedAndConversionsAreChecked) {
   d.context_lens = &len;
   d.mixed = MixedPrecision{pool(KvDtype::fp8_e4m3, older_base, stride / 2), &older, 8};
   EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr),
-            std::string("decode: ") + cuda::kMixedNotOnGpu);
+            "decode: mixed.older is an 8-bit pool without its scales");
+  alignas(16) float scales[4] = {};
+  d.mixed.older.scales = scales;
+  d.mixed.older.geometry.head_dim = 64;
+  EXPECT_NE(cuda::decode(d, 1, 132, nullptr, 0, nullptr).find("not of the pool's shape"),
+            std::string::npos);
+  d.mixed.older.geometry.head_dim = 128;
+  d.mixed.older_pages = nullptr;
+  EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr), "decode: mixed.older_pages is null");
+  d.mixed.older_pages = &older;
+  // One chunk, two pools: two states per row (2 rows of 128 floats and an (m, l) pair each).
+  const size_t ws = cuda::decode_workspace_bytes(d, 1, 132);
+  EXPECT_EQ(ws, 2u * 2 * (128 * sizeof(float) + 2 * sizeof(float)));
+  EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr),
+            "decode: workspace of 0 bytes, " + std::to_string(ws) + " needed");
+  DecodeArgs latent = d;
+  latent.kv.geometry = Geometry{2, 1, 576, 64, KvDtype::bf16, AttentionKind::latent, 0};
+  latent.mixed.older.geometry = latent.kv.geometry;
+  latent.mixed.older.geometry.dtype = KvDtype::fp8_e4m3;
+  EXPECT_EQ(cuda::decode(latent, 1, 132, nullptr, 0, nullptr),
+            std::string("decode (latent): ") + cuda::kMixedNotOnGpu);
+  d.mixed.older.scales = nullptr;
   ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}, 0, {}};
   e.mixed = d.mixed;
   EXPECT_EQ(cuda::extend(e, 1, nullptr), std::string("extend: ") + cuda::kMixedNotOnGpu);

@@ -40,7 +40,7 @@ from ._kvpool import (
     error_name,
 )
 from .hybrid import HybridModel, HybridSequence
-from .layers import element_dtype, kv_cache_view, kv_cache_views, page_bytes
+from .layers import element_dtype, kv_cache_view, kv_cache_views, kv_scales_view, page_bytes
 
 __all__ = [
     "BlockHash",
@@ -66,5 +66,6 @@ __all__ = [
     "error_name",
     "kv_cache_view",
     "kv_cache_views",
+    "kv_scales_view",
     "page_bytes",
 ]

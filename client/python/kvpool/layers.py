@@ -19,7 +19,8 @@ A latent (MLA) pool keeps one vector per token and layer and no V: its view is
 DeepSeek-V3), the paged cache FlashMLA and FlashInfer's MLA kernels read.
 
 8-bit pools (fp8_e4m3, int8) are viewed as their raw bytes (uint8 / int8); their scales live in
-the pool's side region (see docs/ARCHITECTURE.md).
+the pool's side region, which kv_scales_view() shows (a K or V element's value is its byte,
+decoded, times the scale of its page, layer, head and plane).
 """
 
 from typing import Any, Literal
@@ -108,3 +109,17 @@ def page_bytes(conn: Connection, page: int, framework: Framework = "numpy") -> A
         raise ValueError("a layer-major pool's page is not contiguous: use kv_cache_view()")
     n = pool.geometry.page_data_bytes
     return _as(conn.view("uint8", (n,), (1,), page * pool.page_stride), framework)
+
+
+def kv_scales_view(conn: Connection, framework: Framework = "torch") -> Any:
+    """An 8-bit pool's scales as one float32 tensor ``[num_pages, layers, kv_heads, planes]``
+    (planes: 2, K then V; 1 for a latent pool): the element at [p, l, h, 0] scales K of page p,
+    layer l, head h. A 16-bit pool has none (ValueError)."""
+    pool = conn.pool
+    g = pool.geometry
+    if g.dtype not in ("fp8_e4m3", "int8"):
+        raise ValueError(f"a {g.dtype} pool has no scales (only fp8_e4m3 and int8 pools do)")
+    planes = 1 if g.kind == "latent" else 2
+    shape = (pool.num_pages, g.layers, g.kv_heads, planes)
+    strides = (g.layers * g.kv_heads * planes, g.kv_heads * planes, planes, 1)  # elements
+    return _as(conn.view("float32", shape, strides, pool.scales_offset), framework)
