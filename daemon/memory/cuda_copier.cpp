@@ -1,7 +1,9 @@
-// The CUDA PageCopier: the copy-pages kernel on a stream of the daemon's own, with the page lists
-// staged through pinned host memory into a device buffer sized for the largest batch.
+// The CUDA PageCopier: the copy-pages and convert-pages kernels on a stream of the daemon's own,
+// in batches of at most wire::kMaxBatch pairs whose page lists are staged through pinned host
+// memory into a device buffer of that size.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/device/cuda_device.h"
@@ -41,22 +43,14 @@ class CudaCopier final : public PageCopier {
 
   std::string copy(const kernels::CopyPagesArgs& args, uint32_t num_pages) override {
     (void)num_pages;  // the service checked every page id against the pool
-    if (args.num_pairs == 0) return "";
-    if (args.num_pairs > wire::kMaxBatch) return "copy: more pairs than kMaxBatch";
-    cudaSetDevice(device_);
-    const size_t list = size_t{args.num_pairs} * sizeof(PageId);
-    std::memcpy(host_, args.src, list);
-    std::memcpy(host_ + args.num_pairs, args.dst, list);
-    cudaError_t e = cudaMemcpyAsync(dev_, host_, 2 * list, cudaMemcpyHostToDevice, stream_);
-    if (e != cudaSuccess) return device::cuda_error_text("cudaMemcpyAsync of the page lists", e);
-    kernels::CopyPagesArgs d = args;
-    d.src = dev_;
-    d.dst = dev_ + args.num_pairs;
-    std::string err = kernels::cuda::copy_pages(d, stream_);
-    if (!err.empty()) return err;
-    if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess)
-      return device::cuda_error_text("copy-pages", e);
-    return "";
+    return staged(args.src, args.dst, args.num_pairs, "copy-pages",
+                  [&](const PageId* src, const PageId* dst, uint32_t n) {
+                    kernels::CopyPagesArgs d = args;
+                    d.src = src;
+                    d.dst = dst;
+                    d.num_pairs = n;
+                    return kernels::cuda::copy_pages(d, stream_);
+                  });
   }
 
   std::string convert(const kernels::ConvertPagesArgs& args, uint32_t src_num_pages,
@@ -66,25 +60,39 @@ class CudaCopier final : public PageCopier {
         !err.empty()) {
       return err;
     }
-    if (args.num_pairs == 0) return "";
-    if (args.num_pairs > wire::kMaxBatch) return "convert: more pairs than kMaxBatch";
-    cudaSetDevice(device_);
-    const size_t list = size_t{args.num_pairs} * sizeof(PageId);
-    std::memcpy(host_, args.src_pages, list);
-    std::memcpy(host_ + args.num_pairs, args.dst_pages, list);
-    cudaError_t e = cudaMemcpyAsync(dev_, host_, 2 * list, cudaMemcpyHostToDevice, stream_);
-    if (e != cudaSuccess) return device::cuda_error_text("cudaMemcpyAsync of the page lists", e);
-    kernels::ConvertPagesArgs d = args;
-    d.src_pages = dev_;
-    d.dst_pages = dev_ + args.num_pairs;
-    std::string err = kernels::cuda::convert_pages(d, stream_);
-    if (!err.empty()) return err;
-    if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess)
-      return device::cuda_error_text("convert-pages", e);
-    return "";
+    return staged(args.src_pages, args.dst_pages, args.num_pairs, "convert-pages",
+                  [&](const PageId* src, const PageId* dst, uint32_t n) {
+                    kernels::ConvertPagesArgs d = args;
+                    d.src_pages = src;
+                    d.dst_pages = dst;
+                    d.num_pairs = n;
+                    return kernels::cuda::convert_pages(d, stream_);
+                  });
   }
 
  private:
+  // Runs launch(src, dst, n) on the stream for the pairs in batches of at most kMaxBatch, each
+  // batch's two page lists staged through the pinned buffer into the device one, and waits for
+  // each batch (the next reuses the buffers). "" or the error, naming `what`.
+  template <typename Launch>
+  std::string staged(const PageId* src, const PageId* dst, uint32_t pairs, const char* what,
+                     Launch&& launch) {
+    if (pairs == 0) return "";
+    cudaSetDevice(device_);
+    for (uint32_t first = 0; first < pairs; first += wire::kMaxBatch) {
+      const uint32_t n = std::min<uint32_t>(pairs - first, wire::kMaxBatch);
+      const size_t list = size_t{n} * sizeof(PageId);
+      std::memcpy(host_, src + first, list);
+      std::memcpy(host_ + n, dst + first, list);
+      cudaError_t e = cudaMemcpyAsync(dev_, host_, 2 * list, cudaMemcpyHostToDevice, stream_);
+      if (e != cudaSuccess) return device::cuda_error_text("cudaMemcpyAsync of the page lists", e);
+      if (std::string err = launch(dev_, dev_ + n, n); !err.empty()) return err;
+      if ((e = cudaStreamSynchronize(stream_)) != cudaSuccess)
+        return device::cuda_error_text(what, e);
+    }
+    return "";
+  }
+
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   PageId* host_ = nullptr;
