@@ -1,6 +1,7 @@
 #include "daemon/reload.h"
 
 #include "daemon/config/config.h"
+#include "daemon/config/config_keys.h"
 #include "daemon/telemetry/log.h"
 
 namespace kvpool::daemon {
@@ -37,6 +38,21 @@ wire::ReloadReply reload_config(const std::string& path, const std::string& sock
   }
   Config config = std::move(next.value());
   if (!socket_override.empty()) config.socket_path = socket_override;
+  // Tenants apply live, conversions at the next start: the running conversions must hold under
+  // the new tenants.
+  Config would_run = config;
+  (void)keep_restart_keys(would_run, service.config());
+  if (std::string why = conversion_tenancy_error(would_run); !why.empty()) {
+    const std::string message = path + ": " + why +
+                                " (the running conversions stay until a "
+                                "restart; refusing the reload)";
+    log_event(LogLevel::error, "reload_failed",
+              {kv("error", message), kv("detail", "keeping the running config")});
+    service.note_reload(false);
+    r.outcome = wire::ReloadReply::kRefused;
+    r.message = message.substr(0, wire::kMaxMessageBytes);
+    return r;
+  }
   r.restart = service.apply_live(config);
   LogLevel level = LogLevel::info;
   parse_log_level(service.config().log_level, level);

@@ -656,29 +656,7 @@ class Parser : private NodeReader {
       fail(v,
            to_at + " names blocks with " + to.hash_scheme + ", this pool with " + pool.hash_scheme);
     }
-    const std::set<std::string> readers = pool_tenants(config, pool.name);
-    for (const std::string& t : pool_tenants(config, to.name)) {
-      if (readers.count(t) == 0) {
-        fail(v, "tenant " + quoted(t) + " may use " + to_at +
-                    " but not this pool: converted "
-                    "pages would show it this pool's blocks");
-      }
-    }
-  }
-
-  // The tenants that may attach to the pool named `name`: the entries listing it, else the
-  // implicit default tenant (a default_tenant no entry is named after), if any.
-  static std::set<std::string> pool_tenants(const Config& config, const std::string& name) {
-    std::set<std::string> out;
-    bool default_is_entry = false;
-    for (const TenantConfig& t : config.tenants) {
-      if (std::find(t.pools.begin(), t.pools.end(), name) != t.pools.end()) out.insert(t.name);
-      default_is_entry = default_is_entry || t.name == config.default_tenant;
-    }
-    if (out.empty() && !default_is_entry && !config.default_tenant.empty()) {
-      out.insert(config.default_tenant);
-    }
-    return out;
+    if (std::string why = conversion_tenancy_error(config, pool); !why.empty()) fail(v, why);
   }
 
   // Operations, metrics and events ----------------------------------------------------------
@@ -786,7 +764,47 @@ class Parser : private NodeReader {
   }
 };
 
+// The tenants that may attach to the pool named `name`: the entries listing it, else the implicit
+// default tenant (a default_tenant no entry is named after), if any.
+std::set<std::string> pool_tenants(const Config& config, const std::string& name) {
+  std::set<std::string> out;
+  bool default_is_entry = false;
+  for (const TenantConfig& t : config.tenants) {
+    if (std::find(t.pools.begin(), t.pools.end(), name) != t.pools.end()) out.insert(t.name);
+    default_is_entry = default_is_entry || t.name == config.default_tenant;
+  }
+  if (out.empty() && !default_is_entry && !config.default_tenant.empty()) {
+    out.insert(config.default_tenant);
+  }
+  return out;
+}
+
 }  // namespace
+
+std::string conversion_tenancy_error(const Config& config, const PoolConfig& pool) {
+  const auto to = std::find_if(config.pools.begin(), config.pools.end(), [&](const PoolConfig& p) {
+    return p.name == pool.convert_evictions_to;
+  });
+  if (pool.convert_evictions_to.empty() || to == config.pools.end()) return {};
+  const std::set<std::string> readers = pool_tenants(config, pool.name);
+  for (const std::string& t : pool_tenants(config, to->name)) {
+    if (readers.count(t) == 0) {
+      return "tenant \"" + t + "\" may use pool \"" + to->name + "\" (pools[" +
+             std::to_string(to - config.pools.begin()) +
+             "]) but not this pool: converted pages would show it this pool's blocks";
+    }
+  }
+  return {};
+}
+
+std::string conversion_tenancy_error(const Config& config) {
+  for (const PoolConfig& pool : config.pools) {
+    if (std::string why = conversion_tenancy_error(config, pool); !why.empty()) {
+      return "pools." + pool.name + ".convert_evictions_to: " + why;
+    }
+  }
+  return {};
+}
 
 std::vector<std::string> config_keys() {
   // Every key and every mapping above one ("socket", "pools", "pools[].geometry").

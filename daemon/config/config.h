@@ -234,6 +234,14 @@ wire::Result<Config> parse_config(std::string_view yaml, std::string_view source
 // Reads and parses a file; an unreadable file is an Error naming the path and errno text.
 wire::Result<Config> load_config(const std::string& path);
 
+// Precision before eviction's tenancy rule (pools[].convert_evictions_to): every tenant that may
+// use the 8-bit pool may use the converting pool, or it would read that pool's blocks there.
+// "" or why not, for `pool`, or the first pool of `config` that breaks it (naming it). The parser
+// holds each file to it; a reload holds the config it would run (its tenants live, the
+// conversions kept from the start) to it too.
+std::string conversion_tenancy_error(const Config& config, const PoolConfig& pool);
+std::string conversion_tenancy_error(const Config& config);
+
 // Parses "1GiB", "512 MiB", "1000000000" (bytes), "4096 pages", "40%" into out. Returns ""
 // on success, else the error text (and leaves out untouched).
 std::string parse_capacity(std::string_view text, Capacity& out);

@@ -1175,6 +1175,17 @@ TEST(ConfigErrorTest, ConvertEvictionsToNamesTheKeyAndTheCause) {
                4, key, "tenant \"b\" may use pool \"older\" (pools[1]) but not this pool");
   parse_ok(converting("older", "bf16", "fp8_e4m3",
                       "tenants:\n  - name: a\n    pools: [recent, older]\n"));
+  // The rule a reload is held to, on the config it would run: tenants change live, the
+  // conversions only at a restart.
+  Config running = parse_ok(converting("older", "bf16", "fp8_e4m3",
+                                       "tenants:\n  - name: a\n    pools: [recent, older]\n"));
+  EXPECT_EQ(conversion_tenancy_error(running), "");
+  running.tenants.push_back(TenantConfig{"b", {}, {}, {"older"}});
+  EXPECT_EQ(conversion_tenancy_error(running),
+            "pools.recent.convert_evictions_to: tenant \"b\" may use pool \"older\" (pools[1]) "
+            "but not this pool: converted pages would show it this pool's blocks");
+  running.pools[0].convert_evictions_to.clear();
+  EXPECT_EQ(conversion_tenancy_error(running), "");
   // A hybrid model's groups evict together.
   expect_error(std::string(kPools) +
                    "      dtype: bf16\n    convert_evictions_to: b\n"
