@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -380,6 +381,37 @@ TEST_P(PrecisionEviction, AnOperatorsEvictConvertsAndAFlushEmptiesBothPools) {
     EXPECT_TRUE(r.value().pages.empty()) << "block " << i << " came back after the flush";
   }
   EXPECT_EQ(pool_stats(*recent, 1).indexed, 0u);
+}
+
+// Tenants change on reload, conversions only at a restart: a reload whose tenants would let a
+// tenant read the 8-bit pool but not the converting one, under the running conversion, is
+// refused even though its own file converts nothing.
+TEST(PrecisionEvictionReload, ATenantChangeThatWouldShowConvertedBlocksIsRefused) {
+  Daemon d(config("page_major", "page_major", 16));
+  ASSERT_TRUE(d.start()) << d.log();
+  std::ofstream(d.config_path()) << "backend: host\npools:\n  - name: recent\n"
+                                 << "    geometry: {layers: 2, kv_heads: 2, head_dim: 64, "
+                                    "tokens_per_page: 16, dtype: bf16}\n    capacity: 4 pages\n"
+                                 << "  - name: older\n"
+                                 << "    geometry: {layers: 2, kv_heads: 2, head_dim: 64, "
+                                    "tokens_per_page: 16, dtype: fp8_e4m3}\n"
+                                    "    capacity: 16 pages\n"
+                                 << "tenants:\n  - {name: b, uids: [4242], pools: [older]}\n";
+  ::kill(d.pid(), SIGHUP);
+  const auto logged = [&](const std::string& what) {
+    for (int i = 0; i < 500; ++i) {
+      if (d.log().find(what) != std::string::npos) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  ASSERT_TRUE(logged("event=reload_failed")) << d.log();
+  EXPECT_NE(d.log().find("pools.recent.convert_evictions_to: tenant \\\"b\\\" may use pool"),
+            std::string::npos)
+      << d.log();
+  EXPECT_EQ(d.log().find("event=reloaded"), std::string::npos) << d.log();
+  // The running config stays: this process is still the default tenant of both pools.
+  EXPECT_TRUE(attach(d, "after", "older"));
 }
 
 INSTANTIATE_TEST_SUITE_P(LayoutsAndThreads, PrecisionEviction,
