@@ -59,6 +59,10 @@ class TierMover final : public IndexObserver {
   std::span<const Move> admit_pending();
   // A demotion whose copy failed: the slot must never be promoted.
   void discard(SlotId slot) { host_.discard(slot); }
+  // Forgets the evictions not admitted yet: their pages went FREE within the call (a rolled-back
+  // reservation), so another session may write them before a deferred copy would read them.
+  // Those blocks are lost, as without a tier.
+  void drop_pending() { pending_.clear(); }
 
   // Step 1 (see above): claims up to `max` consecutive host hits at the start of `chain`, fewer
   // when the device tier cannot free that many pages now, and allocates their device pages for

@@ -125,6 +125,8 @@ class PoolHostTier {
   uint64_t bytes() const { return memory_->bytes(); }
   // Drops every block; returns how many.
   uint32_t flush() { return tier_.flush(); }
+  // TierMover::drop_pending.
+  void drop_pending() { mover_.drop_pending(); }
   // Drops the block (ns, hash) if held here (HostTier::drop); whether it was.
   bool drop(Namespace ns, const BlockHash& hash) { return tier_.drop(ns, hash); }
 

@@ -290,6 +290,11 @@ void PoolRuntime::demote_now() {
   if (host_tier_) host_tier_->demote(paged_kv());
 }
 
+void PoolRuntime::drop_pending_demotions() {
+  if (host_tier_) host_tier_->drop_pending();
+  if (converter_) converter_->drop_pending();
+}
+
 void PoolRuntime::run_tier(TierCopy& tier) {
   if (host_tier_) host_tier_->run(tier);
   if (converter_) converter_->run(tier);

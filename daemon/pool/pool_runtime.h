@@ -177,6 +177,9 @@ class PoolRuntime {
   // This pool's evictions go down to its host tier now, on the loop (a converter into this pool
   // evicted them; it writes the pages next). Precondition: no job of this pool in flight.
   void demote_now();
+  // The call's evictions are lost instead of going down: it handed their pages back FREE (a
+  // rolled-back reservation), so nothing may read them after the reply.
+  void drop_pending_demotions();
   // The copies of a plan (any thread, one job of the pool at a time) and their end (the loop).
   void run_tier(TierCopy& tier);
   void finish_demotions(TierCopy& tier);

@@ -125,6 +125,9 @@ wire::Result<wire::Reply> Service::reserve(SessionState& s, const wire::ReserveR
   }
   if (const Status st = pool.pages().retain(s.owner, seeds, hints.value()); !st.ok()) {
     (void)pool.pages().release(s.owner, fresh_pages);  // unpublished: free again
+    // What the alloc evicted cannot go down now: its pages are FREE, and another session may
+    // write them before a deferred copy would read them.
+    pool.drop_pending_demotions();
     access_.refresh_held(s);
     return access_.hint_error(s, st);
   }

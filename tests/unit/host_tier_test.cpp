@@ -130,6 +130,22 @@ TEST_F(Tiered, EvictionsAreDemotedPageToSlot) {
   check();
 }
 
+// Evictions dropped before admission are lost, as without a tier: their pages went back FREE.
+TEST_F(Tiered, DroppedEvictionsAreNeverAdmitted) {
+  cache({1, 2, 3, 4});
+  std::vector<PageId> pages(2);
+  ASSERT_TRUE(pool.alloc(owner, pages).ok());  // evicts 1 and 2
+  ASSERT_TRUE(pool.release(owner, pages).ok());
+  mover.drop_pending();
+  EXPECT_TRUE(mover.admit_pending().empty());
+  EXPECT_EQ(host.find(kNs, h(1)), kNoSlot);
+  EXPECT_EQ(host.find(kNs, h(2)), kNoSlot);
+  EXPECT_EQ(host.held(), 0u);
+  cache({5, 6, 7});  // two FREE pages, then one eviction, admitted as usual
+  EXPECT_EQ(mover.admit_pending().size(), 1u);
+  check();
+}
+
 TEST_F(Tiered, PromotionClaimsSlotsAllocatesAndPublishes) {
   cache({1, 2, 3, 4});
   cache({5, 6, 7, 8});  // 1..4 demoted
