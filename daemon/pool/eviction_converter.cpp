@@ -42,11 +42,7 @@ void EvictionConverter::plan(TierCopy& c) {
   std::vector<Eviction> todo;
   todo.reserve(pending_.size());
   for (const Eviction& e : pending_) {
-    if (from_.pages().refcount(e.page) == 0) {
-      // Gone FREE within the call (a reservation rolled back): another session may write it
-      // while a deferred conversion reads it, so its bytes count as lost.
-      ++stats_.skipped;
-    } else if (to_.pages().find(e.ns, e.hash) != kNoPage) {
+    if (to_.pages().find(e.ns, e.hash) != kNoPage) {
       // The 8-bit pool's device tier has it. One in its host tier is converted again: lookups
       // of the 16-bit pool read only the 8-bit pool's device tier, and the fresh copy replaces
       // the host tier's.
