@@ -3,9 +3,9 @@
 # build/gpu-bin (about 25 MiB: what a device call carries beside the tree, within its 64 MiB):
 #   kvpoold, kvpool_gpu_check (kernel check and bench), kvpool_gpu_pool_check,
 #   kvpool_gpu_tier_check
-# The build tree is build/gpu (KVPOOL_PORTABLE: static libstdc++, OpenSSL, yaml-cpp; static CUDA
-# runtime; no ZeroMQ, no Python module, as the GPU machine has neither), so the binaries need only
-# glibc ≥ 2.36 and the NVIDIA driver there. Then, as the device call:
+# The build tree is build/gpu (KVPOOL_PORTABLE: static libstdc++, OpenSSL, yaml-cpp, hiredis,
+# xxHash; static CUDA runtime; no ZeroMQ, no Python module, as the GPU machine has neither), so
+# the binaries need only glibc ≥ 2.36 and the NVIDIA driver there. Then, as the device call:
 #   run  command="bash tests/gpu/run.sh"  carry=["build/gpu-bin"]  timeout_s=600
 # (tests/gpu/README.md).
 set -euo pipefail
@@ -19,7 +19,7 @@ rm -rf build/gpu-bin
 mkdir -p build/gpu-bin
 for b in daemon/kvpoold tests/gpu/kvpool_gpu_pool_check tests/gpu/kvpool_gpu_check \
   tests/gpu/kvpool_gpu_tier_check; do
-  if ldd "build/gpu/$b" | grep -E 'libstdc\+\+|libyaml|libcrypto|libcuda|libcudart|libzmq'; then
+  if ldd "build/gpu/$b" | grep -E 'libstdc\+\+|libyaml|libcrypto|libcuda|libcudart|libzmq|libhiredis|libxxhash'; then
     echo "build/gpu/$b is not portable: it links the libraries above dynamically" >&2
     exit 1
   fi

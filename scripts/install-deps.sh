@@ -18,6 +18,8 @@ packages=(
   python3-dev pybind11-dev libdlpack-dev  # the Python module (DLPack: zero-copy tensors)
   python3-pytest python3-numpy python3-torch python3-zmq python3-msgpack  # its tests, example
   python3-cbor2  # the reference for vLLM's block hash (sha256 over canonical CBOR) in tests
+  libhiredis-dev libxxhash-dev  # the remote tier: Redis Cluster client, page checksums
+  redis-server redis-tools      # its tests and benchmarks start their own cluster on loopback
 )
 
 missing=()

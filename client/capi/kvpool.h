@@ -144,10 +144,12 @@ int kvpool_lookup(kvpool_conn* c, const kvpool_hash* chain, size_t n, kvpool_pag
 /* The same, and tiers[i] (room for n) says which tier served hit i: KVPOOL_TIER_DEVICE,
  * KVPOOL_TIER_HOST for a block the daemon promoted from the pool's host tier into out[i], or
  * KVPOOL_TIER_CONVERTED for one it converted back into out[i] from the 8-bit pool the pool's
- * evictions go to (convert_evictions_to; its values carry 8-bit precision). */
+ * evictions go to (convert_evictions_to; its values carry 8-bit precision), KVPOOL_TIER_REMOTE
+ * for one it fetched into out[i] from the pool's remote tier on Redis Cluster (remote_tier). */
 #define KVPOOL_TIER_DEVICE 0
 #define KVPOOL_TIER_HOST 1
 #define KVPOOL_TIER_CONVERTED 2
+#define KVPOOL_TIER_REMOTE 3
 #define KVPOOL_TIER_NONE 255 /* a KVPOOL_NO_PAGE entry */
 int kvpool_lookup_with_tiers(kvpool_conn* c, const kvpool_hash* chain, size_t n,
                              kvpool_page_id* out, uint8_t* tiers, uint32_t* hits);

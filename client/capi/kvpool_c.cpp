@@ -20,6 +20,7 @@ static_assert(KVPOOL_NO_PAGE == kvpool::kNoPage);
 static_assert(KVPOOL_TIER_DEVICE == kvpool::wire::kTierDevice &&
               KVPOOL_TIER_HOST == kvpool::wire::kTierHost &&
               KVPOOL_TIER_CONVERTED == kvpool::wire::kTierConverted &&
+              KVPOOL_TIER_REMOTE == kvpool::wire::kTierRemote &&
               KVPOOL_TIER_NONE == kvpool::wire::kTierNone);
 
 // The i-th name of a counter table, NULL past its end (the names are string literals).

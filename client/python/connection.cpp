@@ -218,6 +218,7 @@ void bind_connection(py::module_& m) {
             for (const uint8_t t : r.tiers)
               tiers.append(t == wire::kTierHost        ? "host"
                            : t == wire::kTierConverted ? "converted"
+                           : t == wire::kTierRemote    ? "remote"
                            : t == wire::kTierNone      ? "none"
                                                        : "device");
             return py::make_tuple(to_list(r.pages), tiers);

@@ -60,9 +60,10 @@
 //   alloc    u32 n, n × u32 page
 //   retain   (empty)
 //   release  (empty)
-//   lookup   u32 hits, hits × u32 page, hits × u8 tier (kTierDevice, kTierHost, kTierConverted:
-//            which tier served the block; a host-tier hit was promoted into the page, and an
-//            8-bit pool's hit converted back into it, before this reply)
+//   lookup   u32 hits, hits × u32 page, hits × u8 tier (kTierDevice, kTierHost, kTierConverted,
+//            kTierRemote: which tier served the block; a host-tier hit was promoted into the
+//            page, an 8-bit pool's hit converted back into it, a remote one fetched into it,
+//            before this reply)
 //   publish  u32 n, n × (u8 kind, u32 page)
 //   stats    u32 total, u32 free, u32 in_use, u32 cached, u32 sessions,
 //            u32 session_held_pages, u32 n, n × u64 the pool counter table's values, u32 m, m × u64
@@ -433,13 +434,16 @@ inline constexpr uint8_t kTierHost = 1;    // the pool's host tier, promoted for
 // The 8-bit pool the pool converts its evictions into (convert_evictions_to), converted back
 // into a page of the pool for this lookup: its values carry the 8-bit pool's precision.
 inline constexpr uint8_t kTierConverted = 2;
+// The remote tier on Redis Cluster (pools[].remote_tier), fetched and copied into a new page for
+// this lookup: written by this kvpoold or another one sharing the cluster.
+inline constexpr uint8_t kTierRemote = 3;
 // No page: a block before the window a sliding or chunked pool's hit needs, which the caller
 // does not read (PagePool::lookup_window); its page is kNoPage.
 inline constexpr uint8_t kTierNone = 0xFF;
 
 struct LookupReply {
   std::vector<PageId> pages;   // the hits, in chain order (kNoPage: not needed, kTierNone)
-  std::vector<uint8_t> tiers;  // one per hit: kTierDevice, kTierHost or kTierConverted
+  std::vector<uint8_t> tiers;  // one per hit: kTierDevice, kTierHost, kTierConverted, kTierRemote
   friend bool operator==(const LookupReply&, const LookupReply&) = default;
 };
 struct PublishReply {

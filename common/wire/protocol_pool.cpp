@@ -517,7 +517,7 @@ bool get_tiers(Reader& r, LookupReply& m) {
   m.tiers.resize(m.pages.size());
   for (size_t i = 0; i < m.pages.size(); ++i) {
     m.tiers[i] = static_cast<uint8_t>(p[i]);
-    if (m.tiers[i] > kTierConverted && m.tiers[i] != kTierNone) {
+    if (m.tiers[i] > kTierRemote && m.tiers[i] != kTierNone) {
       r.fail(m.tiers[i], "lookup hit " + std::to_string(i) + ": tier " +
                              std::to_string(m.tiers[i]) + " is not a known tier");
       return false;

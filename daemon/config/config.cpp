@@ -27,6 +27,7 @@
 #include "daemon/config/listen_address.h"
 #include "daemon/core/eviction_policy.h"
 #include "daemon/core/types.h"
+#include "daemon/remote/node_address.h"
 #include "kernels/paged_kv.h"
 
 namespace kvpool::daemon {
@@ -50,6 +51,7 @@ const std::vector<std::string_view> kLimitKeys = keys_under("limits.");
 const std::vector<std::string_view> kPoolKeys = keys_under("pools[].");
 const std::vector<std::string_view> kGeometryKeys = keys_under("pools[].geometry.");
 const std::vector<std::string_view> kGroupKeys = keys_under("pools[].groups[].");
+const std::vector<std::string_view> kRemoteTierKeys = keys_under("pools[].remote_tier.");
 const std::vector<std::string_view> kTenantKeys = keys_under("tenants[].");
 const std::vector<std::string_view> kLoggingKeys = keys_under("logging.");
 const std::vector<std::string_view> kMetricsKeys = keys_under("metrics.");
@@ -255,6 +257,52 @@ class Parser : private NodeReader {
     }
   }
 
+  RemoteTierConfig parse_remote_tier(const Value& v) const {
+    auto f = fields(v, kRemoteTierKeys, /*null_ok=*/false);
+    RemoteTierConfig r;
+    const Value& cluster = required(f, v, "cluster");
+    for (const Value& node : items(cluster)) {
+      const std::string text = get_string(node, "a node, \"HOST:PORT\"");
+      if (!remote::parse_node_address(text)) {
+        fail(node, quoted(text) + " is not HOST:PORT (a port from 1 to 65535)");
+      }
+      r.cluster.push_back(text);
+    }
+    if (r.cluster.empty()) fail(cluster, "must list at least one node of the cluster");
+    if (auto* n = find(f, "namespace")) {
+      r.key_namespace = get_string(*n);
+      if (r.key_namespace.empty() || r.key_namespace.size() > 64 ||
+          r.key_namespace.find_first_of(" :{}\t\n") != std::string::npos) {
+        fail(*n, "must be 1 to 64 characters without spaces, ':', '{' or '}'");
+      }
+    }
+    if (auto* t = find(f, "ttl_s")) r.ttl_s = static_cast<uint32_t>(get_uint(*t, 0, INT32_MAX));
+    static constexpr std::array<std::string_view, 2> kWrites = {"on_publish", "off"};
+    if (auto* w = find(f, "write")) {
+      r.write = get_choice(*w, kWrites) == "off" ? RemoteTierConfig::Write::off
+                                                 : RemoteTierConfig::Write::on_publish;
+    }
+    static constexpr std::array<std::string_view, 2> kAdmits = {"all", "reused"};
+    if (auto* a = find(f, "admit")) {
+      r.admit = get_choice(*a, kAdmits) == "reused" ? RemoteTierConfig::Admit::reused
+                                                    : RemoteTierConfig::Admit::all;
+    }
+    if (auto* t = find(f, "timeout_ms")) {
+      r.timeout_ms = static_cast<uint32_t>(get_uint(*t, 1, 60'000));
+    }
+    if (auto* b = find(f, "batch_pages")) {
+      r.batch_pages = static_cast<uint32_t>(get_uint(*b, 1, 4096));
+    }
+    if (auto* s = find(f, "staging_pages")) {
+      r.staging_pages = static_cast<uint32_t>(get_uint(*s, 1, 1u << 20));
+    }
+    if (r.batch_pages > r.staging_pages) {
+      fail(v, "batch_pages (" + std::to_string(r.batch_pages) + ") exceeds staging_pages (" +
+                  std::to_string(r.staging_pages) + "): a batch must fit in the staging memory");
+    }
+    return r;
+  }
+
   void parse_pools(const Value& v, Config& config,
                    std::vector<std::pair<size_t, Value>>& conversions) const {
     const std::vector<Value> list = items(v);
@@ -293,6 +341,15 @@ class Parser : private NodeReader {
         pool.convert_evictions_to = get_name(*c);
         pool.convert_at.text = location(*c);
         conversions.emplace_back(config.pools.size(), *c);
+      }
+      if (auto* r = find(f, "remote_tier")) {
+        pool.remote_tier = parse_remote_tier(*r);
+        pool.remote_tier_at.text = location(*r);
+        if (!pool.convert_evictions_to.empty()) {
+          fail(*r,
+               "this pool also converts its evictions (convert_evictions_to); give the remote "
+               "tier to the 8-bit pool, or drop one");
+        }
       }
       if (auto* m = find(f, "max_capacity")) {
         pool.max_capacity = parse_pool_capacity(*m, pool.geometry);
@@ -350,6 +407,9 @@ class Parser : private NodeReader {
     const auto refuse = [&](std::string_view key, const std::string& why) {
       if (const Value* k = find(f, key)) fail(*k, why);
     };
+    refuse("remote_tier",
+           "a hybrid model's blocks need every group's page; the remote tier does not keep "
+           "groups yet");
     refuse("convert_evictions_to",
            "a hybrid model's groups evict together (a block serves no hit without every "
            "group's page); converting one group's evictions is not supported");

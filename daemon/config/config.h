@@ -23,6 +23,9 @@
 //                             dtype: fp16 | bf16 | fp8_e4m3 | int8,
 //                             kind: full | sliding | chunked | latent, window: INT },
 //                 host_tier: "8000 pages" | SIZE | "10%", convert_evictions_to: POOL,
+//                 remote_tier: { cluster: ["HOST:PORT"], namespace: STR, ttl_s: INT,
+//                                write: on_publish | off, admit: all | reused,
+//                                timeout_ms, batch_pages, staging_pages: INT },
 //                 max_capacity: "4096 pages" | SIZE, min_capacity: "512 pages" | SIZE,
 //                 segment_size: SIZE, grow_ahead: BOOL,     (the last four: elastic pools)
 //                 groups: [ { name: STR, layers, kv_heads, head_dim: INT,
@@ -83,6 +86,22 @@ struct KeyLocation {
   friend bool operator==(const KeyLocation&, const KeyLocation&) { return true; }
 };
 
+// A remote tier on Redis Cluster under the pool (daemon/remote/remote_tier.h; docs/ARCHITECTURE.md,
+// "Remote tier"): shared by every kvpoold that names the same cluster and namespace.
+struct RemoteTierConfig {
+  enum class Write : uint8_t { on_publish, off };
+  enum class Admit : uint8_t { all, reused };
+  std::vector<std::string> cluster;      // seed nodes, "HOST:PORT"; the rest come from the map
+  std::string key_namespace = "kvpool";  // YAML `namespace`: the first part of every key
+  uint32_t ttl_s = 86400;                // the values' expiry; 0: none (maxmemory evicts)
+  Write write = Write::on_publish;       // off: this daemon only reads
+  Admit admit = Admit::all;              // reused: written at its first hit, not at publish
+  uint32_t timeout_ms = 100;             // a connect, and a node's replies to one batch
+  uint32_t batch_pages = 64;             // the most blocks one lookup fetches
+  uint32_t staging_pages = 512;          // host memory for values on their way (each way)
+  friend bool operator==(const RemoteTierConfig&, const RemoteTierConfig&) = default;
+};
+
 struct PoolConfig {
   std::string name;
   Geometry geometry;
@@ -104,6 +123,8 @@ struct PoolConfig {
   // same shape, no chain, no host_tier here, its tenants among this pool's). Fixed until a
   // restart.
   std::string convert_evictions_to{};
+  // The remote tier (above); none = no tier. Restart-only.
+  std::optional<RemoteTierConfig> remote_tier{};
   // Elastic pools (docs/ARCHITECTURE.md, "Elastic pools"): with max_capacity the pool starts at
   // `capacity` and grows by segments of segment_size when it runs out of free pages, while the
   // daemon's memory_budget has room or another pool can give a segment back, down to its own
@@ -131,6 +152,7 @@ struct PoolConfig {
   KeyLocation capacity_at{};      // the capacity key, or the pool's entry when it has none
   KeyLocation host_tier_at{};     // the host_tier key, when given
   KeyLocation convert_at{};       // the convert_evictions_to key, when given
+  KeyLocation remote_tier_at{};   // the remote_tier key, when given
   KeyLocation max_capacity_at{};  // the max_capacity key, when given
   KeyLocation segment_size_at{};  // the segment_size key, when given
   friend bool operator==(const PoolConfig&, const PoolConfig&) = default;

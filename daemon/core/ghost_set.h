@@ -8,7 +8,7 @@
 // the first empty way of the bucket, else overwrites the way under the cursor and advances it, so
 // a bucket that take() did not touch forgets in FIFO order (it fills ways 0..6, then the cursor
 // starts at way 0) and the set holds about the last `capacity` keys inserted. take()
-// removes a key and says whether it was there. Both touch one bucket (one cache line), O(1), no
+// removes a key and says whether it was there; contains() only says. Both touch one bucket (one cache line), O(1), no
 // allocation after the constructor; about 4.6 bytes per key of capacity.
 //
 // Approximations, harmless for a hint that only orders eviction: a key may be forgotten early
@@ -62,6 +62,17 @@ class GhostSet {
         b.tags[w] = 0;
         return true;
       }
+    }
+    return false;
+  }
+
+  // Whether the key is remembered, leaving it so.
+  bool contains(uint64_t key) const {
+    if (buckets_.empty()) return false;
+    const Bucket& b = buckets_[key & mask_];
+    const uint16_t t = tag(key);
+    for (uint32_t w = 0; w < kWays; ++w) {
+      if (b.tags[w] == t) return true;
     }
     return false;
   }

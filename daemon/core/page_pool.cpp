@@ -409,6 +409,20 @@ Status PagePool::retain(OwnerId owner, std::span<const PageId> pages, const Call
   return {};
 }
 
+Status PagePool::share(OwnerId owner, PageId page) {
+  Ledger* l = ledger(owner);
+  if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};
+  if (!valid_page(page)) return {Errc::invalid_page, 0, page};
+  const uint64_t refs = pages_[page].word & kRefMask;
+  if (refs == 0) return {Errc::not_held, 0, page};
+  if (refs == kRefMask) return {Errc::refcount_overflow, 0, page};
+  // Held pages are IN_USE, so no state changes: only counts move.
+  l->add(page);
+  ++pages_[page].word;
+  checked("share");
+  return {};
+}
+
 Status PagePool::release(OwnerId owner, std::span<const PageId> pages) {
   Ledger* l = ledger(owner);
   if (l == nullptr) return {Errc::invalid_owner, kNoItem, owner};

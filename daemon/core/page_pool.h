@@ -180,6 +180,10 @@ class PagePool {
   Status admit_alloc(size_t n, const CallHints& hints, size_t max_pages, size_t growable);
   // +1 on each page; the owner must already hold it.
   Status retain(OwnerId owner, std::span<const PageId> pages, const CallHints& hints = {});
+  // +1 on a page some owner holds now (IN_USE), for `owner`, who need not hold it: the daemon's
+  // remote tier keeps a page a session published or hit this way while its bytes are written
+  // out. not_held when no one holds the page (CACHED or FREE: its bytes may be reused).
+  Status share(OwnerId owner, PageId page);
   // −1 on each page, in the order given; the owner must hold that many references.
   Status release(OwnerId owner, std::span<const PageId> pages);
 

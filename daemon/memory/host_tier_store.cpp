@@ -10,7 +10,28 @@ uint64_t TierCopy::bytes() const {
   uint64_t n = convert_bytes;
   for (const ByteRun& r : runs)
     n += r.bytes;
+  for (const ByteRun& r : remote_runs)
+    n += r.bytes;
   return n;
+}
+
+void append_page_runs(const kernels::PagedKv& kv, PageId page, std::byte* packed, bool to_packed,
+                      std::vector<ByteRun>& out) {
+  const kernels::PageChunks chunks = kernels::page_chunks(kv);
+  const uint64_t scale_bytes = page_scale_bytes(kv.geometry);
+  auto* base = static_cast<std::byte*>(kv.base);
+  auto* scales = reinterpret_cast<std::byte*>(kv.scales);
+  auto add = [&](std::byte* pool_at, std::byte* packed_at, uint64_t bytes) {
+    out.push_back(to_packed ? ByteRun{packed_at, pool_at, bytes} : ByteRun{pool_at, packed_at, bytes});
+  };
+  for (uint32_t k = 0; k < chunks.chunks; ++k) {
+    add(base + chunks.at(page) + k * chunks.chunk, packed + k * chunks.chunk_bytes,
+        chunks.chunk_bytes);
+  }
+  if (scale_bytes != 0) {
+    add(scales + uint64_t{page} * scale_bytes, packed + uint64_t{chunks.chunks} * chunks.chunk_bytes,
+        scale_bytes);
+  }
 }
 
 wire::Result<std::unique_ptr<PoolHostTier>> PoolHostTier::create(core::PagePool& pool,
@@ -40,24 +61,8 @@ PoolHostTier::~PoolHostTier() {
 
 void PoolHostTier::plan(const kernels::PagedKv& kv, std::span<const core::TierMover::Move> moves,
                         bool down, TierCopy& c) const {
-  const kernels::PageChunks chunks = kernels::page_chunks(kv);
-  const uint64_t scale_bytes = page_scale_bytes(kv.geometry);
-  auto* base = static_cast<std::byte*>(kv.base);
-  auto* scales = reinterpret_cast<std::byte*>(kv.scales);
-  for (const core::TierMover::Move& m : moves) {
-    std::byte* slot = memory_->base() + uint64_t{m.slot} * slot_bytes_;
-    auto add = [&](std::byte* pool_at, std::byte* slot_at, uint64_t bytes) {
-      c.runs.push_back(down ? ByteRun{slot_at, pool_at, bytes} : ByteRun{pool_at, slot_at, bytes});
-    };
-    for (uint32_t k = 0; k < chunks.chunks; ++k) {
-      add(base + chunks.at(m.page) + k * chunks.chunk, slot + k * chunks.chunk_bytes,
-          chunks.chunk_bytes);
-    }
-    if (scale_bytes != 0) {
-      add(scales + uint64_t{m.page} * scale_bytes,
-          slot + uint64_t{chunks.chunks} * chunks.chunk_bytes, scale_bytes);
-    }
-  }
+  for (const core::TierMover::Move& m : moves)
+    append_page_runs(kv, m.page, memory_->base() + uint64_t{m.slot} * slot_bytes_, down, c.runs);
 }
 
 void PoolHostTier::plan_demote(const kernels::PagedKv& kv, TierCopy& c) {

@@ -46,6 +46,12 @@
 
 namespace kvpool::daemon {
 
+// The runs that copy page `page` of `kv` to or from `packed` (page_data_bytes + page_scale_bytes:
+// its chunks back to back, then its scales), appended to `out`; `to_packed`: page → packed. The
+// host tier's slots and the remote tier's values hold pages packed so.
+void append_page_runs(const kernels::PagedKv& kv, PageId page, std::byte* packed, bool to_packed,
+                      std::vector<ByteRun>& out);
+
 struct HostTierCopyStats {
   uint64_t demote_copies = 0;   // pages copied down
   uint64_t promote_copies = 0;  // pages copied up
@@ -73,16 +79,20 @@ struct TierCopy {
   // back into new pages of the pool (held by the caller); `convert_back` points into the lists.
   std::vector<PageId> back_src, back_dst;
   kernels::ConvertPagesArgs convert_back{};
+  // A lookup's run fetched from the remote tier: its staged values → the new pages (after every
+  // other copy of the batch: a new page may be one the batch demotes first).
+  std::vector<ByteRun> remote_runs;
   uint32_t pages16 = 0, pages8 = 0;  // the two pools' page counts at the plan (id bounds)
   uint64_t flushes = 0;              // the converter's flush count at the plan
   uint64_t convert_bytes = 0;        // both directions' 16-bit pages' bytes
   // Set by run().
-  std::string demote_error, promote_error, convert_error, convert_back_error;
+  std::string demote_error, promote_error, convert_error, convert_back_error, remote_error;
   uint64_t demote_ns = 0, promote_ns = 0, convert_ns = 0;
 
   uint64_t bytes() const;
   bool empty() const {
-    return runs.empty() && held.empty() && convert_src.empty() && back_src.empty();
+    return runs.empty() && held.empty() && convert_src.empty() && back_src.empty() &&
+           remote_runs.empty();
   }
 };
 

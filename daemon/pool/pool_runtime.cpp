@@ -138,6 +138,21 @@ void PoolRuntime::init_telemetry(EventLog& events, const EventsConfig& ev,
   }
 }
 
+wire::Result<bool> PoolRuntime::attach_remote_tier() {
+  if (!config_.remote_tier) return true;
+  auto tier = RemoteTier::create(*pages_, config_, info_.device);
+  if (!tier.ok()) return tier.error();
+  remote_ = std::move(tier.value());
+  const RemoteTierConfig& rc = *config_.remote_tier;
+  log_event(LogLevel::info, "remote_tier_ready",
+            {kv("pool", name()), kv("cluster", rc.cluster.front()),
+             kv("seeds", rc.cluster.size()), kv("namespace", rc.key_namespace),
+             kv("write", rc.write == RemoteTierConfig::Write::off ? "off" : "on_publish"),
+             kv("admit", rc.admit == RemoteTierConfig::Admit::all ? "all" : "reused"),
+             kv("staging_bytes", 2 * uint64_t{rc.staging_pages} * remote_->slot_bytes())});
+  return true;
+}
+
 wire::Result<bool> PoolRuntime::attach_host_tier() {
   const PoolConfig& pc = config_;
   if (!pc.host_tier) return true;
@@ -298,6 +313,8 @@ void PoolRuntime::drop_pending_demotions() {
 void PoolRuntime::run_tier(TierCopy& tier) {
   if (host_tier_) host_tier_->run(tier);
   if (converter_) converter_->run(tier);
+  // Last: a page a remote value lands in may be one this batch demoted first.
+  if (!tier.remote_runs.empty()) tier.remote_error = remote_->copy_up(tier.remote_runs);
 }
 
 void PoolRuntime::finish_demotions(TierCopy& tier) {

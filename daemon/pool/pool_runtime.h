@@ -46,6 +46,7 @@
 #include "daemon/memory/host_tier_store.h"
 #include "daemon/memory/memory_backend.h"
 #include "daemon/pool/eviction_converter.h"
+#include "daemon/remote/remote_tier.h"
 #include "daemon/telemetry/events.h"
 #include "daemon/telemetry/index_events.h"
 #include "daemon/telemetry/kv_event_encoder.h"
@@ -115,6 +116,8 @@ class PoolRuntime {
   // Precision before eviction: once every pool exists, the pool named by convert_evictions_to
   // gets this pool's evictions (EvictionConverter). Refused when the two cannot convert.
   wire::Result<bool> attach_converter();
+  // The remote tier on Redis Cluster (pools[].remote_tier), once the other tiers exist.
+  wire::Result<bool> attach_remote_tier();
 
   const PoolConfig& config() const { return config_; }
   const std::string& name() const { return config_.name; }
@@ -127,8 +130,13 @@ class PoolRuntime {
   PrefixStats& prefix_stats() { return *prefix_stats_; }
   const PrefixStats& prefix_stats() const { return *prefix_stats_; }
   bool has_host_tier() const { return host_tier_ != nullptr; }
-  // Whether evicted pages go somewhere (host tier or conversion): the Service plans after calls.
-  bool has_lower_tier() const { return host_tier_ != nullptr || converter_ != nullptr; }
+  // Whether the Service plans tier copies after calls: evicted pages go somewhere (host tier or
+  // conversion), or a lookup may promote from the remote tier.
+  bool has_lower_tier() const {
+    return host_tier_ != nullptr || converter_ != nullptr || remote_ != nullptr;
+  }
+  RemoteTier* remote() { return remote_.get(); }
+  const RemoteTier* remote() const { return remote_.get(); }
   const EvictionConverter* converter() const { return converter_.get(); }
   // Whether the pool holds (ns, hash) in its device index or its host tier.
   bool holds_block(Namespace ns, const BlockHash& hash) const;
@@ -252,6 +260,7 @@ class PoolRuntime {
   std::unique_ptr<GroupEvictions> group_evictions_;  // full groups of hybrid models only
   std::unique_ptr<PoolHostTier> host_tier_;
   std::unique_ptr<EvictionConverter> converter_;  // after pages_: gone before them
+  std::unique_ptr<RemoteTier> remote_;            // likewise
   uint32_t copies_in_flight_ = 0;
   ElasticState elastic_;
 };

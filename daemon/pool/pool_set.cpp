@@ -77,6 +77,7 @@ wire::Result<std::unique_ptr<PoolSet>> PoolSet::create(const Config& config, Mem
     for (auto& pool : set->pools_) {
       current = &pool->config();
       if (auto err = pool->attach_converter(); !err.ok()) return err.error();
+      if (auto err = pool->attach_remote_tier(); !err.ok()) return err.error();
     }
   } catch (const std::bad_alloc&) {
     return bookkeeping_error(config, current);

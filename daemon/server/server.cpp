@@ -39,7 +39,9 @@ Server::Server(asio::io_context& io, Service& service, std::chrono::milliseconds
       frame_timeout_(frame_timeout),
       acceptor_(io),
       accept_backoff_(io),
-      copy_worker_(io) {}
+      copy_worker_(io),
+      remote_fetch_worker_(io, CopyWorker::kFetchNice),
+      remote_store_worker_(io, CopyWorker::kStoreNice) {}
 
 Server::~Server() {
   stop();
@@ -186,7 +188,7 @@ void Server::notify_pool_changes() {
 void Server::start_background_jobs() {
   if (stopping_) return;
   while (auto job = service_.take_background_job()) {
-    copy_worker_.submit(std::move(job), [this](std::unique_ptr<CopyJob> done) {
+    worker_for(*job).submit(std::move(job), [this](std::unique_ptr<CopyJob> done) {
       if (stopping_) return;
       service_.finish_background(*done);
       notify_pool_changes();
@@ -234,6 +236,8 @@ void Server::stop() {
   reserve_fd_ = -1;
   // A running copy finishes first: the pools' memory must not be released under it.
   copy_worker_.stop();
+  remote_fetch_worker_.stop();
+  remote_store_worker_.stop();
   const std::vector<std::shared_ptr<Connection>> all(connections_.begin(), connections_.end());
   for (const auto& c : all)
     c->abandon_copy();

@@ -127,6 +127,21 @@ class Server {
   std::string path_;
   std::set<std::shared_ptr<Connection>> connections_;
   CopyWorker copy_worker_;
+  // The remote tiers' network I/O, apart from the copies and from each other: a lookup's fetch
+  // never waits behind a batch of writes (daemon/remote/remote_tier.h).
+  CopyWorker remote_fetch_worker_;
+  CopyWorker remote_store_worker_;
+  CopyWorker& worker_for(const CopyJob& job) {
+    switch (job.worker) {
+      case CopyJob::Worker::remote_fetch:
+        return remote_fetch_worker_;
+      case CopyJob::Worker::remote_store:
+        return remote_store_worker_;
+      case CopyJob::Worker::copy:
+        break;
+    }
+    return copy_worker_;
+  }
   bool stopping_ = false;
   // Operations, metrics and events.
   std::set<Connection*> subscribers_;  // the connections in connections_ that are subscribed

@@ -328,23 +328,31 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   void start_copy(std::unique_ptr<CopyJob> job, uint64_t arrival) {
     copy_in_flight_ = true;
     copy_arrival_ = arrival;
-    server_.copy_worker_.submit(std::move(job),
-                                [self = shared_from_this()](std::unique_ptr<CopyJob> done) {
-                                  self->copy_done(std::move(done));
-                                });
+    server_.worker_for(*job).submit(std::move(job),
+                                    [self = shared_from_this()](std::unique_ptr<CopyJob> done) {
+                                      self->copy_done(std::move(done));
+                                    });
   }
 
   void copy_done(std::unique_ptr<CopyJob> job) {
     if (!copy_in_flight_) return;  // abandoned: the daemon is stopping
     copy_in_flight_ = false;
     if (closed_) {
-      // Closed while copying: the reply has nowhere to go; the session's pages go back now.
+      // Closed while copying: the reply has nowhere to go; the session's pages go back now (a
+      // remote fetch's promotion copies run here first: they hold pages of the pool).
       std::vector<std::byte> discarded;
-      server_.service_.finish_copy(*job, discarded);
+      for (auto next = server_.service_.finish_copy(*job, discarded); next;) {
+        next->run();
+        next = server_.service_.finish_copy(*next, discarded);
+      }
       release();
       return;
     }
-    server_.service_.finish_copy(*job, out_);
+    if (auto next = server_.service_.finish_copy(*job, out_)) {
+      // A remote fetch whose promotion's copies follow off the loop: they answer.
+      start_copy(std::move(next), copy_arrival_);
+      return;
+    }
     // What the job changed reaches the other sessions even if this one sends nothing more.
     if (server_.activity_ != nullptr) server_.activity_->on_activity();
     server_.publish_kv_events();

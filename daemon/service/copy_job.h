@@ -24,6 +24,10 @@
 namespace kvpool::daemon {
 
 struct CopyJob {
+  // The thread that runs it: the CopyWorker (copies, memory work), or the remote tier's workers
+  // (network I/O, which must not hold the copies up: a lookup's fetch, a batch of writes).
+  enum class Worker : uint8_t { copy, remote_fetch, remote_store };
+  Worker worker = Worker::copy;
   PoolRuntime* pool = nullptr;
   SessionState* session = nullptr;  // a call's job: the caller (alive until it is finished)
   uint32_t request_id = 0;
@@ -43,6 +47,8 @@ struct CopyJob {
   std::function<void()> done;
 
   bool counted() const { return !work; }
+  // A lookup's remote fetch: once finished, its promotion's tier copies may follow.
+  bool remote_fetch() const { return worker == Worker::remote_fetch; }
 
   // The page count was taken on the loop (args.kv.num_pages): an elastic pool may resize while
   // this runs, above the pages it copies, which its session holds.

@@ -29,10 +29,10 @@ void CopyWorker::stop() {
 }
 
 void CopyWorker::run() {
-  // Linux nice values are per thread: this lowers only the copier (see the header for why +19).
+  // Linux nice values are per thread: this lowers only the worker (see the header for why +19).
   // Raising one's own nice value needs no privilege; if it fails the copies simply compete on
   // equal terms.
-  (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+  if (nice_ != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice_);
   for (;;) {
     std::unique_ptr<CopyJob> job;
     Done done;

@@ -1,4 +1,4 @@
-// CopyWorker: runs daemon-side page copies, and the host-tier demotions and promotions of calls
+// CopyWorker: runs daemon-side page copies (and, as another instance, the remote tier's I/O), and the host-tier demotions and promotions of calls
 // too large for the loop, on a thread of their own, so that a 1 GiB copy never holds the event
 // loop (DESIGN §7: the loop is never blocked).
 //
@@ -41,7 +41,14 @@ class CopyWorker {
  public:
   using Done = std::function<void(std::unique_ptr<CopyJob>)>;
 
-  explicit CopyWorker(boost::asio::io_context& io) : io_(io) {}
+  // The nice value of copies (see above), and of the remote tier's workers: a lookup's fetch is
+  // mostly waiting on the network and its reply waits for it (ordinary priority); a batch of
+  // writes checksums every page, which no reply waits for (+10).
+  static constexpr int kCopyNice = 19;
+  static constexpr int kFetchNice = 0;
+  static constexpr int kStoreNice = 10;
+
+  explicit CopyWorker(boost::asio::io_context& io, int nice = kCopyNice) : io_(io), nice_(nice) {}
   CopyWorker(const CopyWorker&) = delete;
   CopyWorker& operator=(const CopyWorker&) = delete;
   ~CopyWorker() { stop(); }
@@ -56,6 +63,7 @@ class CopyWorker {
   void run();
 
   boost::asio::io_context& io_;
+  int nice_;
   std::mutex mu_;
   std::condition_variable wake_;
   std::deque<std::pair<std::unique_ptr<CopyJob>, Done>> queue_;  // guarded by mu_

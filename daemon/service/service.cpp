@@ -136,6 +136,8 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
     }
     job->run();
     reply = job->finish();
+    // A remote fetch's promotion: its copies, here too.
+    if (job->remote_fetch()) (void)run_tier_copies(s, request_id, op, started, reply, nullptr);
   }
   if (deferred != nullptr && *deferred) return;  // finish_copy answers and times it
   encode_answer(s, request_id, op, reply, out);
@@ -336,6 +338,12 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
     };
     return wire::Reply(wire::LookupReply{});  // call_finish_'s takes its place
   }
+  offer_remote_hits(s, r.chain, std::span(l.pages).first(hits));
+  // Nothing here holds the run that follows: the remote tier may (the reply waits for its fetch,
+  // off the loop, then for the copies into new pages).
+  if (plan_remote_fetch(s, ns, hints.value(), l, hits, rest)) {
+    return wire::Reply(wire::LookupReply{});  // call_job_'s takes its place
+  }
   return lookup_reply(s, std::move(l), hits);
 }
 
@@ -376,6 +384,7 @@ wire::Result<wire::Reply> Service::publish(SessionState& s, const wire::PublishR
   }
   if (!st.ok()) return access_.hint_error(s, st);
   access_.refresh_held(s);
+  offer_remote(s, r.items, p.results);
   return wire::Reply(std::move(p));
 }
 

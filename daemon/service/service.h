@@ -93,8 +93,10 @@ class Service {
   void handle(SessionState& session, uint32_t request_id, const wire::Request& request,
               std::vector<std::byte>& out, std::span<const int>* fds_to_pass,
               std::unique_ptr<CopyJob>* deferred = nullptr);
-  // Appends the reply of a deferred job that has run.
-  void finish_copy(CopyJob& job, std::vector<std::byte>& out);
+  // Appends the reply of a deferred job that has run; or, for a lookup's remote fetch whose
+  // promotion's copies are too large for the loop, returns them as the next job to run (its own
+  // finish_copy then answers) and appends nothing.
+  std::unique_ptr<CopyJob> finish_copy(CopyJob& job, std::vector<std::byte>& out);
   // The daemon's own work off the loop (segments made ahead of need, shrunk ones given back),
   // one job at a time until null; the caller runs each and then calls finish_background.
   std::unique_ptr<CopyJob> take_background_job();
@@ -195,6 +197,23 @@ class Service {
                                                const std::vector<PoolRuntime*>& groups,
                                                const std::vector<core::CallHints>& hints,
                                                wire::GroupLookupReply& reply);
+  // The remote tier (service_remote.cpp). A lookup that missed locally at `hits` (rest: the
+  // chain after): its fetch, made the call's job (call_job_); false when the pool has no remote
+  // tier or the tier cannot be asked now.
+  bool plan_remote_fetch(SessionState& s, Namespace ns, const core::CallHints& hints,
+                         wire::LookupReply& l, uint32_t hits, std::span<const BlockHash> rest);
+  // Once fetched, on the loop: the run found is allocated and its copies planned (call_tier_,
+  // call_finish_: handle() or finish_copy runs them), or the reply with the local hits.
+  wire::Result<wire::Reply> remote_fetched(SessionState& s, Namespace ns,
+                                           const core::CallHints& hints, wire::LookupReply l,
+                                           uint32_t hits, const std::shared_ptr<RemoteFetch>& f);
+  // The blocks a publish stored, or a lookup hit, offered to the pool's remote tier.
+  void offer_remote(SessionState& s, std::span<const PublishItem> items,
+                    std::span<const PublishResult> results);
+  void offer_remote_hits(SessionState& s, std::span<const BlockHash> chain,
+                         std::span<const PageId> pages);
+  // The remote tiers' next batch of writes, as a background job (null: none waiting).
+  std::unique_ptr<CopyJob> take_remote_store();
   // A lookup's reply with its first `hits` pages, counted in the prefix stats.
   wire::Result<wire::Reply> lookup_reply(SessionState& s, wire::LookupReply l, uint32_t hits);
   // Appends a call's reply (after a pool_changed notice when the session's segment list is old).

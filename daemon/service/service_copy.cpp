@@ -100,13 +100,19 @@ wire::Result<wire::Reply> Service::copy_reply(const CopyJob& job) const {
   return wire::Reply(wire::CopyReply{job.args.num_pairs});
 }
 
-void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
+std::unique_ptr<CopyJob> Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
   if (job.counted()) job.pool->end_job();
   pools_->drop_group_evictions();
   if (job.finish) {
     // A call whose slow part ran off the loop: its reply is made now.
     pools_->tick();
-    const auto reply = job.finish();
+    auto reply = job.finish();
+    // A remote fetch's promotion: copies like any tier copy's, here or as the next job.
+    std::unique_ptr<CopyJob> next;
+    if (job.remote_fetch() && job.session->attached &&
+        run_tier_copies(*job.session, job.request_id, job.op, job.started_ns, reply, &next)) {
+      return next;
+    }
     encode_answer(*job.session, job.request_id, job.op, reply, out);
     access_.refresh_held(*job.session);
   } else {
@@ -125,6 +131,7 @@ void Service::finish_copy(CopyJob& job, std::vector<std::byte>& out) {
   if (job.session != nullptr && job.session->attached && job.pool->elastic()) {
     pools_->grow_ahead(*job.pool);
   }
+  return nullptr;
 }
 
 }  // namespace kvpool::daemon

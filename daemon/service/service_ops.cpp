@@ -209,7 +209,7 @@ wire::Result<wire::Reply> Service::resize_up(SessionState& s, PoolRuntime& pool,
 
 std::unique_ptr<CopyJob> Service::take_background_job() {
   std::optional<MemoryWork> w = pools_->take_background();
-  if (!w) return nullptr;
+  if (!w) return take_remote_store();
   auto job = std::make_unique<CopyJob>();
   job->pool = w->pool;
   job->work = std::move(w->run);

@@ -572,16 +572,17 @@ TEST(ProtocolRoundTrip, EveryReply) {
 
 // A lookup reply's tier bytes are checked like every enumeration.
 TEST(ProtocolRoundTrip, LookupReplyRefusesAnUnknownTier) {
-  Bytes frame = encode(7, Reply{LookupReply{{4, 5}, {kTierDevice, kTierConverted}}});
-  const auto converted = decode_reply(decode_header(frame).value(), exact(payload_of(frame)));
-  ASSERT_TRUE(converted.ok()) << converted.error().message;
-  EXPECT_EQ(std::get<LookupReply>(converted.value()).tiers[1], kTierConverted);
-  frame.back() = std::byte{3};
+  Bytes frame = encode(7, Reply{LookupReply{{4, 5}, {kTierConverted, kTierRemote}}});
+  const auto known = decode_reply(decode_header(frame).value(), exact(payload_of(frame)));
+  ASSERT_TRUE(known.ok()) << known.error().message;
+  EXPECT_EQ(std::get<LookupReply>(known.value()).tiers,
+            (std::vector<uint8_t>{kTierConverted, kTierRemote}));
+  frame.back() = std::byte{4};
   auto h = decode_header(frame);
   ASSERT_TRUE(h.ok());
   const auto r = decode_reply(h.value(), exact(payload_of(frame)));
   ASSERT_TRUE(fails_with(Errc::malformed_frame, r));
-  EXPECT_NE(r.error().message.find("tier 3"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("tier 4"), std::string::npos) << r.error().message;
   // A reply built without tiers says every hit came from the device tier.
   const Bytes plain = encode(7, Reply{LookupReply{{4, 5}, {}}});
   const auto d = decode_reply(decode_header(plain).value(), exact(payload_of(plain)));

@@ -1,0 +1,241 @@
+#include "daemon/remote/remote_tier.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "common/byte_units.h"
+#include "daemon/core/check.h"
+#include "daemon/telemetry/latency.h"
+#include "daemon/telemetry/log.h"
+
+namespace kvpool::daemon {
+
+namespace {
+
+remote::ClusterOptions cluster_options(const RemoteTierConfig& c) {
+  remote::ClusterOptions o;
+  for (const std::string& node : c.cluster) {
+    auto addr = remote::parse_node_address(node);
+    KVPOOL_CHECK(addr.has_value());  // the parser refused anything else
+    o.seeds.push_back(std::move(*addr));
+  }
+  o.timeout_ms = c.timeout_ms;
+  o.retry_after_ms = kRemoteRetryAfterMs;
+  return o;
+}
+
+uint64_t key_of(const std::string& key) {
+  // The GhostSet's tag takes bits 47..62 and its bucket the low bits; bit 63 is left clear.
+  return XXH3_64bits(key.data(), key.size()) & ~(uint64_t{1} << 63);
+}
+
+}  // namespace
+
+wire::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::PagePool& pool,
+                                                              const PoolConfig& pc, int device) {
+  KVPOOL_CHECK(pc.remote_tier.has_value());
+  const uint64_t slot_bytes = remote::kValueHeaderBytes + page_data_bytes(pc.geometry) +
+                              page_scale_bytes(pc.geometry);
+  const uint64_t bytes = uint64_t{pc.remote_tier->staging_pages} * slot_bytes;
+  auto fetch = make_tier_memory(device, bytes, pc.name + " remote tier (reads)");
+  if (!fetch.ok()) return fetch.error();
+  auto store = make_tier_memory(device, bytes, pc.name + " remote tier (writes)");
+  if (!store.ok()) return store.error();
+  return std::unique_ptr<RemoteTier>(
+      new RemoteTier(pool, pc, std::move(fetch.value()), std::move(store.value())));
+}
+
+RemoteTier::RemoteTier(core::PagePool& pool, const PoolConfig& pc,
+                       std::unique_ptr<TierMemory> fetch_memory,
+                       std::unique_ptr<TierMemory> store_memory)
+    : pool_(pool),
+      owner_(pool.open_owner()),
+      config_(*pc.remote_tier),
+      label_(pc.name),
+      geometry_(pc.geometry),
+      layout_(pc.layout),
+      fingerprint_(remote::remote_fingerprint(pc.geometry, pc.layout, pc.hash_scheme)),
+      payload_bytes_(page_data_bytes(pc.geometry) + page_scale_bytes(pc.geometry)),
+      slot_bytes_(remote::kValueHeaderBytes + payload_bytes_),
+      fetch_memory_(std::move(fetch_memory)),
+      store_memory_(std::move(store_memory)),
+      written_(uint64_t{1} << 20),
+      fetch_client_(std::make_unique<remote::ClusterClient>(cluster_options(config_))),
+      store_client_(std::make_unique<remote::ClusterClient>(cluster_options(config_))) {
+  for (uint32_t i = config_.staging_pages; i-- > 0;) {
+    free_fetch_.push_back(i);
+    free_store_.push_back(i);
+  }
+}
+
+RemoteTier::~RemoteTier() {
+  (void)pool_.close_owner(owner_);
+}
+
+std::string RemoteTier::key(const std::string& tenant, const BlockHash& hash) const {
+  char fp[17];
+  std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(fingerprint_));
+  return config_.key_namespace + ":" + tenant + ":" + fp + ":" + to_hex(hash);
+}
+
+bool RemoteTier::reachable() const {
+  return LatencyRecorder::now_ns() >= down_until_ns_;
+}
+
+void RemoteTier::note_reachable(bool reachable) {
+  if (!reachable) {
+    down_until_ns_ = LatencyRecorder::now_ns() + uint64_t{kRemoteRetryAfterMs} * 1'000'000;
+    if (!logged_down_) {
+      logged_down_ = true;
+      log_event(LogLevel::warn, "remote_tier_unreachable",
+                {kv("pool", label_), kv("error", fetch_client_->view().last_error),
+                 kv("retry_ms", kRemoteRetryAfterMs)});
+    }
+  } else if (logged_down_) {
+    logged_down_ = false;
+    log_event(LogLevel::info, "remote_tier_reachable", {kv("pool", label_)});
+  }
+}
+
+std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch(const std::string& tenant,
+                                                    std::span<const BlockHash> chain,
+                                                    uint32_t max) {
+  if (!reachable()) {
+    ++stats_.skipped_down;
+    return nullptr;
+  }
+  const size_t n = std::min({chain.size(), size_t{max}, size_t{config_.batch_pages},
+                             free_fetch_.size()});
+  if (n == 0) return nullptr;
+  auto f = std::make_unique<RemoteFetch>();
+  for (size_t i = 0; i < n; ++i) {
+    f->keys.push_back(key(tenant, chain[i]));
+    f->hashes.push_back(chain[i]);
+    f->slots.push_back(free_fetch_.back());
+    free_fetch_.pop_back();
+  }
+  ++stats_.lookups;
+  return f;
+}
+
+void RemoteTier::fetch(RemoteFetch& f) {
+  const uint64_t t0 = LatencyRecorder::now_ns();
+  std::vector<uint8_t> ok(f.keys.size(), 0);
+  f.batch = fetch_client_->get(f.keys, [&](size_t i, std::span<const std::byte> value) {
+    const remote::ValueFault fault =
+        remote::check_value(value, fingerprint_, payload_bytes_, f.hashes[i]);
+    ++f.faults[static_cast<size_t>(fault)];
+    if (fault != remote::ValueFault::none) return;
+    std::memcpy(fetch_memory_->base() + uint64_t{f.slots[i]} * slot_bytes_, value.data(),
+                value.size());
+    ok[i] = 1;
+  });
+  f.found = static_cast<uint32_t>(std::find(ok.begin(), ok.end(), 0) - ok.begin());
+  f.ns = LatencyRecorder::now_ns() - t0;
+}
+
+void RemoteTier::plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f,
+                              std::span<const PageId> pages, std::vector<ByteRun>& runs) const {
+  KVPOOL_CHECK(pages.size() <= f.found);
+  for (size_t i = 0; i < pages.size(); ++i) {
+    std::byte* value = fetch_memory_->base() + uint64_t{f.slots[i]} * slot_bytes_;
+    append_page_runs(kv, pages[i], value + remote::kValueHeaderBytes, /*to_packed=*/false, runs);
+  }
+}
+
+void RemoteTier::finish_fetch(RemoteFetch& f, uint32_t promoted) {
+  free_fetch_.insert(free_fetch_.end(), f.slots.begin(), f.slots.end());
+  f.slots.clear();
+  ++stats_.fetch_batches;
+  stats_.fetch_ns += f.ns;
+  stats_.fetch_failed += f.batch.failed;
+  const uint32_t rejected = f.faults[1] + f.faults[2] + f.faults[3] + f.faults[4];
+  if (rejected != 0) {
+    stats_.rejected += rejected;
+    log_event(LogLevel::warn, "remote_value_rejected",
+              {kv("pool", label_), kv("values", rejected), kv("malformed", f.faults[1]),
+               kv("geometry", f.faults[2]), kv("block", f.faults[3]),
+               kv("checksum", f.faults[4])});
+  }
+  stats_.hit_blocks += promoted;
+  stats_.fetch_bytes += uint64_t{promoted} * slot_bytes_;
+  if (promoted == 0) ++stats_.miss_lookups;
+  // What came from the cluster is there already: not written back.
+  for (uint32_t i = 0; i < promoted; ++i)
+    written_.insert(key_of(f.keys[i]));
+  note_reachable(!f.batch.unreachable);
+}
+
+void RemoteTier::offer(const std::string& tenant, const BlockHash& hash, PageId page,
+                       bool published) {
+  if (config_.write == RemoteTierConfig::Write::off) return;
+  if (published != (config_.admit == RemoteTierConfig::Admit::all)) return;
+  std::string k = key(tenant, hash);
+  const uint64_t tag = key_of(k);
+  if (written_.contains(tag)) return;
+  if (offered_.size() >= free_store_.size() || !reachable()) {
+    ++stats_.store_skipped;
+    return;
+  }
+  if (!pool_.share(owner_, page).ok()) return;  // no one holds it: its bytes may be reused
+  written_.insert(tag);
+  offered_.push_back({std::move(k), hash, page});
+}
+
+std::unique_ptr<RemoteStore> RemoteTier::plan_store(const kernels::PagedKv& kv) {
+  if (offered_.empty()) return nullptr;
+  auto s = std::make_unique<RemoteStore>();
+  const size_t n = std::min(offered_.size(), size_t{config_.batch_pages});
+  for (size_t i = 0; i < n; ++i) {
+    Offer& o = offered_[i];
+    const uint32_t slot = free_store_.back();
+    free_store_.pop_back();
+    std::byte* value = store_memory_->base() + uint64_t{slot} * slot_bytes_;
+    append_page_runs(kv, o.page, value + remote::kValueHeaderBytes, /*to_packed=*/true, s->runs);
+    s->keys.push_back(std::move(o.key));
+    s->hashes.push_back(o.hash);
+    s->pages.push_back(o.page);
+    s->slots.push_back(slot);
+  }
+  offered_.erase(offered_.begin(), offered_.begin() + static_cast<ptrdiff_t>(n));
+  return s;
+}
+
+void RemoteTier::store(RemoteStore& s) {
+  const uint64_t t0 = LatencyRecorder::now_ns();
+  s.copy_error = store_memory_->copy(s.runs);
+  if (s.copy_error.empty()) {
+    std::vector<std::span<const std::byte>> values;
+    values.reserve(s.slots.size());
+    for (size_t i = 0; i < s.slots.size(); ++i) {
+      const std::span value(store_memory_->base() + uint64_t{s.slots[i]} * slot_bytes_,
+                            slot_bytes_);
+      remote::write_value_header(value, fingerprint_, geometry_, layout_, s.hashes[i]);
+      values.push_back(value);
+    }
+    s.batch = store_client_->set(s.keys, values, config_.ttl_s);
+  }
+  s.ns = LatencyRecorder::now_ns() - t0;
+}
+
+void RemoteTier::finish_store(RemoteStore& s) {
+  KVPOOL_CHECK(pool_.release(owner_, s.pages).ok());
+  free_store_.insert(free_store_.end(), s.slots.begin(), s.slots.end());
+  ++stats_.store_batches;
+  stats_.store_ns += s.ns;
+  if (!s.copy_error.empty()) {
+    stats_.store_failed += s.keys.size();
+    log_event(LogLevel::error, "remote_tier_copy_failed",
+              {kv("pool", label_), kv("error", s.copy_error)});
+    return;
+  }
+  stats_.stored += s.batch.answered;
+  stats_.store_failed += s.batch.failed;
+  stats_.store_bytes += uint64_t{s.batch.answered} * slot_bytes_;
+  if (s.batch.unreachable) note_reachable(false);
+}
+
+}  // namespace kvpool::daemon

@@ -1,0 +1,168 @@
+// RemoteTier: a pool's tier on Redis Cluster, below its host tier (or its device tier when it has
+// none), shared by every kvpoold that names the same cluster and namespace: a prefix one node
+// computed is found by the others' lookups and promoted into their pools, bytes equal.
+//
+// Keys: NAMESPACE:TENANT:FINGERPRINT:HASH (the geometry fingerprint and the 128-bit block hash
+// in hex), so tenants and geometries never meet. Values: one page packed as the host tier packs
+// it behind a self-describing header (remote_value.h); a value of another geometry, another
+// block, or whose checksum fails is counted and never served.
+//
+// Writes (write: on_publish). Each block a worker publishes (admit: all), or that a lookup hits
+// for the first time (admit: reused: one-off prefixes stay out), is held by the tier's own owner
+// at once, so nothing reuses its page; plan_store() then takes up to batch_pages of them, with a
+// staging slot each, into a RemoteStore that the remote store worker runs: the pages' bytes
+// into the slots (the tier's own pinned memory on a GPU), the headers, one pipelined SET batch.
+// finish_store(), on the loop, releases the pages and slots. When the staging slots are all
+// taken, further blocks are skipped (counted): a slow cluster never holds the loop or the pool.
+//
+// Reads. A lookup that misses locally continues its chain here: plan_fetch() claims slots for
+// up to batch_pages blocks and the remote fetch worker GETs them in one batch, checking each
+// value into its slot; the run that is valid from the first block is promoted (the Service
+// allocates its pages, these copies join the call's tier copies, behind its demotions, and the
+// pages are published before the reply, tier kTierRemote). While the cluster is unreachable the
+// tier is skipped for retry_after (lookups answer locally; counted, logged once).
+//
+// Thread-safety: fetch() and store() run on the remote workers' threads (one each, one job at a
+// time), each with its own ClusterClient; they touch only their job and the staging memory of
+// their direction. Everything else belongs to the event loop. Error policy: create() returns an
+// error naming the cause; everything after is a cache's failure: counted, logged, never a
+// client's error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "daemon/config/config.h"
+#include "daemon/core/ghost_set.h"
+#include "daemon/core/page_pool.h"
+#include "daemon/memory/host_tier_store.h"
+#include "daemon/memory/tier_memory.h"
+#include "daemon/remote/cluster_client.h"
+#include "daemon/remote/remote_value.h"
+#include "kernels/paged_kv.h"
+
+namespace kvpool::daemon {
+
+// After a batch that reached no node, the tier is left alone this long (and the client leaves a
+// failed node alone as long).
+inline constexpr uint32_t kRemoteRetryAfterMs = 1000;
+
+// One lookup's fetch: made on the loop, run on the fetch worker, finished on the loop.
+struct RemoteFetch {
+  std::vector<std::string> keys;
+  std::vector<BlockHash> hashes;
+  std::vector<uint32_t> slots;  // staging slots, one per key
+  // Set by fetch(): the blocks valid from the first, what was wrong with the others.
+  uint32_t found = 0;
+  uint32_t faults[5] = {};  // by remote::ValueFault
+  remote::ClusterClient::BatchResult batch;
+  uint64_t ns = 0;
+};
+
+// One batch of writes: made on the loop, run on the store worker, finished on the loop.
+struct RemoteStore {
+  std::vector<std::string> keys;
+  std::vector<BlockHash> hashes;
+  std::vector<PageId> pages;  // held by the tier's owner until finish_store
+  std::vector<uint32_t> slots;
+  std::vector<ByteRun> runs;  // pages → slots' payloads
+  // Set by store().
+  std::string copy_error;
+  remote::ClusterClient::BatchResult batch;
+  uint64_t ns = 0;
+};
+
+struct RemoteTierStats {
+  uint64_t lookups = 0;         // lookups that asked the cluster
+  uint64_t hit_blocks = 0;      // blocks fetched and promoted
+  uint64_t miss_lookups = 0;    // lookups that found nothing usable
+  uint64_t skipped_down = 0;    // lookups not asked while the cluster was unreachable
+  uint64_t rejected = 0;        // values refused: other geometry, other block, bad checksum
+  uint64_t stored = 0;          // blocks written
+  uint64_t store_skipped = 0;   // blocks not written: no staging slot free
+  uint64_t store_failed = 0;    // blocks whose write failed
+  uint64_t fetch_failed = 0;    // keys whose read failed (node down, timeout)
+  uint64_t fetch_bytes = 0, store_bytes = 0;
+  uint64_t fetch_ns = 0, store_ns = 0;  // time in batches, in all
+  uint64_t fetch_batches = 0, store_batches = 0;
+};
+
+class RemoteTier {
+ public:
+  // The tier of pool `label` (geometry, layout, hash scheme of `pc`) over `pool`, its staging
+  // memory pinned for CUDA device `device` (−1: host memory).
+  static wire::Result<std::unique_ptr<RemoteTier>> create(core::PagePool& pool,
+                                                          const PoolConfig& pc, int device);
+  ~RemoteTier();
+  RemoteTier(const RemoteTier&) = delete;
+  RemoteTier& operator=(const RemoteTier&) = delete;
+
+  const RemoteTierConfig& config() const { return config_; }
+
+  // Reads. A fetch of the start of `chain` (at most `max` blocks) for `tenant`, or null: the
+  // cluster is unreachable for now, or no staging slot is free.
+  std::unique_ptr<RemoteFetch> plan_fetch(const std::string& tenant,
+                                          std::span<const BlockHash> chain, uint32_t max);
+  void fetch(RemoteFetch& f);  // the fetch worker
+  // The copies of f's first pages.size() blocks into `pages`, appended to `runs`.
+  void plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f,
+                    std::span<const PageId> pages, std::vector<ByteRun>& runs) const;
+  // Any thread, one at a time (the pool's tier copies): the staged values into the pages.
+  std::string copy_up(std::span<const ByteRun> runs) { return fetch_memory_->copy(runs); }
+  // The loop, once the fetch ran (and its promotion, of `promoted` blocks, is done): the slots
+  // go back and the outcome is counted.
+  void finish_fetch(RemoteFetch& f, uint32_t promoted);
+
+  // Writes. A block published (admit all) or hit for the first time (admit reused): kept for
+  // the next plan_store when write is on and a slot is free, its page held until written.
+  void offer(const std::string& tenant, const BlockHash& hash, PageId page, bool published);
+  // The next batch of writes, or null when none is waiting.
+  std::unique_ptr<RemoteStore> plan_store(const kernels::PagedKv& kv);
+  void store(RemoteStore& s);  // the store worker
+  void finish_store(RemoteStore& s);
+  // Blocks offered and not yet in a batch, pages held by batches in flight.
+  uint32_t waiting() const { return static_cast<uint32_t>(offered_.size()); }
+
+  const RemoteTierStats& stats() const { return stats_; }
+  // The read side's view of the cluster (any thread).
+  remote::ClusterView view() const { return fetch_client_->view(); }
+  bool reachable() const;
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  uint32_t staging_pages() const { return config_.staging_pages; }
+
+ private:
+  RemoteTier(core::PagePool& pool, const PoolConfig& pc, std::unique_ptr<TierMemory> fetch_memory,
+             std::unique_ptr<TierMemory> store_memory);
+  std::string key(const std::string& tenant, const BlockHash& hash) const;
+  void note_reachable(bool reachable);
+
+  struct Offer {
+    std::string key;
+    BlockHash hash;
+    PageId page;
+  };
+
+  core::PagePool& pool_;
+  core::OwnerId owner_;  // holds the pages waiting for or in a write
+  RemoteTierConfig config_;
+  std::string label_;
+  Geometry geometry_;
+  KvLayout layout_;
+  uint64_t fingerprint_;
+  uint64_t payload_bytes_;
+  uint64_t slot_bytes_;  // header + payload
+  std::unique_ptr<TierMemory> fetch_memory_, store_memory_;
+  std::vector<uint32_t> free_fetch_, free_store_;
+  std::vector<Offer> offered_;
+  core::GhostSet written_;  // keys recently offered or found here: not offered again
+  std::unique_ptr<remote::ClusterClient> fetch_client_, store_client_;
+  // After a batch that reached no node, the loop skips the tier until then.
+  uint64_t down_until_ns_ = 0;
+  bool logged_down_ = false;
+  RemoteTierStats stats_;
+};
+
+}  // namespace kvpool::daemon

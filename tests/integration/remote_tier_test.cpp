@@ -1,0 +1,300 @@
+// Integration: the remote tier (pools[].remote_tier) with a real Redis Cluster (3 masters, 3
+// replicas, scripts/redis-cluster.sh) and real kvpoold processes, each its own "node". A prefix
+// published on one daemon is found by another's lookup, promoted into its pool (tier
+// kTierRemote) and bytes equal; a value corrupted in the cluster, or written by a pool of another
+// geometry, is refused and counted, never served; with the cluster gone, lookups answer locally,
+// and the daemon says so once; a master killed under load is taken over by its replica and
+// the daemons go on. Label `remote`: these start redis-server themselves.
+#include <signal.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/connection/connection.h"
+#include "client/worker/pool_kernels.h"
+#include "tests/integration/daemon_harness.h"
+#include "tests/integration/redis_cluster.h"
+#include "tests/integration/test_attach.h"
+
+namespace kvpool::testing {
+namespace {
+
+using client::Connection;
+using client::PoolKernels;
+using Clock = std::chrono::steady_clock;
+
+constexpr const char* kGeometry =
+    "{layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16}";
+
+std::string config(const RedisCluster& cluster, const std::string& ns,
+                   const std::string& geometry = kGeometry, const std::string& extra = "") {
+  return "backend: host\npools:\n  - name: chat\n    geometry: " + geometry +
+         "\n    capacity: 16 pages\n    remote_tier: {cluster: " + cluster.seeds() +
+         ", namespace: " + ns + ", timeout_ms: 200" + extra + "}\n";
+}
+
+BlockHash block(uint64_t i) {
+  return BlockHash{0xBEEF'0000 + i, i * 7 + 3};
+}
+
+std::vector<BlockHash> chain(uint64_t first, uint64_t n) {
+  std::vector<BlockHash> c;
+  for (uint64_t i = 0; i < n; ++i)
+    c.push_back(block(first + i));
+  return c;
+}
+
+// The bytes block `id` holds, a function of the id and the offset in the page.
+std::byte pattern(uint64_t id, uint64_t at) {
+  return static_cast<std::byte>((id * 131 + at * 7 + (at >> 9)) & 0xFF);
+}
+
+void fill(Connection& c, PageId p, uint64_t id) {
+  const kernels::PagedKv kv = PoolKernels(c).paged_kv();
+  const kernels::PageChunks ch = kernels::page_chunks(kv);
+  auto* base = static_cast<std::byte*>(kv.base);
+  uint64_t at = 0;
+  for (uint32_t k = 0; k < ch.chunks; ++k) {
+    for (uint64_t b = 0; b < ch.chunk_bytes; ++b)
+      base[ch.at(p) + k * ch.chunk + b] = pattern(id, at++);
+  }
+}
+
+// The first offset where page p differs from block id's bytes, or -1.
+int64_t first_difference(Connection& c, PageId p, uint64_t id) {
+  const kernels::PagedKv kv = PoolKernels(c).paged_kv();
+  const kernels::PageChunks ch = kernels::page_chunks(kv);
+  const auto* base = static_cast<const std::byte*>(kv.base);
+  uint64_t at = 0;
+  for (uint32_t k = 0; k < ch.chunks; ++k) {
+    for (uint64_t b = 0; b < ch.chunk_bytes; ++b, ++at) {
+      if (base[ch.at(p) + k * ch.chunk + b] != pattern(id, at)) return static_cast<int64_t>(at);
+    }
+  }
+  return -1;
+}
+
+// Writes blocks [first, first + n) into c's pool and publishes them; "" or the error.
+std::string publish_blocks(Connection& c, uint64_t first, uint64_t n) {
+  auto pages = c.alloc(static_cast<uint32_t>(n));
+  if (!pages.ok()) return "alloc: " + pages.error().message;
+  std::vector<PublishItem> items;
+  for (uint64_t i = 0; i < n; ++i) {
+    fill(c, pages.value()[i], first + i);
+    items.push_back({pages.value()[i], block(first + i)});
+  }
+  auto pub = c.publish(items);
+  if (!pub.ok()) return "publish: " + pub.error().message;
+  auto rel = c.release(pages.value());
+  return rel.ok() ? "" : "release: " + rel.error().message;
+}
+
+// Looks `want` up until all of it hits (the writes are asynchronous) or `timeout` passes; the
+// last reply, its pages still held.
+wire::LookupReply lookup_until(Connection& c, const std::vector<BlockHash>& want,
+                               std::chrono::milliseconds timeout, bool* any_remote) {
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    auto r = c.lookup_with_tiers(want, {});
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    if (!r.ok()) return {};
+    for (const uint8_t t : r.value().tiers)
+      *any_remote |= t == wire::kTierRemote;
+    if (r.value().pages.size() == want.size() || Clock::now() > deadline) return r.value();
+    EXPECT_TRUE(c.release(r.value().pages).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+    ++n;
+  return n;
+}
+
+class RemoteTier : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<RedisCluster>(cluster_base_port(index_++));
+    ASSERT_TRUE(cluster_->started()) << cluster_->output();
+  }
+  std::unique_ptr<RedisCluster> cluster_;
+  static inline int index_ = 0;
+};
+
+// Two daemons, one cluster: what A publishes, B finds, promoted into its own pool, bytes equal;
+// B's second lookup hits its device tier.
+TEST_F(RemoteTier, APrefixPublishedOnOneDaemonIsFoundByAnother) {
+  Daemon a(config(*cluster_, "shared"));
+  Daemon b(config(*cluster_, "shared"));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  auto ca = attach(a, "writer");
+  auto cb = attach(b, "reader");
+  ASSERT_TRUE(ca && cb);
+  ASSERT_EQ(publish_blocks(*ca, 0, 6), "");
+  const auto want = chain(0, 6);
+  bool any_remote = false;
+  const wire::LookupReply r = lookup_until(*cb, want, std::chrono::seconds(10), &any_remote);
+  ASSERT_EQ(r.pages.size(), 6u) << b.log();
+  EXPECT_TRUE(any_remote);
+  for (size_t i = 0; i < r.pages.size(); ++i)
+    EXPECT_EQ(first_difference(*cb, r.pages[i], i), -1) << "block " << i;
+  EXPECT_EQ(cluster_->keys("shared:default:").size(), 6u);
+  ASSERT_TRUE(cb->release(r.pages).ok());
+  auto again = cb->lookup_with_tiers(want, {});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value().tiers, std::vector<uint8_t>(6, wire::kTierDevice));
+  ASSERT_TRUE(cb->release(again.value().pages).ok());
+  // A chain that continues past what anyone published: the known part only.
+  auto longer = cb->lookup_with_tiers(chain(0, 9), {});
+  ASSERT_TRUE(longer.ok());
+  EXPECT_EQ(longer.value().pages.size(), 6u);
+  ASSERT_TRUE(cb->release(longer.value().pages).ok());
+  EXPECT_TRUE(a.running() && b.running());
+}
+
+// Another namespace, or a pool of another geometry under the same namespace, never serves them.
+TEST_F(RemoteTier, NamespacesAndGeometriesStayApart) {
+  Daemon a(config(*cluster_, "one"));
+  Daemon other_ns(config(*cluster_, "two"));
+  Daemon other_geometry(config(
+      *cluster_, "one", "{layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}"));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(other_ns.start()) << other_ns.log();
+  ASSERT_TRUE(other_geometry.start()) << other_geometry.log();
+  auto ca = attach(a, "writer");
+  ASSERT_TRUE(ca);
+  ASSERT_EQ(publish_blocks(*ca, 100, 3), "");
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (cluster_->keys("one:default:").size() < 3 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(cluster_->keys("one:default:").size(), 3u);
+  for (Daemon* d : {&other_ns, &other_geometry}) {
+    auto c = attach(*d, "reader");
+    ASSERT_TRUE(c);
+    auto r = c->lookup_with_tiers(chain(100, 3), {});
+    ASSERT_TRUE(r.ok());
+    EXPECT_TRUE(r.value().pages.empty());
+  }
+}
+
+// A value whose payload was changed in the cluster fails its checksum: the lookup stops before
+// it, the daemon counts and logs it, and serves nothing of it.
+TEST_F(RemoteTier, ACorruptedValueIsRefused) {
+  Daemon a(config(*cluster_, "shared"));
+  Daemon b(config(*cluster_, "shared"));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  auto ca = attach(a, "writer");
+  auto cb = attach(b, "reader");
+  ASSERT_TRUE(ca && cb);
+  ASSERT_EQ(publish_blocks(*ca, 200, 4), "");
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (cluster_->keys("shared:default:").size() < 4 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  // Block 202's key: its hash's hex ends the key.
+  std::string victim;
+  for (const std::string& k : cluster_->keys("shared:default:")) {
+    if (k.find(to_hex(block(202))) != std::string::npos) victim = k;
+  }
+  ASSERT_FALSE(victim.empty());
+  EXPECT_EQ(cluster_->cli(0, "SETRANGE " + victim + " 1000 XYZ").find("ERR"), std::string::npos);
+  auto r = cb->lookup_with_tiers(chain(200, 4), {});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r.value().pages.size(), 2u);
+  for (size_t i = 0; i < r.value().pages.size(); ++i)
+    EXPECT_EQ(first_difference(*cb, r.value().pages[i], 200 + i), -1) << "block " << i;
+  EXPECT_NE(b.log().find("remote_value_rejected"), std::string::npos) << b.log();
+  EXPECT_NE(b.log().find("checksum=1"), std::string::npos) << b.log();
+}
+
+// The cluster gone: lookups answer from the pool alone, promptly; the daemon says so once; and
+// when the cluster is back (a new one on the same ports), the tier is used again.
+TEST_F(RemoteTier, WithTheClusterGoneLookupsAnswerLocally) {
+  Daemon a(config(*cluster_, "shared"));
+  ASSERT_TRUE(a.start()) << a.log();
+  auto ca = attach(a, "worker");
+  ASSERT_TRUE(ca);
+  ASSERT_EQ(publish_blocks(*ca, 300, 2), "");
+  cluster_->stop();
+  for (int i = 0; i < 50; ++i) {
+    const auto t0 = Clock::now();
+    auto r = ca->lookup_with_tiers(chain(300, 5), {});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value().pages.size(), 2u);
+    ASSERT_TRUE(ca->release(r.value().pages).ok());
+    // One timeout at most (200 ms per node of the batch), never one per lookup.
+    EXPECT_LT(Clock::now() - t0, std::chrono::seconds(2));
+  }
+  ASSERT_EQ(publish_blocks(*ca, 310, 2), "");
+  EXPECT_TRUE(a.running());
+  EXPECT_EQ(count(a.log(), "remote_tier_unreachable"), 1u) << a.log();
+}
+
+// kill -9 of a master while two daemons write and read: its replica takes its slots over; no
+// daemon crashes or stops answering, and afterwards what one publishes the other finds again.
+TEST_F(RemoteTier, AKilledMasterIsTakenOverByItsReplica) {
+  Daemon a(config(*cluster_, "shared"));
+  Daemon b(config(*cluster_, "shared"));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  auto ca = attach(a, "writer");
+  auto cb = attach(b, "reader");
+  ASSERT_TRUE(ca && cb);
+  ASSERT_EQ(::kill(cluster_->pid(0), SIGKILL), 0);
+  const auto until = Clock::now() + std::chrono::seconds(4);
+  uint64_t id = 1000;
+  while (Clock::now() < until) {
+    ASSERT_EQ(publish_blocks(*ca, id, 1), "");
+    auto r = cb->lookup_with_tiers(chain(id, 1), {});
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(cb->release(r.value().pages).ok());
+    id += 1;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  // The replica took over (cluster-node-timeout 1 s): new blocks travel again.
+  bool any_remote = false;
+  ASSERT_EQ(publish_blocks(*ca, 5000, 8), "");
+  const wire::LookupReply r = lookup_until(*cb, chain(5000, 8), std::chrono::seconds(10), &any_remote);
+  EXPECT_EQ(r.pages.size(), 8u) << a.log() << b.log();
+  for (size_t i = 0; i < r.pages.size(); ++i)
+    EXPECT_EQ(first_difference(*cb, r.pages[i], 5000 + i), -1) << "block " << i;
+  EXPECT_TRUE(a.running() && b.running());
+}
+
+// write: off reads and never writes; admit: reused writes a block only once a lookup hit it.
+TEST_F(RemoteTier, WriteOffAndAdmitReused) {
+  Daemon reader(config(*cluster_, "ro", kGeometry, ", write: off"));
+  Daemon picky(config(*cluster_, "picky", kGeometry, ", admit: reused"));
+  ASSERT_TRUE(reader.start()) << reader.log();
+  ASSERT_TRUE(picky.start()) << picky.log();
+  auto cr = attach(reader, "r");
+  auto cp = attach(picky, "p");
+  ASSERT_TRUE(cr && cp);
+  ASSERT_EQ(publish_blocks(*cr, 400, 3), "");
+  ASSERT_EQ(publish_blocks(*cp, 500, 3), "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(cluster_->keys("ro:").empty());
+  EXPECT_TRUE(cluster_->keys("picky:").empty());
+  // Two blocks hit: those two are written.
+  auto hit = cp->lookup_with_tiers(chain(500, 2), {});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_EQ(hit.value().pages.size(), 2u);
+  ASSERT_TRUE(cp->release(hit.value().pages).ok());
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while (cluster_->keys("picky:").size() < 2 && Clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(cluster_->keys("picky:").size(), 2u);
+}
+
+}  // namespace
+}  // namespace kvpool::testing
