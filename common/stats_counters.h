@@ -89,7 +89,29 @@ namespace kvpool::stats {
   X(convert_failures, counter, pool, as_is, "kvpool_evictions_convert_failures_total",             \
     "Conversion batches between the pool and its 8-bit pool that failed (blocks not served).")     \
   X(converted_back, counter, pool, as_is, "kvpool_evictions_converted_back_total",                 \
-    "Blocks lookups found in the pool's 8-bit pool and got converted back into the pool.")
+    "Blocks lookups found in the pool's 8-bit pool and got converted back into the pool.")         \
+  X(remote_reachable, gauge, pool, as_is, "kvpool_remote_tier_nodes_reachable",                    \
+    "Masters of the remote tier's cluster that answer (0 with no remote tier).")                   \
+  X(remote_slots, gauge, pool, as_is, "kvpool_remote_tier_slots_covered",                          \
+    "Cluster slots the remote tier's slot map gives a master (16384 when whole).")                 \
+  X(remote_lookups, counter, pool, as_is, "kvpool_remote_tier_lookups_total",                      \
+    "Lookups that missed locally and asked the remote tier.")                                      \
+  X(remote_hits, counter, pool, as_is, "kvpool_remote_tier_hit_blocks_total",                      \
+    "Blocks the remote tier served, fetched and copied into pool pages.")                          \
+  X(remote_misses, counter, pool, as_is, "kvpool_remote_tier_misses_total",                        \
+    "Lookups that asked the remote tier and found nothing usable.")                                \
+  X(remote_skipped, counter, pool, as_is, "kvpool_remote_tier_skipped_total",                      \
+    "Lookups that did not ask the remote tier: its cluster was unreachable (degraded to local).")  \
+  X(remote_rejected, counter, pool, as_is, "kvpool_remote_tier_rejected_total",                    \
+    "Remote values refused: another geometry or block, or a bad checksum (never served).")         \
+  X(remote_stored, counter, pool, as_is, "kvpool_remote_tier_stored_total",                        \
+    "Blocks written to the remote tier.")                                                          \
+  X(remote_store_skipped, counter, pool, as_is, "kvpool_remote_tier_store_skipped_total",          \
+    "Blocks not written to the remote tier: its staging memory was full or it was unreachable.")   \
+  X(remote_store_failed, counter, pool, as_is, "kvpool_remote_tier_store_failures_total",          \
+    "Blocks whose write to the remote tier failed (a node down, out of memory, a timeout).")       \
+  X(remote_fetch_failed, counter, pool, as_is, "kvpool_remote_tier_fetch_failures_total",          \
+    "Keys whose read from the remote tier failed (a node down, a timeout).")
 
 // The daemon's rows, in DaemonStats order.
 #define KVPOOL_DAEMON_COUNTERS(X)                                                            \
@@ -162,11 +184,11 @@ inline constexpr size_t kNumPoolCounters = std::size(kPoolCounters);
 inline constexpr size_t kNumDaemonCounters = std::size(kDaemonCounters);
 
 // A row more is a PoolStats field more: raise kLayoutVersion, then these figures.
-static_assert(kNumPoolCounters == 31 && sizeof(PoolStats) == 760 && kLayoutVersion == 7,
+static_assert(kNumPoolCounters == 42 && sizeof(PoolStats) == 880 && kLayoutVersion == 8,
               "the counter table and PoolStats changed: raise kLayoutVersion");
-static_assert(kPoolCounters[kNumPoolCounters - 1].name == "converted_back",
+static_assert(kPoolCounters[kNumPoolCounters - 1].name == "remote_fetch_failed",
               "rows are appended at the end of the table");
-static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 7,
+static_assert(kNumDaemonCounters == 20 && sizeof(DaemonStats) == 144 && kLayoutVersion == 8,
               "the daemon table and DaemonStats changed: raise kLayoutVersion");
 static_assert(kDaemonCounters[kNumDaemonCounters - 1].name == "kv_batches_dropped",
               "rows are appended at the end of the table");

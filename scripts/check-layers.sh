@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Fails when an include runs upward: a wing may include only wings at or below its own rank
 # (docs/ARCHITECTURE.md, "Folders"; client/README.md). The orders, lowest first:
-#   daemon/: core < config < telemetry < memory < pool < service < server < daemon/ (the wiring)
+#   daemon/: core < config < telemetry < memory < remote < pool < service < server < daemon/
+#            (the wiring)
 #   client/: connection < worker, capi < ctl, python
 set -euo pipefail
 cd "$(dirname "$0")/.."
 daemon_rank() {
   case "$1" in
-    core) echo 0 ;; config) echo 1 ;; telemetry) echo 2 ;; memory) echo 3 ;; pool) echo 4 ;;
-    service) echo 5 ;; server) echo 6 ;; *) echo 7 ;;
+    core) echo 0 ;; config) echo 1 ;; telemetry) echo 2 ;; memory) echo 3 ;; remote) echo 4 ;;
+    pool) echo 5 ;; service) echo 6 ;; server) echo 7 ;; *) echo 8 ;;
   esac
 }
 client_rank() {

@@ -102,6 +102,46 @@ void print_precision(const stats::Snapshot& s, const stats::PoolStats& p, bool r
   }
 }
 
+// The remote tier (remote_tier), as JSON: null, or its cluster as seen and its counts.
+std::string remote_json(const stats::PoolStats& p) {
+  if (p.remote_tier == 0) return "null";
+  const auto u = [](uint64_t v) { return std::to_string(v); };
+  return std::string("{\"writes\":") + (p.remote_tier == 2 ? "false" : "true") +
+         ",\"nodes\":" + u(p.remote_nodes) + ",\"reachable\":" + u(p.remote_reachable) +
+         ",\"slots\":" + u(p.remote_slots) + ",\"lookups\":" + u(p.remote_lookups) +
+         ",\"hit_blocks\":" + u(p.remote_hits) + ",\"misses\":" + u(p.remote_misses) +
+         ",\"skipped_unreachable\":" + u(p.remote_skipped) +
+         ",\"rejected\":" + u(p.remote_rejected) + ",\"stored\":" + u(p.remote_stored) +
+         ",\"store_skipped\":" + u(p.remote_store_skipped) +
+         ",\"store_failed\":" + u(p.remote_store_failed) +
+         ",\"fetch_failed\":" + u(p.remote_fetch_failed) + ",\"fetch_batches\":" +
+         u(p.remote_fetch_batches) + ",\"fetch_ns\":" + u(p.remote_fetch_ns) +
+         ",\"store_batches\":" + u(p.remote_store_batches) +
+         ",\"store_ns\":" + u(p.remote_store_ns) + "}";
+}
+
+// The remote tier, as two lines: the cluster as this daemon sees it, then reads and writes.
+void print_remote(const stats::PoolStats& p, bool raw) {
+  if (p.remote_tier == 0) return;
+  const auto mean_ms = [](uint64_t ns, uint64_t n) {
+    return n == 0 ? 0.0 : static_cast<double>(ns) / static_cast<double>(n) / 1e6;
+  };
+  std::printf("  remote    %u of %u master(s) reachable, %u of 16384 slots mapped%s\n",
+              p.remote_reachable, p.remote_nodes, p.remote_slots,
+              p.remote_tier == 2 ? ", reads only (write: off)" : "");
+  std::printf(
+      "  remote    %s lookups asked (%s blocks hit, %s found nothing, %s skipped while "
+      "unreachable, %s values refused, %s keys failed; %.2f ms a batch); %s blocks written "
+      "(%s skipped, %s failed; %.2f ms a batch)\n",
+      count_text(p.remote_lookups, raw).c_str(), count_text(p.remote_hits, raw).c_str(),
+      count_text(p.remote_misses, raw).c_str(), count_text(p.remote_skipped, raw).c_str(),
+      count_text(p.remote_rejected, raw).c_str(), count_text(p.remote_fetch_failed, raw).c_str(),
+      mean_ms(p.remote_fetch_ns, p.remote_fetch_batches),
+      count_text(p.remote_stored, raw).c_str(), count_text(p.remote_store_skipped, raw).c_str(),
+      count_text(p.remote_store_failed, raw).c_str(),
+      mean_ms(p.remote_store_ns, p.remote_store_batches));
+}
+
 }  // namespace
 
 int status_verb(const Globals& g) {
@@ -132,7 +172,7 @@ int status_verb(const Globals& g) {
         "\"pinned_cached\":%u,\"sessions\":%u,\"pool_sessions\":%u,\"host_tier\":{\"pages\":%u,"
         "\"held\":%u,\"bytes\":%llu,\"demoted\":%llu,\"promoted\":%llu,\"dropped\":%llu},"
         "\"elastic\":{\"min_pages\":%u,\"max_pages\":%u,\"grows\":%llu,\"shrinks\":%llu,"
-        "\"epoch\":%u,\"history\":[%s]},\"convert_evictions\":%s}\n",
+        "\"epoch\":%u,\"history\":[%s]},\"convert_evictions\":%s,\"remote_tier\":%s}\n",
         kSchema, json_escape(g.socket).c_str(), source_name(f),
         static_cast<unsigned long long>(s.daemon.pid),
         static_cast<double>(s.daemon.uptime_ms) / 1e3, json_escape(name).c_str(),
@@ -147,7 +187,7 @@ int status_verb(const Globals& g) {
         static_cast<unsigned long long>(p.host_promoted),
         static_cast<unsigned long long>(p.host_dropped), p.min_pages, p.max_pages,
         static_cast<unsigned long long>(p.grows), static_cast<unsigned long long>(p.shrinks),
-        p.epoch, history.c_str(), convert_json(s, p).c_str());
+        p.epoch, history.c_str(), convert_json(s, p).c_str(), remote_json(p).c_str());
     return 0;
   }
   auto pct = [&](uint32_t n) { return p.total ? 100.0 * n / p.total : 0.0; };
@@ -204,6 +244,7 @@ int status_verb(const Globals& g) {
                 count_text(p.host_dropped, g.raw).c_str());
   }
   print_precision(s, p, g.raw);
+  print_remote(p, g.raw);
   std::printf("  sessions  %u worker(s)\n", s.daemon.sessions);
   return 0;
 }

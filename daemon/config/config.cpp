@@ -27,7 +27,7 @@
 #include "daemon/config/listen_address.h"
 #include "daemon/core/eviction_policy.h"
 #include "daemon/core/types.h"
-#include "daemon/remote/node_address.h"
+#include "daemon/config/node_address.h"
 #include "kernels/paged_kv.h"
 
 namespace kvpool::daemon {
@@ -263,7 +263,7 @@ class Parser : private NodeReader {
     const Value& cluster = required(f, v, "cluster");
     for (const Value& node : items(cluster)) {
       const std::string text = get_string(node, "a node, \"HOST:PORT\"");
-      if (!remote::parse_node_address(text)) {
+      if (!parse_node_address(text)) {
         fail(node, quoted(text) + " is not HOST:PORT (a port from 1 to 65535)");
       }
       r.cluster.push_back(text);

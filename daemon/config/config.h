@@ -97,8 +97,8 @@ struct RemoteTierConfig {
   Write write = Write::on_publish;       // off: this daemon only reads
   Admit admit = Admit::all;              // reused: written at its first hit, not at publish
   uint32_t timeout_ms = 100;             // a connect, and a node's replies to one batch
-  uint32_t batch_pages = 64;             // the most blocks one lookup fetches
-  uint32_t staging_pages = 512;          // host memory for values on their way (each way)
+  uint32_t batch_pages = 32;             // the most blocks one lookup fetches, or one write sends
+  uint32_t staging_pages = 128;          // pages of host memory for values on their way, each way
   friend bool operator==(const RemoteTierConfig&, const RemoteTierConfig&) = default;
 };
 

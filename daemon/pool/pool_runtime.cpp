@@ -144,9 +144,16 @@ wire::Result<bool> PoolRuntime::attach_remote_tier() {
   if (!tier.ok()) return tier.error();
   remote_ = std::move(tier.value());
   const RemoteTierConfig& rc = *config_.remote_tier;
-  log_event(LogLevel::info, "remote_tier_ready",
+  // A cluster that does not answer yet is no reason not to start: the tier is a cache, asked
+  // again as lookups come.
+  const bool answered = remote_->refresh_now();
+  const remote::ClusterView v = remote_->view();
+  log_event(answered ? LogLevel::info : LogLevel::warn, "remote_tier_ready",
             {kv("pool", name()), kv("cluster", rc.cluster.front()),
-             kv("seeds", rc.cluster.size()), kv("namespace", rc.key_namespace),
+             kv("seeds", rc.cluster.size()), kv("masters", v.nodes),
+             kv("slots", v.slots_covered),
+             kv("error", answered ? std::string() : v.last_error),
+             kv("namespace", rc.key_namespace),
              kv("write", rc.write == RemoteTierConfig::Write::off ? "off" : "on_publish"),
              kv("admit", rc.admit == RemoteTierConfig::Admit::all ? "all" : "reused"),
              kv("staging_bytes", 2 * uint64_t{rc.staging_pages} * remote_->slot_bytes())});
@@ -424,6 +431,27 @@ void PoolRuntime::fill_stats(stats::PoolStats& p) const {
     p.convert_failures = c.failures;
     p.convert_ns = c.ns;
     p.converted_back = c.back;
+  }
+  if (remote_) {
+    const RemoteTierStats& r = remote_->stats();
+    const remote::ClusterView v = remote_->view();
+    p.remote_tier = remote_->config().write == RemoteTierConfig::Write::off ? 2 : 1;
+    p.remote_nodes = v.nodes;
+    p.remote_reachable = v.reachable;
+    p.remote_slots = v.slots_covered;
+    p.remote_lookups = r.lookups;
+    p.remote_hits = r.hit_blocks;
+    p.remote_misses = r.miss_lookups;
+    p.remote_skipped = r.skipped_down;
+    p.remote_rejected = r.rejected;
+    p.remote_stored = r.stored;
+    p.remote_store_skipped = r.store_skipped;
+    p.remote_store_failed = r.store_failed;
+    p.remote_fetch_failed = r.fetch_failed;
+    p.remote_fetch_ns = r.fetch_ns;
+    p.remote_store_ns = r.store_ns;
+    p.remote_fetch_batches = r.fetch_batches;
+    p.remote_store_batches = r.store_batches;
   }
   p.total = ps.total;
   p.free = ps.free;

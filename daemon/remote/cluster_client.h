@@ -33,7 +33,7 @@
 #include <string_view>
 #include <vector>
 
-#include "daemon/remote/node_address.h"
+#include "daemon/config/node_address.h"
 
 struct redisContext;
 struct redisReply;

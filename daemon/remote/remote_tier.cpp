@@ -18,7 +18,7 @@ namespace {
 remote::ClusterOptions cluster_options(const RemoteTierConfig& c) {
   remote::ClusterOptions o;
   for (const std::string& node : c.cluster) {
-    auto addr = remote::parse_node_address(node);
+    auto addr = parse_node_address(node);
     KVPOOL_CHECK(addr.has_value());  // the parser refused anything else
     o.seeds.push_back(std::move(*addr));
   }

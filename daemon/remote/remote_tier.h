@@ -127,6 +127,9 @@ class RemoteTier {
   uint32_t waiting() const { return static_cast<uint32_t>(offered_.size()); }
 
   const RemoteTierStats& stats() const { return stats_; }
+  // Asks for the slot map now, on the caller's thread (before the workers start: kvpoold's
+  // start, so that its log and status show the cluster); whether a node answered.
+  bool refresh_now() { return fetch_client_->refresh(); }
   // The read side's view of the cluster (any thread).
   remote::ClusterView view() const { return fetch_client_->view(); }
   bool reachable() const;

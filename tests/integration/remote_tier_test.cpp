@@ -153,6 +153,17 @@ TEST_F(RemoteTier, APrefixPublishedOnOneDaemonIsFoundByAnother) {
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again.value().tiers, std::vector<uint8_t>(6, wire::kTierDevice));
   ASSERT_TRUE(cb->release(again.value().pages).ok());
+  const stats::PoolStats sa = pool_stats(*ca);
+  const stats::PoolStats sb = pool_stats(*cb);
+  EXPECT_EQ(sa.remote_tier, 1u);
+  EXPECT_EQ(sa.remote_stored, 6u);
+  EXPECT_EQ(sa.remote_nodes, 3u);
+  EXPECT_EQ(sa.remote_slots, 16384u);
+  EXPECT_EQ(sb.remote_hits, 6u);
+  EXPECT_GE(sb.remote_lookups, 1u);
+  EXPECT_EQ(sb.remote_rejected, 0u);
+  // B wrote none of them back: what came from the cluster is there already.
+  EXPECT_EQ(sb.remote_stored, 0u);
   // A chain that continues past what anyone published: the known part only.
   auto longer = cb->lookup_with_tiers(chain(0, 9), {});
   ASSERT_TRUE(longer.ok());
@@ -214,6 +225,7 @@ TEST_F(RemoteTier, ACorruptedValueIsRefused) {
     EXPECT_EQ(first_difference(*cb, r.value().pages[i], 200 + i), -1) << "block " << i;
   EXPECT_NE(b.log().find("remote_value_rejected"), std::string::npos) << b.log();
   EXPECT_NE(b.log().find("checksum=1"), std::string::npos) << b.log();
+  EXPECT_EQ(pool_stats(*cb).remote_rejected, 1u);
 }
 
 // The cluster gone: lookups answer from the pool alone, promptly; the daemon says so once; and
@@ -237,6 +249,10 @@ TEST_F(RemoteTier, WithTheClusterGoneLookupsAnswerLocally) {
   ASSERT_EQ(publish_blocks(*ca, 310, 2), "");
   EXPECT_TRUE(a.running());
   EXPECT_EQ(count(a.log(), "remote_tier_unreachable"), 1u) << a.log();
+  const stats::PoolStats st = pool_stats(*ca);
+  EXPECT_GE(st.remote_skipped, 45u);  // asked once, then skipped while unreachable
+  EXPECT_LE(st.remote_lookups, 5u);
+  EXPECT_EQ(st.remote_reachable, 0u);
 }
 
 // kill -9 of a master while two daemons write and read: its replica takes its slots over; no

@@ -60,6 +60,15 @@ pools:
   - name: e
     capacity: 8 pages
     geometry: {layers: 1, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: int8}
+    remote_tier:
+      cluster: ["127.0.0.1:7000"]
+      namespace: kvpool
+      ttl_s: 86400
+      write: on_publish
+      admit: all
+      timeout_ms: 100
+      batch_pages: 32
+      staging_pages: 128
 tenants:
   - {name: t, uids: [1000], gids: [1000], pools: []}
 default_tenant: default
@@ -118,6 +127,14 @@ const std::map<std::string, std::pair<std::string, std::string>> kSamples = {
     {"pools[].layout", {"layout: page_major", "layout: page_major\n    # layout"}},
     {"pools[].host_tier", {"host_tier: 32 pages", "host_tier: 16 pages"}},
     {"pools[].convert_evictions_to", {"convert_evictions_to: d", "convert_evictions_to: e"}},
+    {"pools[].remote_tier.cluster", {"[\"127.0.0.1:7000\"]", "[\"127.0.0.1:7001\", \"r:7002\"]"}},
+    {"pools[].remote_tier.namespace", {"namespace: kvpool", "namespace: fleet-a"}},
+    {"pools[].remote_tier.ttl_s", {"ttl_s: 86400", "ttl_s: 0"}},
+    {"pools[].remote_tier.write", {"write: on_publish", "write: off"}},
+    {"pools[].remote_tier.admit", {"admit: all", "admit: reused"}},
+    {"pools[].remote_tier.timeout_ms", {"timeout_ms: 100", "timeout_ms: 5"}},
+    {"pools[].remote_tier.batch_pages", {"batch_pages: 32", "batch_pages: 16"}},
+    {"pools[].remote_tier.staging_pages", {"staging_pages: 128", "staging_pages: 64"}},
     {"pools[].max_capacity", {"max_capacity: 128 pages", "max_capacity: 256 pages"}},
     {"pools[].min_capacity", {"min_capacity: 32 pages", "min_capacity: 48 pages"}},
     {"pools[].segment_size", {"segment_size: 4KiB", "segment_size: 8KiB"}},

@@ -1,6 +1,6 @@
-// A Redis node's address, "HOST:PORT", as the remote tier's config and the cluster's
-// redirections (MOVED, ASK) and slot map write it. No hiredis here: the config parser checks
-// addresses in builds without the remote tier too.
+// A Redis node's address, "HOST:PORT", as the remote tier's config (pools[].remote_tier.cluster)
+// and the cluster's redirections (MOVED, ASK) and slot map write it. HOST is a name or an
+// address, resolved when the remote tier connects (managed services give names).
 //
 // Thread-safety: plain values and a pure function.
 #pragma once
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-namespace kvpool::daemon::remote {
+namespace kvpool::daemon {
 
 struct NodeAddress {
   std::string host;
@@ -22,4 +22,4 @@ struct NodeAddress {
 // "HOST:PORT" (an IPv6 host in brackets, "[::1]:7000"), or nothing when malformed.
 std::optional<NodeAddress> parse_node_address(std::string_view text);
 
-}  // namespace kvpool::daemon::remote
+}  // namespace kvpool::daemon

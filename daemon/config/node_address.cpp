@@ -1,8 +1,8 @@
-#include "daemon/remote/node_address.h"
+#include "daemon/config/node_address.h"
 
 #include <charconv>
 
-namespace kvpool::daemon::remote {
+namespace kvpool::daemon {
 
 std::optional<NodeAddress> parse_node_address(std::string_view text) {
   const size_t colon = text.rfind(':');
@@ -21,4 +21,4 @@ std::optional<NodeAddress> parse_node_address(std::string_view text) {
   return NodeAddress{std::string(host), p};
 }
 
-}  // namespace kvpool::daemon::remote
+}  // namespace kvpool::daemon
