@@ -2,6 +2,11 @@
 
 #include <hiredis/hiredis.h>
 #include <sys/time.h>
+#include <sys/uio.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
 
 #include <algorithm>
 #include <charconv>
@@ -45,6 +50,62 @@ std::optional<Redirect> parse_redirect(std::string_view rest) {
   r.to = std::move(*addr);
   return r;
 }
+
+// Commands in RESP (arrays of bulk strings), as iovecs: the framing in a buffer of its own,
+// the arguments where the caller keeps them.
+class RespWriter {
+ public:
+  void command(std::span<const char* const> argv, std::span<const size_t> len) {
+    frame("*" + std::to_string(argv.size()) + "\r\n");
+    for (size_t i = 0; i < argv.size(); ++i) {
+      frame("$" + std::to_string(len[i]) + "\r\n");
+      pieces_.push_back({argv[i], len[i], false});
+      frame("\r\n");
+    }
+  }
+  // Writes everything (blocking; the socket's send timeout applies); "" or the error.
+  std::string write_to(int fd) {
+    std::vector<iovec> iov;
+    iov.reserve(pieces_.size());
+    for (const Piece& p : pieces_) {
+      const char* base = p.framing ? framing_.data() + p.offset : p.data;
+      if (p.len != 0) iov.push_back({const_cast<char*>(base), p.len});
+    }
+    size_t at = 0;
+    while (at < iov.size()) {
+      const int count = static_cast<int>(std::min<size_t>(iov.size() - at, IOV_MAX));
+      const ssize_t n = ::writev(fd, iov.data() + at, count);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : std::strerror(errno);
+      }
+      auto left = static_cast<size_t>(n);
+      while (at < iov.size() && left >= iov[at].iov_len) {
+        left -= iov[at].iov_len;
+        ++at;
+      }
+      if (left != 0) {
+        iov[at].iov_base = static_cast<char*>(iov[at].iov_base) + left;
+        iov[at].iov_len -= left;
+      }
+    }
+    return "";
+  }
+
+ private:
+  struct Piece {
+    const char* data;  // an argument, or (framing) unused
+    size_t len;
+    bool framing;
+    size_t offset = 0;  // framing: where in framing_
+  };
+  void frame(const std::string& text) {
+    pieces_.push_back({nullptr, text.size(), true, framing_.size()});
+    framing_ += text;
+  }
+  std::vector<Piece> pieces_;
+  std::string framing_;  // grows: pieces keep offsets, made pointers only in write_to
+};
 
 bool starts_with(std::string_view s, std::string_view prefix) {
   return s.substr(0, prefix.size()) == prefix;
@@ -199,7 +260,10 @@ ClusterClient::BatchResult ClusterClient::run(std::span<const std::string> keys,
       }
       by_node[static_cast<size_t>(at)].push_back(item);
     }
-    // Append every command, then flush every connection, then read: the masters work at once.
+    // Every node's commands are written, then every node's replies read: the masters work on
+    // their parts at once. The commands go out with writev() from the caller's buffers (RESP
+    // framing around them), not through hiredis's output buffer, which copies each value and
+    // moves what is left of a large pipeline after every partial write.
     std::vector<redisContext*> ctx(nodes_.size(), nullptr);
     for (size_t n = 0; n < by_node.size(); ++n) {
       if (by_node[n].empty()) continue;
@@ -211,26 +275,21 @@ ClusterClient::BatchResult ClusterClient::run(std::span<const std::string> keys,
         by_node[n].clear();
         continue;
       }
+      RespWriter out;
+      static constexpr const char* kAsking[] = {"ASKING"};
+      static constexpr size_t kAskingLen[] = {6};
       for (const Item& item : by_node[n]) {
-        if (item.ask >= 0) (void)redisAppendCommand(ctx[n], "ASKING");
+        if (item.ask >= 0) out.command(kAsking, kAskingLen);
         argv.clear();
         argvlen.clear();
         command(item.index, argv, argvlen);
-        (void)redisAppendCommandArgv(ctx[n], static_cast<int>(argv.size()), argv.data(),
-                                     argvlen.data());
+        out.command(argv, argvlen);
       }
-    }
-    for (size_t n = 0; n < by_node.size(); ++n) {
-      if (ctx[n] == nullptr) continue;
-      int done = 0;
-      while (done == 0) {
-        if (redisBufferWrite(ctx[n], &done) != REDIS_OK) {
-          fail_node(n, "write to " + nodes_[n].addr.text() + ": " + ctx[n]->errstr);
-          ctx[n] = nullptr;
-          for (const Item& item : by_node[n])
-            attempt + 1 < kMaxAttempts ? retry.push_back({item.index}) : (void)++result.failed;
-          break;
-        }
+      if (const std::string err = out.write_to(ctx[n]->fd); !err.empty()) {
+        fail_node(n, "write to " + nodes_[n].addr.text() + ": " + err);
+        ctx[n] = nullptr;
+        for (const Item& item : by_node[n])
+          attempt + 1 < kMaxAttempts ? retry.push_back({item.index}) : (void)++result.failed;
       }
     }
     for (size_t n = 0; n < by_node.size(); ++n) {

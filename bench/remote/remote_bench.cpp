@@ -1,0 +1,226 @@
+// kvpool-remote-bench: the remote tier's figures against a running Redis Cluster.
+//
+//   client   the ClusterClient kvpoold uses (daemon/remote/cluster_client.h), on kvpoold's
+//            values (header + XXH3 checksum written, checked on read): batches of --batch
+//            pages SET then GET, for each --sizes value size; bandwidth, and batch and page
+//            latency. bench/remote/remote_figures.sh runs redis-benchmark GET/SET with the same
+//            value sizes on the same cluster beside it, for the ratio.
+//   promote  two kvpoold sharing the cluster (--socket-a, --socket-b, one pool each of the same
+//            geometry): blocks published on A, then looked up on B, which fetches them and copies
+//            them into its pool before it answers; the lookup's latency for chains of 1 and
+//            --batch blocks, against B's lookup of blocks it holds (device hits), same run.
+//
+//   kvpool-remote-bench client --cluster 127.0.0.1:7100 --sizes 65536,524288,2097152
+//   kvpool-remote-bench promote --socket-a /tmp/a.sock --socket-b /tmp/b.sock
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client/connection/connection.h"
+#include "common/main_guard.h"
+#include "daemon/config/node_address.h"
+#include "daemon/remote/cluster_client.h"
+#include "daemon/remote/remote_value.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using kvpool::BlockHash;
+namespace remote = kvpool::daemon::remote;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct Latencies {
+  std::vector<double> us;
+  double pct(double q) {
+    if (us.empty()) return 0;
+    std::sort(us.begin(), us.end());
+    return us[std::min(us.size() - 1, static_cast<size_t>(q * static_cast<double>(us.size())))];
+  }
+};
+
+int client_bench(const std::vector<std::string>& seeds, const std::vector<uint64_t>& sizes,
+                 uint32_t batch, uint32_t pages, uint32_t timeout_ms) {
+  remote::ClusterOptions o;
+  for (const std::string& s : seeds) {
+    auto a = kvpool::daemon::parse_node_address(s);
+    if (!a) {
+      std::fprintf(stderr, "kvpool-remote-bench: %s is not HOST:PORT\n", s.c_str());
+      return 2;
+    }
+    o.seeds.push_back(*a);
+  }
+  o.timeout_ms = timeout_ms;
+  remote::ClusterClient client(o);
+  if (!client.refresh()) {
+    std::fprintf(stderr, "kvpool-remote-bench: no node answered: %s\n",
+                 client.view().last_error.c_str());
+    return 1;
+  }
+  const kvpool::Geometry g{1, 1, 64, 16, kvpool::KvDtype::bf16};
+  const uint64_t fp = remote::remote_fingerprint(g, kvpool::KvLayout::page_major, "bench");
+  std::printf("| value | op | pages | MB/s | batch of %u p50 / p99 (ms) | per page (us) | failed |\n",
+              batch);
+  std::printf("|---|---|---|---|---|---|---|\n");
+  for (const uint64_t size : sizes) {
+    const uint64_t payload = size - remote::kValueHeaderBytes;
+    std::vector<std::vector<std::byte>> values(batch, std::vector<std::byte>(size));
+    for (uint32_t i = 0; i < batch; ++i) {
+      for (uint64_t b = remote::kValueHeaderBytes; b < size; ++b)
+        values[i][b] = static_cast<std::byte>((b * 7 + i) & 0xFF);
+    }
+    const uint32_t rounds = std::max(1u, pages / batch);
+    auto keys_of = [&](uint32_t round) {
+      std::vector<std::string> keys;
+      for (uint32_t i = 0; i < batch; ++i)
+        keys.push_back("bench:" + std::to_string(size) + ":" + std::to_string(round) + ":" +
+                       std::to_string(i));
+      return keys;
+    };
+    auto hash_of = [](uint32_t round, uint32_t i) { return BlockHash{round, i}; };
+    // SET: headers and checksums written per batch, as the store worker does.
+    Latencies set_lat;
+    uint64_t set_failed = 0;
+    const auto t_set = Clock::now();
+    for (uint32_t r = 0; r < rounds; ++r) {
+      const auto t0 = Clock::now();
+      std::vector<std::span<const std::byte>> spans;
+      for (uint32_t i = 0; i < batch; ++i) {
+        remote::write_value_header(values[i], fp, g, kvpool::KvLayout::page_major, hash_of(r, i));
+        spans.emplace_back(values[i]);
+      }
+      set_failed += client.set(keys_of(r), spans, 600).failed;
+      set_lat.us.push_back(seconds_since(t0) * 1e6);
+    }
+    const double set_s = seconds_since(t_set);
+    // GET: every value checked, and copied out, as the fetch worker does.
+    Latencies get_lat;
+    uint64_t get_failed = 0, bad = 0;
+    std::vector<std::byte> staging(size * batch);
+    const auto t_get = Clock::now();
+    for (uint32_t r = 0; r < rounds; ++r) {
+      const auto t0 = Clock::now();
+      const auto res =
+          client.get(keys_of(r), [&](size_t i, std::span<const std::byte> v) {
+            if (remote::check_value(v, fp, payload, hash_of(r, static_cast<uint32_t>(i))) !=
+                remote::ValueFault::none) {
+              ++bad;
+              return;
+            }
+            std::memcpy(staging.data() + i * size, v.data(), v.size());
+          });
+      get_failed += res.failed;
+      get_lat.us.push_back(seconds_since(t0) * 1e6);
+    }
+    const double get_s = seconds_since(t_get);
+    const double mb = static_cast<double>(size) * rounds * batch / 1e6;
+    std::printf("| %llu | SET | %u | %.0f | %.2f / %.2f | %.1f | %llu |\n",
+                static_cast<unsigned long long>(size), rounds * batch, mb / set_s,
+                set_lat.pct(0.5) / 1e3, set_lat.pct(0.99) / 1e3, set_s * 1e6 / (rounds * batch),
+                static_cast<unsigned long long>(set_failed));
+    std::printf("| %llu | GET | %u | %.0f | %.2f / %.2f | %.1f | %llu |\n",
+                static_cast<unsigned long long>(size), rounds * batch, mb / get_s,
+                get_lat.pct(0.5) / 1e3, get_lat.pct(0.99) / 1e3, get_s * 1e6 / (rounds * batch),
+                static_cast<unsigned long long>(get_failed + bad));
+  }
+  return 0;
+}
+
+// Publishes `n` fresh blocks (ids from `first`) on c; false on an error.
+bool publish(kvpool::client::Connection& c, uint64_t first, uint32_t n) {
+  auto pages = c.alloc(n);
+  if (!pages.ok()) return false;
+  std::vector<kvpool::PublishItem> items;
+  for (uint32_t i = 0; i < n; ++i)
+    items.push_back({pages.value()[i], BlockHash{first + i, 0xB0B}});
+  return c.publish(items).ok() && c.release(pages.value()).ok();
+}
+
+int promote_bench(const std::string& socket_a, const std::string& socket_b, uint32_t batch,
+                  uint32_t rounds) {
+  auto a = kvpool::client::Connection::attach(socket_a, "bench-writer");
+  auto b = kvpool::client::Connection::attach(socket_b, "bench-reader");
+  if (!a.ok() || !b.ok()) {
+    std::fprintf(stderr, "kvpool-remote-bench: attach: %s\n",
+                 (!a.ok() ? a.error() : b.error()).message.c_str());
+    return 1;
+  }
+  uint64_t next = uint64_t{1} << 40;
+  std::printf("| chain | tier | lookups | p50 (us) | p99 (us) | per block p50 (us) |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (const uint32_t n : {1u, batch}) {
+    Latencies remote_lat, device_lat;
+    for (uint32_t r = 0; r < rounds; ++r) {
+      const uint64_t first = next;
+      next += n;
+      if (!publish(*a.value(), first, n)) return 1;
+      std::vector<BlockHash> chain;
+      for (uint32_t i = 0; i < n; ++i)
+        chain.push_back({first + i, 0xB0B});
+      // Wait until A's write is in the cluster: B's lookups until one hits it all remotely.
+      bool timed = false;
+      for (int tries = 0; tries < 1000 && !timed; ++tries) {
+        const auto t0 = Clock::now();
+        auto l = b.value()->lookup_with_tiers(chain, {});
+        const double us = seconds_since(t0) * 1e6;
+        if (!l.ok()) return 1;
+        if (l.value().pages.size() == n) {
+          remote_lat.us.push_back(us);
+          timed = true;
+        }
+        (void)b.value()->release(l.value().pages);
+        if (!timed) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      // The same chain again: device hits, the baseline.
+      const auto t0 = Clock::now();
+      auto l = b.value()->lookup(chain);
+      device_lat.us.push_back(seconds_since(t0) * 1e6);
+      if (l.ok()) (void)b.value()->release(l.value());
+    }
+    const double p50r = remote_lat.pct(0.5);
+    std::printf("| %u | remote | %zu | %.0f | %.0f | %.1f |\n", n, remote_lat.us.size(), p50r,
+                remote_lat.pct(0.99), p50r / n);
+    std::printf("| %u | device | %zu | %.0f | %.0f | %.1f |\n", n, device_lat.us.size(),
+                device_lat.pct(0.5), device_lat.pct(0.99), device_lat.pct(0.5) / n);
+  }
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"kvpool-remote-bench: the remote tier's bandwidth and promote latency"};
+  app.require_subcommand(1);
+  auto* client = app.add_subcommand("client", "ClusterClient SET/GET bandwidth per value size");
+  std::vector<std::string> seeds{"127.0.0.1:7100"};
+  std::vector<uint64_t> sizes{65536, 524288, 2097152};
+  uint32_t batch = 16, pages = 512, timeout_ms = 1000;
+  client->add_option("--cluster", seeds, "seed nodes, HOST:PORT")->delimiter(',');
+  client->add_option("--sizes", sizes, "value sizes in bytes (header included)")
+      ->delimiter(',')
+      ->check(CLI::Range(uint64_t{128}, uint64_t{512} << 20));
+  client->add_option("--batch", batch, "pages per batch")->check(CLI::Range(1u, 4096u));
+  client->add_option("--pages", pages, "pages per size and direction")->check(CLI::Range(1u, 1u << 24));
+  client->add_option("--timeout-ms", timeout_ms, "per node and batch")->check(CLI::Range(1u, 60000u));
+  auto* promote = app.add_subcommand("promote", "lookup latency of remote hits on a second daemon");
+  std::string socket_a, socket_b;
+  uint32_t rounds = 200;
+  promote->add_option("--socket-a", socket_a, "the daemon that publishes")->required();
+  promote->add_option("--socket-b", socket_b, "the daemon that looks up")->required();
+  promote->add_option("--batch", batch, "blocks in the long chain")->check(CLI::Range(1u, 4096u));
+  promote->add_option("--rounds", rounds, "lookups per chain length")->check(CLI::Range(1u, 100000u));
+  CLI11_PARSE(app, argc, argv);
+  if (client->parsed()) return client_bench(seeds, sizes, batch, pages, timeout_ms);
+  return promote_bench(socket_a, socket_b, batch, rounds);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return kvpool::guarded_main("kvpool-remote-bench", [&] { return run(argc, argv); });
+}
