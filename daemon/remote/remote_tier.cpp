@@ -176,12 +176,16 @@ void RemoteTier::offer(const std::string& tenant, const BlockHash& hash, PageId 
   std::string k = key(tenant, hash);
   const uint64_t tag = key_of(k);
   if (written_.contains(tag)) return;
-  if (offered_.size() >= free_store_.size() || !reachable()) {
+  // The pages held for writes stay under an eighth of the pool, so that a slow or full cluster
+  // never leaves the workers' allocs without pages.
+  const uint32_t hold_limit = std::max(1u, pool_.num_pages() / 8);
+  if (offered_.size() >= free_store_.size() || held_ >= hold_limit || !reachable()) {
     ++stats_.store_skipped;
     return;
   }
   if (!pool_.share(owner_, page).ok()) return;  // no one holds it: its bytes may be reused
   written_.insert(tag);
+  ++held_;
   offered_.push_back({std::move(k), hash, page});
 }
 
@@ -223,6 +227,7 @@ void RemoteTier::store(RemoteStore& s) {
 
 void RemoteTier::finish_store(RemoteStore& s) {
   KVPOOL_CHECK(pool_.release(owner_, s.pages).ok());
+  held_ -= static_cast<uint32_t>(s.pages.size());
   free_store_.insert(free_store_.end(), s.slots.begin(), s.slots.end());
   ++stats_.store_batches;
   stats_.store_ns += s.ns;

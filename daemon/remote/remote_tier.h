@@ -13,7 +13,8 @@
 // staging slot each, into a RemoteStore that the remote store worker runs: the pages' bytes
 // into the slots (the tier's own pinned memory on a GPU), the headers, one pipelined SET batch.
 // finish_store(), on the loop, releases the pages and slots. When the staging slots are all
-// taken, further blocks are skipped (counted): a slow cluster never holds the loop or the pool.
+// taken, or the pages held for writes reach an eighth of the pool, further blocks are skipped
+// (counted): a slow or full cluster never holds the loop, nor the pages workers need.
 //
 // Reads. A lookup that misses locally continues its chain here: plan_fetch() claims slots for
 // up to batch_pages blocks and the remote fetch worker GETs them in one batch, checking each
@@ -160,6 +161,7 @@ class RemoteTier {
   std::unique_ptr<TierMemory> fetch_memory_, store_memory_;
   std::vector<uint32_t> free_fetch_, free_store_;
   std::vector<Offer> offered_;
+  uint32_t held_ = 0;       // pages held for writes: offered, or in a batch in flight
   core::GhostSet written_;  // keys recently offered or found here: not offered again
   std::unique_ptr<remote::ClusterClient> fetch_client_, store_client_;
   // After a batch that reached no node, the loop skips the tier until then.

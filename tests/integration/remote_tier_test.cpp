@@ -33,9 +33,11 @@ constexpr const char* kGeometry =
     "{layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16}";
 
 std::string config(const RedisCluster& cluster, const std::string& ns,
-                   const std::string& geometry = kGeometry, const std::string& extra = "") {
+                   const std::string& geometry = kGeometry, const std::string& extra = "",
+                   uint32_t pages = 64) {
   return "backend: host\npools:\n  - name: chat\n    geometry: " + geometry +
-         "\n    capacity: 16 pages\n    remote_tier: {cluster: " + cluster.seeds() +
+         "\n    capacity: " + std::to_string(pages) +
+         " pages\n    remote_tier: {cluster: " + cluster.seeds() +
          ", namespace: " + ns + ", timeout_ms: 200" + extra + "}\n";
 }
 
@@ -121,8 +123,11 @@ size_t count(const std::string& text, const std::string& what) {
 
 class RemoteTier : public ::testing::Test {
  protected:
-  void SetUp() override {
-    cluster_ = std::make_unique<RedisCluster>(cluster_base_port(index_++));
+  void SetUp() override { start_cluster(""); }
+  // A cluster with more redis-server arguments (replacing SetUp's).
+  void start_cluster(const std::string& extra) {
+    cluster_.reset();
+    cluster_ = std::make_unique<RedisCluster>(cluster_base_port(index_++), extra);
     ASSERT_TRUE(cluster_->started()) << cluster_->output();
   }
   std::unique_ptr<RedisCluster> cluster_;
@@ -310,6 +315,61 @@ TEST_F(RemoteTier, WriteOffAndAdmitReused) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(cluster_->keys("picky:").size(), 2u);
+}
+
+// A cluster out of memory (maxmemory with noeviction) refuses writes: they fail softly (counted),
+// the daemon goes on serving from its pool, and what was written before is still found.
+TEST_F(RemoteTier, WritesToAFullClusterFailSoftly) {
+  start_cluster("--maxmemory 3mb --maxmemory-policy noeviction");
+  // 128 pages: the tier may hold 16 of them for writes (an eighth), two publishes' worth.
+  Daemon a(config(*cluster_, "full", kGeometry, "", 128));
+  Daemon b(config(*cluster_, "full", kGeometry, "", 128));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  auto ca = attach(a, "writer");
+  auto cb = attach(b, "reader");
+  ASSERT_TRUE(ca && cb);
+  // 16 KiB pages: about 3 MiB over 3 masters, with Redis's own use, holds some tens of them.
+  for (uint64_t id = 0; id < 400; id += 8) {
+    ASSERT_EQ(publish_blocks(*ca, 7000 + id, 8), "");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the writes drain
+  }
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  stats::PoolStats st = pool_stats(*ca);
+  while (st.remote_stored + st.remote_store_failed + st.remote_store_skipped < 400 &&
+         Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    st = pool_stats(*ca);
+  }
+  EXPECT_GT(st.remote_store_failed, 0u) << st.remote_stored << " stored, "
+                                        << st.remote_store_skipped << " skipped";
+  EXPECT_GT(st.remote_stored, 0u);
+  EXPECT_TRUE(a.running());
+  // The first blocks went in before the cluster filled up: B finds them.
+  bool any_remote = false;
+  const wire::LookupReply r = lookup_until(*cb, chain(7000, 2), std::chrono::seconds(5), &any_remote);
+  EXPECT_EQ(r.pages.size(), 2u);
+  for (size_t i = 0; i < r.pages.size(); ++i)
+    EXPECT_EQ(first_difference(*cb, r.pages[i], 7000 + i), -1) << "block " << i;
+  // The writer's own pool answers as always.
+  auto own = ca->lookup_with_tiers(chain(7392, 8), {});
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(own.value().pages.size(), 8u);
+}
+
+// Pages waiting for their write stay under an eighth of the pool: a writer that publishes faster
+// than the cluster takes them never finds its small pool without pages (blocks past the limit
+// are skipped, counted).
+TEST_F(RemoteTier, WritesNeverLeaveAllocsWithoutPages) {
+  Daemon a(config(*cluster_, "busy", kGeometry, "", 16));
+  ASSERT_TRUE(a.start()) << a.log();
+  auto ca = attach(a, "writer");
+  ASSERT_TRUE(ca);
+  for (uint64_t id = 0; id < 400; id += 8)
+    ASSERT_EQ(publish_blocks(*ca, 9000 + id, 8), "") << "block " << 9000 + id;
+  const stats::PoolStats st = pool_stats(*ca);
+  EXPECT_GT(st.remote_store_skipped, 0u);
+  EXPECT_EQ(st.remote_store_failed, 0u);
 }
 
 }  // namespace
