@@ -51,7 +51,8 @@ void fail(WorkerShare& w, const std::string& what) {
 // Runs the requests of one worker; returns false (with w.error set) on a failed call.
 bool work(const Trace& trace, const DaemonReplayOptions& o, uint32_t index, WorkerShare& w,
           const std::vector<int>& ring) {
-  auto conn = client::Connection::attach(o.socket, "replay-worker-" + std::to_string(index));
+  auto conn = client::Connection::attach(o.sockets[index % o.sockets.size()],
+                                         "replay-worker-" + std::to_string(index));
   if (!conn.ok()) {
     fail(w, conn.error().message);
     return false;
@@ -175,21 +176,36 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   if (o.page_tokens == 0 || kTraceBlockTokens % o.page_tokens != 0) {
     throw std::invalid_argument("page tokens must divide 512");
   }
-  auto probe = client::Connection::attach(o.socket, "replay-probe");
-  if (!probe.ok()) throw std::runtime_error(probe.error().message);
-  const auto before = probe.value()->stats();
-  if (!before.ok()) throw std::runtime_error(before.error().message);
-  if (before.value().in_use != 0 || before.value().cached != 0) {
-    throw std::runtime_error(
-        "the daemon's pool is not empty (" + std::to_string(before.value().cached) + " cached, " +
-        std::to_string(before.value().in_use) + " in use): replay needs a fresh daemon");
+  if (o.sockets.empty()) throw std::invalid_argument("need at least one daemon");
+  if (o.workers % o.sockets.size() != 0) {
+    throw std::invalid_argument("the workers (" + std::to_string(o.workers) +
+                                ") must be a multiple of the daemons (" +
+                                std::to_string(o.sockets.size()) +
+                                "), so that requests go round-robin over the daemons");
   }
+  std::vector<std::unique_ptr<client::Connection>> probes;
+  for (const std::string& socket : o.sockets) {
+    auto c = client::Connection::attach(socket, "replay-probe");
+    if (!c.ok()) throw std::runtime_error(socket + ": " + c.error().message);
+    auto st = c.value()->stats();
+    if (!st.ok()) throw std::runtime_error(socket + ": " + st.error().message);
+    if (st.value().in_use != 0 || st.value().cached != 0) {
+      throw std::runtime_error("the pool of the daemon at " + socket + " is not empty (" +
+                               std::to_string(st.value().cached) + " cached, " +
+                               std::to_string(st.value().in_use) +
+                               " in use): replay needs a fresh daemon");
+    }
+    probes.push_back(std::move(c.value()));
+  }
+  client::Connection* const probe_conn = probes.front().get();
+  const auto before = probe_conn->stats();
+  if (!before.ok()) throw std::runtime_error(before.error().message);
   // The pool's eviction policy, so that the in-process replay can use the same one.
   std::string policy;
-  if (auto snap = probe.value()->snapshot(); snap.ok()) {
+  if (auto snap = probe_conn->snapshot(); snap.ok()) {
     stats::Snapshot s;
     if (stats::decode(snap.value().bytes, snap.value().layout_version, s).empty()) {
-      if (const stats::PoolStats* p = s.find_pool(probe.value()->pool().pool_name)) {
+      if (const stats::PoolStats* p = s.find_pool(probe_conn->pool().pool_name)) {
         policy = p->policy;
       }
     }
@@ -253,11 +269,15 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   res.alloc = summarize(shares, kAlloc);
   res.release = summarize(shares, kRelease);
   res.lookup = summarize(shares, kLookup);
-  const auto after = probe.value()->stats();
-  if (after.ok()) {
-    res.replay.evicted_pages = after.value().counter("evicted");
-    res.converted_pages = after.value().counter("converted");
-    res.converted_back_pages = after.value().counter("converted_back");
+  res.daemons = static_cast<uint32_t>(probes.size());
+  for (const auto& probe : probes) {
+    const auto after = probe->stats();
+    if (!after.ok()) continue;
+    res.replay.evicted_pages += after.value().counter("evicted");
+    res.converted_pages += after.value().counter("converted");
+    res.converted_back_pages += after.value().counter("converted_back");
+    res.remote_hit_pages += after.value().counter("remote_hits");
+    res.remote_stored_pages += after.value().counter("remote_stored");
   }
   ::munmap(mem, share_bytes);
   if (!all_ok) throw std::runtime_error("a replay worker failed: " + errors);

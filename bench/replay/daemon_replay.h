@@ -9,11 +9,12 @@
 // to but not exactly the sequential one.
 //
 // The pool must start empty and be the daemon's default pool; its page count divided by
-// 512 / page_tokens is the capacity in blocks.
+// 512 / page_tokens is the capacity in blocks (the first daemon's, with several).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "bench/replay/replay.h"
 
@@ -40,10 +41,17 @@ struct DaemonReplayResult {
   // in-process replay's).
   uint64_t converted_pages = 0;
   uint64_t converted_back_pages = 0;
+  // The pools' remote tiers (remote_tier), all daemons together, after the replay.
+  uint64_t remote_hit_pages = 0;
+  uint64_t remote_stored_pages = 0;
+  uint32_t daemons = 1;
 };
 
 struct DaemonReplayOptions {
-  std::string socket;
+  // The daemons: worker w attaches to sockets[w % sockets.size()], so with a worker count that is
+  // a multiple of theirs the requests go round-robin over the daemons (a fleet of nodes, each its
+  // own kvpoold; with a shared remote tier, a prefix one computed is found by the others).
+  std::vector<std::string> sockets;
   uint32_t workers = 4;
   bool ordered = true;
   uint32_t page_tokens = kTraceBlockTokens;

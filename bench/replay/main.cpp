@@ -99,7 +99,7 @@ int run_model(const kvpool::bench::Trace& trace, const std::string& socket, uint
 int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uint32_t workers,
                bool ordered, uint32_t page_tokens, bool json) {
   kvpool::bench::DaemonReplayOptions o;
-  o.socket = socket;
+  o.sockets = split(socket);
   o.workers = workers;
   o.ordered = ordered;
   o.page_tokens = page_tokens;
@@ -109,6 +109,12 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
   in.policy = d.replay.policy;
   in.page_tokens = page_tokens;
   const kvpool::bench::ReplayResult p = kvpool::bench::replay(trace, in);
+  // Several daemons: also one daemon holding all their capacity (the bound a shared tier aims at).
+  kvpool::bench::ReplayResult whole = p;
+  if (d.daemons > 1) {
+    in.capacity_blocks = d.replay.capacity_blocks * d.daemons;
+    whole = kvpool::bench::replay(trace, in);
+  }
   const double rps = double(d.replay.requests) / d.replay.seconds;
   if (json) {
     std::printf(
@@ -119,14 +125,18 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
         "\"release_p50_us\":%.2f,\"release_p99_us\":%.2f,\"lookup_p50_us\":%.2f,"
         "\"lookup_p99_us\":%.2f,\"pingpong_alloc_p50_us\":%.2f,"
         "\"pingpong_release_p50_us\":%.2f,\"pingpong_lookup_p50_us\":%.2f,"
-        "\"converted_pages\":%llu,\"converted_back_pages\":%llu}\n",
+        "\"converted_pages\":%llu,\"converted_back_pages\":%llu,\"daemons\":%u,"
+        "\"one_daemon_all_capacity_hit_rate\":%.6f,\"remote_hit_pages\":%llu,"
+        "\"remote_stored_pages\":%llu}\n",
         ordered ? "true" : "false", workers, d.replay.capacity_blocks, d.replay.capacity_pages,
         d.replay.hit_rate(), p.hit_rate(), static_cast<unsigned long long>(d.replay.requests),
         static_cast<unsigned long long>(trace.total_blocks), d.replay.seconds, rps, d.alloc.p50_us,
         d.alloc.p99_us, d.release.p50_us, d.release.p99_us, d.lookup.p50_us, d.lookup.p99_us,
         d.alloc.baseline_p50_us, d.release.baseline_p50_us, d.lookup.baseline_p50_us,
         static_cast<unsigned long long>(d.converted_pages),
-        static_cast<unsigned long long>(d.converted_back_pages));
+        static_cast<unsigned long long>(d.converted_back_pages), d.daemons, whole.hit_rate(),
+        static_cast<unsigned long long>(d.remote_hit_pages),
+        static_cast<unsigned long long>(d.remote_stored_pages));
   } else {
     std::printf("replay through kvpoold at %s: %u worker processes, %s\n", socket.c_str(), workers,
                 ordered ? "in trace order" : "concurrent");
@@ -135,6 +145,17 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
                 d.replay.policy.c_str());
     std::printf("  hit rate %.4f through the daemon, %.4f in process%s\n", d.replay.hit_rate(),
                 p.hit_rate(), d.replay.hit_pages == p.hit_pages ? " (equal)" : " (differs)");
+    if (d.daemons > 1) {
+      std::printf(
+          "  over %u daemons round-robin; one daemon holding all their capacity (in process): "
+          "%.4f\n",
+          d.daemons, whole.hit_rate());
+    }
+    if (d.remote_hit_pages != 0 || d.remote_stored_pages != 0) {
+      std::printf("  remote tier: %llu pages written, %llu served to lookups\n",
+                  static_cast<unsigned long long>(d.remote_stored_pages),
+                  static_cast<unsigned long long>(d.remote_hit_pages));
+    }
     if (d.converted_pages != 0) {
       std::printf(
           "  the pool converted %llu evictions into its 8-bit pool; lookups converted %llu "
@@ -154,7 +175,11 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
     print_latency("lookup", d.lookup);
   }
   // In trace order the hit rates must be equal, but for a pool with an 8-bit tier below it.
-  return ordered && d.converted_pages == 0 && d.replay.hit_pages != p.hit_pages ? 1 : 0;
+  // One daemon in trace order, with no tier that serves what the in-process replay lacks: the hit
+  // rates must be equal.
+  const bool comparable = ordered && d.daemons == 1 && d.converted_pages == 0 &&
+                          d.remote_hit_pages == 0;
+  return comparable && d.replay.hit_pages != p.hit_pages ? 1 : 0;
 }
 
 int run(int argc, char** argv) {
@@ -207,7 +232,8 @@ int run(int argc, char** argv) {
   app.add_option("--daemon", daemon_socket,
                  "Replay through the kvpoold listening on this socket (its default pool, which "
                  "must be empty) with --workers processes, next to the in-process replay at the "
-                 "same capacity");
+                 "same capacity; SOCKET,SOCKET,...: several daemons, requests round-robin over "
+                 "them (--workers a multiple of their number)");
   std::string model_socket;
   app.add_option("--model", model_socket,
                  "Replay through the kvpoold listening on this socket, on its hybrid model (a "
