@@ -163,16 +163,16 @@ struct PoolStats {
   uint64_t converted_back = 0;      // blocks lookups found there, converted back into the pool
   // The remote tier on Redis Cluster (remote_tier; daemon/remote/remote_tier.h; zeros without).
   // Layout version 8.
-  uint32_t remote_tier = 0;       // 1: the pool has one, 2: one it only reads (write: off)
-  uint32_t remote_nodes = 0;      // masters in its slot map
-  uint32_t remote_reachable = 0;  // of them, not failed within the last second
-  uint32_t remote_slots = 0;      // slots the map gives a master (16384 when whole)
-  uint64_t remote_lookups = 0;    // lookups that asked the cluster
-  uint64_t remote_hits = 0;       // blocks fetched and promoted into the pool
-  uint64_t remote_misses = 0;     // lookups that asked and found nothing usable
-  uint64_t remote_skipped = 0;    // lookups not asked: the cluster was unreachable
-  uint64_t remote_rejected = 0;   // values refused: another geometry or block, a bad checksum
-  uint64_t remote_stored = 0;     // blocks written
+  uint32_t remote_tier = 0;           // 1: the pool has one, 2: one it only reads (write: off)
+  uint32_t remote_nodes = 0;          // masters in its slot map
+  uint32_t remote_reachable = 0;      // of them, not failed within the last second
+  uint32_t remote_slots = 0;          // slots the map gives a master (16384 when whole)
+  uint64_t remote_lookups = 0;        // lookups that asked the cluster
+  uint64_t remote_hits = 0;           // blocks fetched and promoted into the pool
+  uint64_t remote_misses = 0;         // lookups that asked and found nothing usable
+  uint64_t remote_skipped = 0;        // lookups not asked: the cluster was unreachable
+  uint64_t remote_rejected = 0;       // values refused: another geometry or block, a bad checksum
+  uint64_t remote_stored = 0;         // blocks written
   uint64_t remote_store_skipped = 0;  // blocks not written: no staging memory free, or down
   uint64_t remote_store_failed = 0;   // blocks whose write failed
   uint64_t remote_fetch_failed = 0;   // keys whose read failed (a node down, a timeout)

@@ -47,7 +47,7 @@ struct Latencies {
 };
 
 int client_bench(const std::vector<std::string>& seeds, const std::vector<uint64_t>& sizes,
-                 uint32_t batch, uint32_t pages, uint32_t timeout_ms) {
+                 uint32_t batch, uint32_t pages, uint32_t keys, uint32_t timeout_ms) {
   remote::ClusterOptions o;
   for (const std::string& s : seeds) {
     auto a = kvpool::daemon::parse_node_address(s);
@@ -66,8 +66,9 @@ int client_bench(const std::vector<std::string>& seeds, const std::vector<uint64
   }
   const kvpool::Geometry g{1, 1, 64, 16, kvpool::KvDtype::bf16};
   const uint64_t fp = remote::remote_fingerprint(g, kvpool::KvLayout::page_major, "bench");
-  std::printf("| value | op | pages | MB/s | batch of %u p50 / p99 (ms) | per page (us) | failed |\n",
-              batch);
+  std::printf(
+      "| value | op | pages | MB/s | batch of %u p50 / p99 (ms) | per page (us) | failed |\n",
+      batch);
   std::printf("|---|---|---|---|---|---|---|\n");
   for (const uint64_t size : sizes) {
     const uint64_t payload = size - remote::kValueHeaderBytes;
@@ -86,14 +87,17 @@ int client_bench(const std::vector<std::string>& seeds, const std::vector<uint64
       (void)client.set(warm, spans, 60);
       (void)client.get(warm, [](size_t, std::span<const std::byte>) {});
     }
+    // A key set of --keys values, written over and over as redis-benchmark -r does, so that
+    // neither tool pays for the cluster's memory growing: key k of round r is slot
+    // (r * batch + k) mod keys, its block hash the slot's.
+    auto slot_of = [&](uint32_t round, uint32_t i) { return (round * batch + i) % keys; };
     auto keys_of = [&](uint32_t round) {
-      std::vector<std::string> keys;
+      std::vector<std::string> out;
       for (uint32_t i = 0; i < batch; ++i)
-        keys.push_back("bench:" + std::to_string(size) + ":" + std::to_string(round) + ":" +
-                       std::to_string(i));
-      return keys;
+        out.push_back("bench:" + std::to_string(size) + ":" + std::to_string(slot_of(round, i)));
+      return out;
     };
-    auto hash_of = [](uint32_t round, uint32_t i) { return BlockHash{round, i}; };
+    auto hash_of = [&](uint32_t round, uint32_t i) { return BlockHash{slot_of(round, i), size}; };
     // SET: headers and checksums written per batch, as the store worker does.
     Latencies set_lat;
     uint64_t set_failed = 0;
@@ -116,15 +120,14 @@ int client_bench(const std::vector<std::string>& seeds, const std::vector<uint64
     const auto t_get = Clock::now();
     for (uint32_t r = 0; r < rounds; ++r) {
       const auto t0 = Clock::now();
-      const auto res =
-          client.get(keys_of(r), [&](size_t i, std::span<const std::byte> v) {
-            if (remote::check_value(v, fp, payload, hash_of(r, static_cast<uint32_t>(i))) !=
-                remote::ValueFault::none) {
-              ++bad;
-              return;
-            }
-            std::memcpy(staging.data() + i * size, v.data(), v.size());
-          });
+      const auto res = client.get(keys_of(r), [&](size_t i, std::span<const std::byte> v) {
+        if (remote::check_value(v, fp, payload, hash_of(r, static_cast<uint32_t>(i))) !=
+            remote::ValueFault::none) {
+          ++bad;
+          return;
+        }
+        std::memcpy(staging.data() + i * size, v.data(), v.size());
+      });
       get_failed += res.failed;
       get_lat.us.push_back(seconds_since(t0) * 1e6);
     }
@@ -214,17 +217,23 @@ int run(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(uint64_t{128}, uint64_t{512} << 20));
   client->add_option("--batch", batch, "pages per batch")->check(CLI::Range(1u, 4096u));
-  client->add_option("--pages", pages, "pages per size and direction")->check(CLI::Range(1u, 1u << 24));
-  client->add_option("--timeout-ms", timeout_ms, "per node and batch")->check(CLI::Range(1u, 60000u));
+  client->add_option("--pages", pages, "pages per size and direction")
+      ->check(CLI::Range(1u, 1u << 24));
+  uint32_t keys = 64;
+  client->add_option("--keys", keys, "distinct keys per size, overwritten (redis-benchmark -r)")
+      ->check(CLI::Range(1u, 1u << 24));
+  client->add_option("--timeout-ms", timeout_ms, "per node and batch")
+      ->check(CLI::Range(1u, 60000u));
   auto* promote = app.add_subcommand("promote", "lookup latency of remote hits on a second daemon");
   std::string socket_a, socket_b;
   uint32_t rounds = 200;
   promote->add_option("--socket-a", socket_a, "the daemon that publishes")->required();
   promote->add_option("--socket-b", socket_b, "the daemon that looks up")->required();
   promote->add_option("--batch", batch, "blocks in the long chain")->check(CLI::Range(1u, 4096u));
-  promote->add_option("--rounds", rounds, "lookups per chain length")->check(CLI::Range(1u, 100000u));
+  promote->add_option("--rounds", rounds, "lookups per chain length")
+      ->check(CLI::Range(1u, 100000u));
   CLI11_PARSE(app, argc, argv);
-  if (client->parsed()) return client_bench(seeds, sizes, batch, pages, timeout_ms);
+  if (client->parsed()) return client_bench(seeds, sizes, batch, pages, keys, timeout_ms);
   return promote_bench(socket_a, socket_b, batch, rounds);
 }
 

@@ -2,8 +2,9 @@
 # The remote tier's figures (bench/RESULTS.md, "Remote tier"), measured in one run:
 #   1. a Redis Cluster on loopback: scripts/redis-cluster.sh, 3 masters + 3 replicas;
 #   2. per value size, redis-benchmark SET then GET on that cluster (--cluster, 3 connections,
-#      pipeline 16, 64 keys) beside kvpool-remote-bench client (kvpoold's ClusterClient on
-#      kvpoold's values, batches of 16), alternating, twice: the better MB/s of each and the
+#      pipeline 16, 64 keys overwritten) beside kvpool-remote-bench client (kvpoold's
+#      ClusterClient on kvpoold's values, batches of 32 as the daemon's default batch_pages, 64
+#      keys overwritten), alternating, twice: the better MB/s of each and the
 #      ratio (on a small machine the replicas' catching up after the other tool's burst moves
 #      single runs by 2x);
 #   3. two kvpoold sharing the cluster (host backend, 256 KiB pages): kvpool-remote-bench promote,
@@ -45,7 +46,7 @@ for size in $sizes; do
   for _ in 1 2; do
     rb=$(redis-benchmark --cluster -h 127.0.0.1 -p "$port" -t set,get -d "$size" -n "$n" -r 64 \
       -P 16 -c 3 --csv -q 2>/dev/null | grep -E '^"(SET|GET)"')
-    ours=$("$bench" client --cluster "127.0.0.1:$port" --sizes "$size" --pages 512)
+    ours=$("$bench" client --cluster "127.0.0.1:$port" --sizes "$size" --pages 512 --batch 32)
     for op in SET GET; do
       rps=$(grep "^\"$op\"" <<<"$rb" | cut -d, -f2 | tr -d '"')
       rb_mbs=$(awk -v r="$rps" -v s="$size" 'BEGIN { printf "%.0f", r * s / 1e6 }')
@@ -61,8 +62,8 @@ for size in $sizes; do
   done
 done
 echo
-echo "== kvpool-remote-bench client, in full"
-"$bench" client --cluster "127.0.0.1:$port" --sizes "${sizes// /,}" --pages 512
+echo "== kvpool-remote-bench client, batches of 16, in full"
+"$bench" client --cluster "127.0.0.1:$port" --sizes "${sizes// /,}" --pages 512 --batch 16
 
 echo
 echo "== promote: a lookup on daemon B of blocks daemon A published (256 KiB pages)"

@@ -178,10 +178,9 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
   }
   if (o.sockets.empty()) throw std::invalid_argument("need at least one daemon");
   if (o.workers % o.sockets.size() != 0) {
-    throw std::invalid_argument("the workers (" + std::to_string(o.workers) +
-                                ") must be a multiple of the daemons (" +
-                                std::to_string(o.sockets.size()) +
-                                "), so that requests go round-robin over the daemons");
+    throw std::invalid_argument(
+        "the workers (" + std::to_string(o.workers) + ") must be a multiple of the daemons (" +
+        std::to_string(o.sockets.size()) + "), so that requests go round-robin over the daemons");
   }
   std::vector<std::unique_ptr<client::Connection>> probes;
   for (const std::string& socket : o.sockets) {

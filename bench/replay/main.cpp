@@ -177,8 +177,8 @@ int run_daemon(const kvpool::bench::Trace& trace, const std::string& socket, uin
   // In trace order the hit rates must be equal, but for a pool with an 8-bit tier below it.
   // One daemon in trace order, with no tier that serves what the in-process replay lacks: the hit
   // rates must be equal.
-  const bool comparable = ordered && d.daemons == 1 && d.converted_pages == 0 &&
-                          d.remote_hit_pages == 0;
+  const bool comparable =
+      ordered && d.daemons == 1 && d.converted_pages == 0 && d.remote_hit_pages == 0;
   return comparable && d.replay.hit_pages != p.hit_pages ? 1 : 0;
 }
 

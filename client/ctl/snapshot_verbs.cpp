@@ -114,8 +114,9 @@ std::string remote_json(const stats::PoolStats& p) {
          ",\"rejected\":" + u(p.remote_rejected) + ",\"stored\":" + u(p.remote_stored) +
          ",\"store_skipped\":" + u(p.remote_store_skipped) +
          ",\"store_failed\":" + u(p.remote_store_failed) +
-         ",\"fetch_failed\":" + u(p.remote_fetch_failed) + ",\"fetch_batches\":" +
-         u(p.remote_fetch_batches) + ",\"fetch_ns\":" + u(p.remote_fetch_ns) +
+         ",\"fetch_failed\":" + u(p.remote_fetch_failed) +
+         ",\"fetch_batches\":" + u(p.remote_fetch_batches) +
+         ",\"fetch_ns\":" + u(p.remote_fetch_ns) +
          ",\"store_batches\":" + u(p.remote_store_batches) +
          ",\"store_ns\":" + u(p.remote_store_ns) + "}";
 }
@@ -136,8 +137,8 @@ void print_remote(const stats::PoolStats& p, bool raw) {
       count_text(p.remote_lookups, raw).c_str(), count_text(p.remote_hits, raw).c_str(),
       count_text(p.remote_misses, raw).c_str(), count_text(p.remote_skipped, raw).c_str(),
       count_text(p.remote_rejected, raw).c_str(), count_text(p.remote_fetch_failed, raw).c_str(),
-      mean_ms(p.remote_fetch_ns, p.remote_fetch_batches),
-      count_text(p.remote_stored, raw).c_str(), count_text(p.remote_store_skipped, raw).c_str(),
+      mean_ms(p.remote_fetch_ns, p.remote_fetch_batches), count_text(p.remote_stored, raw).c_str(),
+      count_text(p.remote_store_skipped, raw).c_str(),
       count_text(p.remote_store_failed, raw).c_str(),
       mean_ms(p.remote_store_ns, p.remote_store_batches));
 }

@@ -25,9 +25,9 @@
 #include "daemon/config/config_keys.h"
 #include "daemon/config/config_yaml.h"
 #include "daemon/config/listen_address.h"
+#include "daemon/config/node_address.h"
 #include "daemon/core/eviction_policy.h"
 #include "daemon/core/types.h"
-#include "daemon/config/node_address.h"
 #include "kernels/paged_kv.h"
 
 namespace kvpool::daemon {

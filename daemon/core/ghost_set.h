@@ -8,8 +8,8 @@
 // the first empty way of the bucket, else overwrites the way under the cursor and advances it, so
 // a bucket that take() did not touch forgets in FIFO order (it fills ways 0..6, then the cursor
 // starts at way 0) and the set holds about the last `capacity` keys inserted. take()
-// removes a key and says whether it was there; contains() only says. Both touch one bucket (one cache line), O(1), no
-// allocation after the constructor; about 4.6 bytes per key of capacity.
+// removes a key and says whether it was there; contains() only says. Both touch one bucket (one
+// cache line), O(1), no allocation after the constructor; about 4.6 bytes per key of capacity.
 //
 // Approximations, harmless for a hint that only orders eviction: a key may be forgotten early
 // when its bucket fills faster than others (about 10% of keys at `capacity` insertions' age), and

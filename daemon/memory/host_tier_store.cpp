@@ -22,15 +22,16 @@ void append_page_runs(const kernels::PagedKv& kv, PageId page, std::byte* packed
   auto* base = static_cast<std::byte*>(kv.base);
   auto* scales = reinterpret_cast<std::byte*>(kv.scales);
   auto add = [&](std::byte* pool_at, std::byte* packed_at, uint64_t bytes) {
-    out.push_back(to_packed ? ByteRun{packed_at, pool_at, bytes} : ByteRun{pool_at, packed_at, bytes});
+    out.push_back(to_packed ? ByteRun{packed_at, pool_at, bytes}
+                            : ByteRun{pool_at, packed_at, bytes});
   };
   for (uint32_t k = 0; k < chunks.chunks; ++k) {
     add(base + chunks.at(page) + k * chunks.chunk, packed + k * chunks.chunk_bytes,
         chunks.chunk_bytes);
   }
   if (scale_bytes != 0) {
-    add(scales + uint64_t{page} * scale_bytes, packed + uint64_t{chunks.chunks} * chunks.chunk_bytes,
-        scale_bytes);
+    add(scales + uint64_t{page} * scale_bytes,
+        packed + uint64_t{chunks.chunks} * chunks.chunk_bytes, scale_bytes);
   }
 }
 

@@ -148,15 +148,14 @@ wire::Result<bool> PoolRuntime::attach_remote_tier() {
   // again as lookups come.
   const bool answered = remote_->refresh_now();
   const remote::ClusterView v = remote_->view();
-  log_event(answered ? LogLevel::info : LogLevel::warn, "remote_tier_ready",
-            {kv("pool", name()), kv("cluster", rc.cluster.front()),
-             kv("seeds", rc.cluster.size()), kv("masters", v.nodes),
-             kv("slots", v.slots_covered),
-             kv("error", answered ? std::string() : v.last_error),
-             kv("namespace", rc.key_namespace),
-             kv("write", rc.write == RemoteTierConfig::Write::off ? "off" : "on_publish"),
-             kv("admit", rc.admit == RemoteTierConfig::Admit::all ? "all" : "reused"),
-             kv("staging_bytes", 2 * uint64_t{rc.staging_pages} * remote_->slot_bytes())});
+  log_event(
+      answered ? LogLevel::info : LogLevel::warn, "remote_tier_ready",
+      {kv("pool", name()), kv("cluster", rc.cluster.front()), kv("seeds", rc.cluster.size()),
+       kv("masters", v.nodes), kv("slots", v.slots_covered),
+       kv("error", answered ? std::string() : v.last_error), kv("namespace", rc.key_namespace),
+       kv("write", rc.write == RemoteTierConfig::Write::off ? "off" : "on_publish"),
+       kv("admit", rc.admit == RemoteTierConfig::Admit::all ? "all" : "reused"),
+       kv("staging_bytes", 2 * uint64_t{rc.staging_pages} * remote_->slot_bytes())});
   return true;
 }
 

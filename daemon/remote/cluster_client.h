@@ -48,16 +48,16 @@ struct ClusterOptions {
 
 // What the client has seen, for kvpoolctl status and the metrics.
 struct ClusterView {
-  uint32_t nodes = 0;           // masters in the slot map
-  uint32_t reachable = 0;       // of them, not failed within retry_after_ms
-  uint32_t slots_covered = 0;   // slots the map assigns a master (16384 when healthy)
-  uint64_t refreshes = 0;       // CLUSTER SLOTS answered
-  uint64_t moved = 0;           // MOVED replies
-  uint64_t asked = 0;           // ASK replies
-  uint64_t node_failures = 0;   // connections that failed or timed out
-  uint64_t key_failures = 0;    // keys that failed after every attempt
-  uint64_t error_replies = 0;   // error replies other than redirections (OOM, CLUSTERDOWN, ...)
-  std::string last_error;       // the newest failure's text
+  uint32_t nodes = 0;          // masters in the slot map
+  uint32_t reachable = 0;      // of them, not failed within retry_after_ms
+  uint32_t slots_covered = 0;  // slots the map assigns a master (16384 when healthy)
+  uint64_t refreshes = 0;      // CLUSTER SLOTS answered
+  uint64_t moved = 0;          // MOVED replies
+  uint64_t asked = 0;          // ASK replies
+  uint64_t node_failures = 0;  // connections that failed or timed out
+  uint64_t key_failures = 0;   // keys that failed after every attempt
+  uint64_t error_replies = 0;  // error replies other than redirections (OOM, CLUSTERDOWN, ...)
+  std::string last_error;      // the newest failure's text
 };
 
 class ClusterClient {

@@ -35,10 +35,10 @@ uint64_t key_of(const std::string& key) {
 }  // namespace
 
 wire::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::PagePool& pool,
-                                                              const PoolConfig& pc, int device) {
+                                                             const PoolConfig& pc, int device) {
   KVPOOL_CHECK(pc.remote_tier.has_value());
-  const uint64_t slot_bytes = remote::kValueHeaderBytes + page_data_bytes(pc.geometry) +
-                              page_scale_bytes(pc.geometry);
+  const uint64_t slot_bytes =
+      remote::kValueHeaderBytes + page_data_bytes(pc.geometry) + page_scale_bytes(pc.geometry);
   const uint64_t bytes = uint64_t{pc.remote_tier->staging_pages} * slot_bytes;
   auto fetch = make_tier_memory(device, bytes, pc.name + " remote tier (reads)");
   if (!fetch.ok()) return fetch.error();
@@ -107,8 +107,8 @@ std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch(const std::string& tenant,
     ++stats_.skipped_down;
     return nullptr;
   }
-  const size_t n = std::min({chain.size(), size_t{max}, size_t{config_.batch_pages},
-                             free_fetch_.size()});
+  const size_t n =
+      std::min({chain.size(), size_t{max}, size_t{config_.batch_pages}, free_fetch_.size()});
   if (n == 0) return nullptr;
   auto f = std::make_unique<RemoteFetch>();
   for (size_t i = 0; i < n; ++i) {
@@ -157,8 +157,7 @@ void RemoteTier::finish_fetch(RemoteFetch& f, uint32_t promoted) {
     stats_.rejected += rejected;
     log_event(LogLevel::warn, "remote_value_rejected",
               {kv("pool", label_), kv("values", rejected), kv("malformed", f.faults[1]),
-               kv("geometry", f.faults[2]), kv("block", f.faults[3]),
-               kv("checksum", f.faults[4])});
+               kv("geometry", f.faults[2]), kv("block", f.faults[3]), kv("checksum", f.faults[4])});
   }
   stats_.hit_blocks += promoted;
   stats_.fetch_bytes += uint64_t{promoted} * slot_bytes_;

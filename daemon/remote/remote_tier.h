@@ -77,15 +77,15 @@ struct RemoteStore {
 };
 
 struct RemoteTierStats {
-  uint64_t lookups = 0;         // lookups that asked the cluster
-  uint64_t hit_blocks = 0;      // blocks fetched and promoted
-  uint64_t miss_lookups = 0;    // lookups that found nothing usable
-  uint64_t skipped_down = 0;    // lookups not asked while the cluster was unreachable
-  uint64_t rejected = 0;        // values refused: other geometry, other block, bad checksum
-  uint64_t stored = 0;          // blocks written
-  uint64_t store_skipped = 0;   // blocks not written: no staging slot free
-  uint64_t store_failed = 0;    // blocks whose write failed
-  uint64_t fetch_failed = 0;    // keys whose read failed (node down, timeout)
+  uint64_t lookups = 0;        // lookups that asked the cluster
+  uint64_t hit_blocks = 0;     // blocks fetched and promoted
+  uint64_t miss_lookups = 0;   // lookups that found nothing usable
+  uint64_t skipped_down = 0;   // lookups not asked while the cluster was unreachable
+  uint64_t rejected = 0;       // values refused: other geometry, other block, bad checksum
+  uint64_t stored = 0;         // blocks written
+  uint64_t store_skipped = 0;  // blocks not written: no staging slot free
+  uint64_t store_failed = 0;   // blocks whose write failed
+  uint64_t fetch_failed = 0;   // keys whose read failed (node down, timeout)
   uint64_t fetch_bytes = 0, store_bytes = 0;
   uint64_t fetch_ns = 0, store_ns = 0;  // time in batches, in all
   uint64_t fetch_batches = 0, store_batches = 0;
@@ -109,8 +109,8 @@ class RemoteTier {
                                           std::span<const BlockHash> chain, uint32_t max);
   void fetch(RemoteFetch& f);  // the fetch worker
   // The copies of f's first pages.size() blocks into `pages`, appended to `runs`.
-  void plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f,
-                    std::span<const PageId> pages, std::vector<ByteRun>& runs) const;
+  void plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f, std::span<const PageId> pages,
+                    std::vector<ByteRun>& runs) const;
   // Any thread, one at a time (the pool's tier copies): the staged values into the pages.
   std::string copy_up(std::span<const ByteRun> runs) { return fetch_memory_->copy(runs); }
   // The loop, once the fetch ran (and its promotion, of `promoted` blocks, is done): the slots

@@ -68,8 +68,7 @@ void write_value_header(std::span<std::byte> value, uint64_t fingerprint, const 
 ValueFault check_value(std::span<const std::byte> value, uint64_t fingerprint,
                        uint64_t payload_bytes, const BlockHash& hash) {
   if (value.size() < kValueHeaderBytes || get<uint32_t>(value, 0) != kValueMagic ||
-      get<uint16_t>(value, 4) != kValueVersion ||
-      get<uint16_t>(value, 6) != kValueHeaderBytes) {
+      get<uint16_t>(value, 4) != kValueVersion || get<uint16_t>(value, 6) != kValueHeaderBytes) {
     return ValueFault::malformed;
   }
   if (get<uint64_t>(value, 8) != fingerprint) return ValueFault::geometry;

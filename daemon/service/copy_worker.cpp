@@ -32,7 +32,8 @@ void CopyWorker::run() {
   // Linux nice values are per thread: this lowers only the worker (see the header for why +19).
   // Raising one's own nice value needs no privilege; if it fails the copies simply compete on
   // equal terms.
-  if (nice_ != 0) (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice_);
+  if (nice_ != 0)
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), nice_);
   for (;;) {
     std::unique_ptr<CopyJob> job;
     Done done;

@@ -1,6 +1,6 @@
-// CopyWorker: runs daemon-side page copies (and, as another instance, the remote tier's I/O), and the host-tier demotions and promotions of calls
-// too large for the loop, on a thread of their own, so that a 1 GiB copy never holds the event
-// loop (DESIGN §7: the loop is never blocked).
+// CopyWorker: runs daemon-side page copies (and, as another instance, the remote tier's I/O), and
+// the host-tier demotions and promotions of calls too large for the loop, on a thread of their own,
+// so that a 1 GiB copy never holds the event loop (DESIGN §7: the loop is never blocked).
 //
 // The event loop submits a CopyJob that the Service validated; the worker thread runs it and
 // posts the completion back to the loop's io_context, where the Server answers the request. Jobs

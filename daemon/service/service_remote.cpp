@@ -35,8 +35,8 @@ bool Service::plan_remote_fetch(SessionState& s, Namespace ns, const core::CallH
 }
 
 wire::Result<wire::Reply> Service::remote_fetched(SessionState& s, Namespace ns,
-                                                  const core::CallHints& hints,
-                                                  wire::LookupReply l, uint32_t hits,
+                                                  const core::CallHints& hints, wire::LookupReply l,
+                                                  uint32_t hits,
                                                   const std::shared_ptr<RemoteFetch>& f) {
   RemoteTier& remote = *s.pool->remote();
   RemoteFetch& fetch = *f;

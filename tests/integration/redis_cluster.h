@@ -35,8 +35,8 @@ class RedisCluster {
   uint16_t port(int i) const { return static_cast<uint16_t>(base_ + i); }
   // The YAML list of seed nodes (two of them: the client finds the rest).
   std::string seeds() const {
-    return "[\"127.0.0.1:" + std::to_string(port(0)) + "\", \"127.0.0.1:" +
-           std::to_string(port(1)) + "\"]";
+    return "[\"127.0.0.1:" + std::to_string(port(0)) +
+           "\", \"127.0.0.1:" + std::to_string(port(1)) + "\"]";
   }
   // redis-cli against node i, in cluster mode (-c follows MOVED); its output.
   std::string cli(int i, const std::string& args) const {
@@ -75,7 +75,9 @@ class RedisCluster {
   }
 
  private:
-  static std::string script() { return std::string(KVPOOL_SOURCE_DIR) + "/scripts/redis-cluster.sh"; }
+  static std::string script() {
+    return std::string(KVPOOL_SOURCE_DIR) + "/scripts/redis-cluster.sh";
+  }
 
   uint16_t base_;
   std::string dir_;
@@ -84,10 +86,11 @@ class RedisCluster {
 };
 
 // A base port for this test process's cluster: six ports of its own, apart from other tests'
-// clusters running at once (ctest -j). Data ports stay in [20000, 30000), so no cluster's bus
-// ports (data + 10000) meet another's data ports.
+// clusters running at once (ctest -j). Data ports stay in [10000, 16000) and so bus ports (data
+// + 10000) in [20000, 26000): no cluster's bus meets another's data, and both stay below the
+// kernel's ephemeral ports (32768 up), which outgoing connections take at random.
 inline uint16_t cluster_base_port(int test_index) {
-  return static_cast<uint16_t>(20000 + (::getpid() % 800) * 12 + (test_index % 2) * 6);
+  return static_cast<uint16_t>(10000 + (::getpid() % 500) * 12 + (test_index % 2) * 6);
 }
 
 }  // namespace kvpool::testing

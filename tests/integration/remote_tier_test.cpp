@@ -37,8 +37,8 @@ std::string config(const RedisCluster& cluster, const std::string& ns,
                    uint32_t pages = 64) {
   return "backend: host\npools:\n  - name: chat\n    geometry: " + geometry +
          "\n    capacity: " + std::to_string(pages) +
-         " pages\n    remote_tier: {cluster: " + cluster.seeds() +
-         ", namespace: " + ns + ", timeout_ms: 200" + extra + "}\n";
+         " pages\n    remote_tier: {cluster: " + cluster.seeds() + ", namespace: " + ns +
+         ", timeout_ms: 200" + extra + "}\n";
 }
 
 BlockHash block(uint64_t i) {
@@ -130,6 +130,28 @@ class RemoteTier : public ::testing::Test {
     cluster_ = std::make_unique<RedisCluster>(cluster_base_port(index_++), extra);
     ASSERT_TRUE(cluster_->started()) << cluster_->output();
   }
+  // Two daemons sharing the cluster under namespace `ns`, a worker attached to each.
+  struct Pair {
+    std::unique_ptr<Daemon> a, b;
+    std::unique_ptr<Connection> ca, cb;
+  };
+  Pair two_daemons(const std::string& ns, uint32_t pages = 64) {
+    Pair p;
+    p.a = std::make_unique<Daemon>(config(*cluster_, ns, kGeometry, "", pages));
+    p.b = std::make_unique<Daemon>(config(*cluster_, ns, kGeometry, "", pages));
+    EXPECT_TRUE(p.a->start()) << p.a->log();
+    EXPECT_TRUE(p.b->start()) << p.b->log();
+    p.ca = attach(*p.a, "writer");
+    p.cb = attach(*p.b, "reader");
+    return p;
+  }
+  // Waits (up to 10 s) until the cluster holds n keys that start with `prefix`.
+  bool wait_keys(const std::string& prefix, size_t n) const {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (cluster_->keys(prefix).size() < n && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return cluster_->keys(prefix).size() >= n;
+  }
   std::unique_ptr<RedisCluster> cluster_;
   static inline int index_ = 0;
 };
@@ -137,13 +159,11 @@ class RemoteTier : public ::testing::Test {
 // Two daemons, one cluster: what A publishes, B finds, promoted into its own pool, bytes equal;
 // B's second lookup hits its device tier.
 TEST_F(RemoteTier, APrefixPublishedOnOneDaemonIsFoundByAnother) {
-  Daemon a(config(*cluster_, "shared"));
-  Daemon b(config(*cluster_, "shared"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  auto ca = attach(a, "writer");
-  auto cb = attach(b, "reader");
-  ASSERT_TRUE(ca && cb);
+  Pair p = two_daemons("shared");
+  ASSERT_TRUE(p.ca && p.cb);
+  Daemon &a = *p.a, &b = *p.b;
+  Connection* ca = p.ca.get();
+  Connection* cb = p.cb.get();
   ASSERT_EQ(publish_blocks(*ca, 0, 6), "");
   const auto want = chain(0, 6);
   bool any_remote = false;
@@ -181,18 +201,16 @@ TEST_F(RemoteTier, APrefixPublishedOnOneDaemonIsFoundByAnother) {
 TEST_F(RemoteTier, NamespacesAndGeometriesStayApart) {
   Daemon a(config(*cluster_, "one"));
   Daemon other_ns(config(*cluster_, "two"));
-  Daemon other_geometry(config(
-      *cluster_, "one", "{layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}"));
+  Daemon other_geometry(
+      config(*cluster_, "one",
+             "{layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp16}"));
   ASSERT_TRUE(a.start()) << a.log();
   ASSERT_TRUE(other_ns.start()) << other_ns.log();
   ASSERT_TRUE(other_geometry.start()) << other_geometry.log();
   auto ca = attach(a, "writer");
   ASSERT_TRUE(ca);
   ASSERT_EQ(publish_blocks(*ca, 100, 3), "");
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (cluster_->keys("one:default:").size() < 3 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  ASSERT_EQ(cluster_->keys("one:default:").size(), 3u);
+  ASSERT_TRUE(wait_keys("one:default:", 3));
   for (Daemon* d : {&other_ns, &other_geometry}) {
     auto c = attach(*d, "reader");
     ASSERT_TRUE(c);
@@ -205,17 +223,13 @@ TEST_F(RemoteTier, NamespacesAndGeometriesStayApart) {
 // A value whose payload was changed in the cluster fails its checksum: the lookup stops before
 // it, the daemon counts and logs it, and serves nothing of it.
 TEST_F(RemoteTier, ACorruptedValueIsRefused) {
-  Daemon a(config(*cluster_, "shared"));
-  Daemon b(config(*cluster_, "shared"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  auto ca = attach(a, "writer");
-  auto cb = attach(b, "reader");
-  ASSERT_TRUE(ca && cb);
+  Pair p = two_daemons("shared");
+  ASSERT_TRUE(p.ca && p.cb);
+  Daemon& b = *p.b;
+  Connection* ca = p.ca.get();
+  Connection* cb = p.cb.get();
   ASSERT_EQ(publish_blocks(*ca, 200, 4), "");
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (cluster_->keys("shared:default:").size() < 4 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(wait_keys("shared:default:", 4));
   // Block 202's key: its hash's hex ends the key.
   std::string victim;
   for (const std::string& k : cluster_->keys("shared:default:")) {
@@ -263,13 +277,11 @@ TEST_F(RemoteTier, WithTheClusterGoneLookupsAnswerLocally) {
 // kill -9 of a master while two daemons write and read: its replica takes its slots over; no
 // daemon crashes or stops answering, and afterwards what one publishes the other finds again.
 TEST_F(RemoteTier, AKilledMasterIsTakenOverByItsReplica) {
-  Daemon a(config(*cluster_, "shared"));
-  Daemon b(config(*cluster_, "shared"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  auto ca = attach(a, "writer");
-  auto cb = attach(b, "reader");
-  ASSERT_TRUE(ca && cb);
+  Pair p = two_daemons("shared");
+  ASSERT_TRUE(p.ca && p.cb);
+  Daemon &a = *p.a, &b = *p.b;
+  Connection* ca = p.ca.get();
+  Connection* cb = p.cb.get();
   ASSERT_EQ(::kill(cluster_->pid(0), SIGKILL), 0);
   const auto until = Clock::now() + std::chrono::seconds(4);
   uint64_t id = 1000;
@@ -284,7 +296,8 @@ TEST_F(RemoteTier, AKilledMasterIsTakenOverByItsReplica) {
   // The replica took over (cluster-node-timeout 1 s): new blocks travel again.
   bool any_remote = false;
   ASSERT_EQ(publish_blocks(*ca, 5000, 8), "");
-  const wire::LookupReply r = lookup_until(*cb, chain(5000, 8), std::chrono::seconds(10), &any_remote);
+  const wire::LookupReply r =
+      lookup_until(*cb, chain(5000, 8), std::chrono::seconds(10), &any_remote);
   EXPECT_EQ(r.pages.size(), 8u) << a.log() << b.log();
   for (size_t i = 0; i < r.pages.size(); ++i)
     EXPECT_EQ(first_difference(*cb, r.pages[i], 5000 + i), -1) << "block " << i;
@@ -310,9 +323,7 @@ TEST_F(RemoteTier, WriteOffAndAdmitReused) {
   ASSERT_TRUE(hit.ok());
   ASSERT_EQ(hit.value().pages.size(), 2u);
   ASSERT_TRUE(cp->release(hit.value().pages).ok());
-  const auto deadline = Clock::now() + std::chrono::seconds(10);
-  while (cluster_->keys("picky:").size() < 2 && Clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(wait_keys("picky:", 2));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
   EXPECT_EQ(cluster_->keys("picky:").size(), 2u);
 }
@@ -322,13 +333,11 @@ TEST_F(RemoteTier, WriteOffAndAdmitReused) {
 TEST_F(RemoteTier, WritesToAFullClusterFailSoftly) {
   start_cluster("--maxmemory 3mb --maxmemory-policy noeviction");
   // 128 pages: the tier may hold 16 of them for writes (an eighth), two publishes' worth.
-  Daemon a(config(*cluster_, "full", kGeometry, "", 128));
-  Daemon b(config(*cluster_, "full", kGeometry, "", 128));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  auto ca = attach(a, "writer");
-  auto cb = attach(b, "reader");
-  ASSERT_TRUE(ca && cb);
+  Pair p = two_daemons("full", 128);
+  ASSERT_TRUE(p.ca && p.cb);
+  Daemon& a = *p.a;
+  Connection* ca = p.ca.get();
+  Connection* cb = p.cb.get();
   // 16 KiB pages: about 3 MiB over 3 masters, with Redis's own use, holds some tens of them.
   for (uint64_t id = 0; id < 400; id += 8) {
     ASSERT_EQ(publish_blocks(*ca, 7000 + id, 8), "");
@@ -341,13 +350,14 @@ TEST_F(RemoteTier, WritesToAFullClusterFailSoftly) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     st = pool_stats(*ca);
   }
-  EXPECT_GT(st.remote_store_failed, 0u) << st.remote_stored << " stored, "
-                                        << st.remote_store_skipped << " skipped";
+  EXPECT_GT(st.remote_store_failed, 0u)
+      << st.remote_stored << " stored, " << st.remote_store_skipped << " skipped";
   EXPECT_GT(st.remote_stored, 0u);
   EXPECT_TRUE(a.running());
   // The first blocks went in before the cluster filled up: B finds them.
   bool any_remote = false;
-  const wire::LookupReply r = lookup_until(*cb, chain(7000, 2), std::chrono::seconds(5), &any_remote);
+  const wire::LookupReply r =
+      lookup_until(*cb, chain(7000, 2), std::chrono::seconds(5), &any_remote);
   EXPECT_EQ(r.pages.size(), 2u);
   for (size_t i = 0; i < r.pages.size(); ++i)
     EXPECT_EQ(first_difference(*cb, r.pages[i], 7000 + i), -1) << "block " << i;

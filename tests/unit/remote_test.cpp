@@ -55,8 +55,8 @@ TEST(NodeAddress, ParsesHostsAndPorts) {
   auto name = parse_node_address("redis-0.cache.svc:6379");
   ASSERT_TRUE(name);
   EXPECT_EQ(name->host, "redis-0.cache.svc");
-  for (const char* bad : {"", "7000", ":7000", "host:", "host:0", "host:65536", "host:7x", "[::1:7",
-                          "[]:7000"}) {
+  for (const char* bad :
+       {"", "7000", ":7000", "host:", "host:0", "host:65536", "host:7x", "[::1:7", "[]:7000"}) {
     EXPECT_FALSE(parse_node_address(bad)) << bad;
   }
 }
