@@ -124,8 +124,9 @@ inline constexpr uint32_t kFrameMagic = 0x4C50564B;  // "KVPL"
 // model and groups in PoolInfo, hello's link_session, lookup_groups) and static reservations
 // (reserve, unreserve); 10: publish's optional chain (parent, token ids, adapter name) for the
 // KV events; 11: hello's hash scheme; 12: segmented layer_major pools (segment_pages and
-// segment_stride in PoolInfo).
-inline constexpr uint16_t kProtocolVersion = 12;
+// segment_stride in PoolInfo); 13: lookup tiers kTierConverted and kTierRemote (an older
+// client would refuse them in a reply, so it is refused at hello instead).
+inline constexpr uint16_t kProtocolVersion = 13;
 inline constexpr size_t kHeaderBytes = 16;
 inline constexpr uint32_t kMaxPayloadBytes = 8u << 20;  // 8 MiB: a kMaxBatch publish fits
 inline constexpr uint32_t kMaxBatch = 1u << 18;         // items in one batched call

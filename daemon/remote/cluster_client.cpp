@@ -1,6 +1,8 @@
 #include "daemon/remote/cluster_client.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>
 
@@ -51,6 +53,33 @@ std::optional<Redirect> parse_redirect(std::string_view rest) {
   return r;
 }
 
+// Waits until fd is ready for `events` or the deadline passes; whether it is ready.
+bool wait_for(int fd, short events, uint64_t deadline_ns) {
+  for (;;) {
+    const uint64_t now = now_ns();
+    if (now >= deadline_ns) return false;
+    pollfd p{fd, events, 0};
+    const int ms =
+        static_cast<int>(std::min<uint64_t>((deadline_ns - now + 999'999) / 1'000'000, 60'000));
+    const int r = ::poll(&p, 1, ms);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// The next reply on c by `deadline_ns`: a whole batch of replies shares one deadline, so a node
+// that trickles bytes cannot stretch it (the socket's own timeout is per read). False on an
+// error or the deadline; *out is then null.
+bool read_reply(redisContext* c, uint64_t deadline_ns, void** out) {
+  *out = nullptr;
+  for (;;) {
+    if (redisGetReplyFromReader(c, out) != REDIS_OK) return false;
+    if (*out != nullptr) return true;
+    if (!wait_for(c->fd, POLLIN, deadline_ns)) return false;
+    if (redisBufferRead(c) != REDIS_OK) return false;
+  }
+}
+
 // Commands in RESP (arrays of bulk strings), as iovecs: the framing in a buffer of its own,
 // the arguments where the caller keeps them.
 class RespWriter {
@@ -63,8 +92,9 @@ class RespWriter {
       frame("\r\n");
     }
   }
-  // Writes everything (blocking; the socket's send timeout applies); "" or the error.
-  std::string write_to(int fd) {
+  // Writes everything by `deadline_ns` (waiting in poll() for room, never in the socket);
+  // "" or the error.
+  std::string write_to(int fd, uint64_t deadline_ns) {
     std::vector<iovec> iov;
     iov.reserve(pieces_.size());
     for (const Piece& p : pieces_) {
@@ -73,11 +103,15 @@ class RespWriter {
     }
     size_t at = 0;
     while (at < iov.size()) {
-      const int count = static_cast<int>(std::min<size_t>(iov.size() - at, IOV_MAX));
-      const ssize_t n = ::writev(fd, iov.data() + at, count);
+      msghdr msg{};
+      msg.msg_iov = iov.data() + at;
+      msg.msg_iovlen = std::min<size_t>(iov.size() - at, IOV_MAX);
+      const ssize_t n = ::sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EINTR) continue;
-        return errno == EAGAIN || errno == EWOULDBLOCK ? "timed out" : std::strerror(errno);
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return std::strerror(errno);
+        if (!wait_for(fd, POLLOUT, deadline_ns)) return "timed out";
+        continue;
       }
       auto left = static_cast<size_t>(n);
       while (at < iov.size() && left >= iov[at].iov_len) {
@@ -265,6 +299,8 @@ ClusterClient::BatchResult ClusterClient::run(std::span<const std::string> keys,
     // framing around them), not through hiredis's output buffer, which copies each value and
     // moves what is left of a large pipeline after every partial write.
     std::vector<redisContext*> ctx(nodes_.size(), nullptr);
+    // One deadline for the attempt's writes and replies, every node together.
+    const uint64_t deadline = now_ns() + uint64_t{options_.timeout_ms} * 1'000'000;
     for (size_t n = 0; n < by_node.size(); ++n) {
       if (by_node[n].empty()) continue;
       ctx[n] = connect(n);
@@ -285,7 +321,7 @@ ClusterClient::BatchResult ClusterClient::run(std::span<const std::string> keys,
         command(item.index, argv, argvlen);
         out.command(argv, argvlen);
       }
-      if (const std::string err = out.write_to(ctx[n]->fd); !err.empty()) {
+      if (const std::string err = out.write_to(ctx[n]->fd, deadline); !err.empty()) {
         fail_node(n, "write to " + nodes_[n].addr.text() + ": " + err);
         ctx[n] = nullptr;
         for (const Item& item : by_node[n])
@@ -299,13 +335,14 @@ ClusterClient::BatchResult ClusterClient::run(std::span<const std::string> keys,
         void* raw = nullptr;
         bool io_ok = true;
         if (item.ask >= 0) {
-          io_ok = redisGetReply(ctx[n], &raw) == REDIS_OK;
+          io_ok = read_reply(ctx[n], deadline, &raw);
           if (raw != nullptr) freeReplyObject(raw);
           raw = nullptr;
         }
-        if (io_ok) io_ok = redisGetReply(ctx[n], &raw) == REDIS_OK && raw != nullptr;
+        if (io_ok) io_ok = read_reply(ctx[n], deadline, &raw);
         if (!io_ok) {
-          fail_node(n, "reply from " + nodes_[n].addr.text() + ": " + ctx[n]->errstr);
+          fail_node(n, "reply from " + nodes_[n].addr.text() + ": " +
+                           (ctx[n]->err != 0 ? ctx[n]->errstr : "timed out"));
           ctx[n] = nullptr;
           // This key and the node's later ones: once more on a fresh map.
           for (size_t j = k; j < by_node[n].size(); ++j) {
@@ -379,7 +416,8 @@ ClusterClient::BatchResult ClusterClient::get(std::span<const std::string> keys,
 
 ClusterClient::BatchResult ClusterClient::set(std::span<const std::string> keys,
                                               std::span<const std::span<const std::byte>> values,
-                                              uint32_t ttl_s) {
+                                              uint32_t ttl_s, std::vector<uint8_t>* written) {
+  if (written != nullptr) written->assign(keys.size(), 0);
   static constexpr char kSet[] = "SET";
   static constexpr char kEx[] = "EX";
   const std::string ttl = std::to_string(ttl_s);
@@ -393,7 +431,11 @@ ClusterClient::BatchResult ClusterClient::set(std::span<const std::string> keys,
           len.insert(len.end(), {2, ttl.size()});
         }
       },
-      [](size_t, const redisReply& r) { return r.type == REDIS_REPLY_STATUS; });
+      [written](size_t i, const redisReply& r) {
+        const bool ok = r.type == REDIS_REPLY_STATUS;
+        if (ok && written != nullptr) (*written)[i] = 1;
+        return ok;
+      });
 }
 
 void ClusterClient::publish_view() {

@@ -11,9 +11,12 @@
 //   - MOVED slot host:port: the slot is pointed at that node at once and the key retried; ASK
 //     host:port: the key alone is retried there, after ASKING, the map unchanged. A key is tried
 //     at most kMaxAttempts times; then it counts as failed.
-//   - A node that fails (refused, reset, no reply within timeout_ms) is dropped: its keys of the
-//     batch fail or retry on a fresh map (a replica promoted by failover), and no connection to it
-//     is tried again for retry_after_ms, so a dead master costs one timeout, not one per batch.
+//   - Each attempt of a batch has one deadline, timeout_ms, for its writes and every node's
+//     replies (poll() with what is left before each write and read; a node that trickles bytes
+//     cannot stretch it). A node that fails (refused, reset, past the deadline) is dropped: its
+//     keys of the batch fail or retry on a fresh map (a replica promoted by failover), and no
+//     connection to it is tried again for retry_after_ms, so a dead master costs one timeout, not
+//     one per batch. A batch thus ends within kMaxAttempts deadlines (and connects).
 //
 // A failed key is never an error to the caller's caller: the remote tier is a cache, so it is a
 // miss (get) or a block not written (set), counted in the view.
@@ -84,8 +87,10 @@ class ClusterClient {
   BatchResult get(std::span<const std::string> keys, const Found& found);
   // SET keys[i] = values[i], with an expiry of ttl_s seconds (0: none). A key answered OK is
   // written; one refused (OOM under maxmemory with noeviction, say) is failed.
+  // written[i] (when given) says whether keys[i] was.
   BatchResult set(std::span<const std::string> keys,
-                  std::span<const std::span<const std::byte>> values, uint32_t ttl_s);
+                  std::span<const std::span<const std::byte>> values, uint32_t ttl_s,
+                  std::vector<uint8_t>* written = nullptr);
 
   // Asks for the slot map now; false when no node answered.
   bool refresh();

@@ -219,7 +219,7 @@ void RemoteTier::store(RemoteStore& s) {
       remote::write_value_header(value, fingerprint_, geometry_, layout_, s.hashes[i]);
       values.push_back(value);
     }
-    s.batch = store_client_->set(s.keys, values, config_.ttl_s);
+    s.batch = store_client_->set(s.keys, values, config_.ttl_s, &s.written);
   }
   s.ns = LatencyRecorder::now_ns() - t0;
 }
@@ -230,6 +230,10 @@ void RemoteTier::finish_store(RemoteStore& s) {
   free_store_.insert(free_store_.end(), s.slots.begin(), s.slots.end());
   ++stats_.store_batches;
   stats_.store_ns += s.ns;
+  // A block not written may be offered again (its next publish, or hit).
+  for (size_t i = 0; i < s.keys.size(); ++i) {
+    if (i >= s.written.size() || s.written[i] == 0) (void)written_.take(key_of(s.keys[i]));
+  }
   if (!s.copy_error.empty()) {
     stats_.store_failed += s.keys.size();
     log_event(LogLevel::error, "remote_tier_copy_failed",

@@ -72,6 +72,7 @@ struct RemoteStore {
   std::vector<ByteRun> runs;  // pages → slots' payloads
   // Set by store().
   std::string copy_error;
+  std::vector<uint8_t> written;  // per key
   remote::ClusterClient::BatchResult batch;
   uint64_t ns = 0;
 };

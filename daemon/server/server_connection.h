@@ -338,12 +338,14 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     if (!copy_in_flight_) return;  // abandoned: the daemon is stopping
     copy_in_flight_ = false;
     if (closed_) {
-      // Closed while copying: the reply has nowhere to go; the session's pages go back now (a
-      // remote fetch's promotion copies run here first: they hold pages of the pool).
+      // Closed while copying: the reply has nowhere to go; the session's pages go back now.
       std::vector<std::byte> discarded;
-      for (auto next = server_.service_.finish_copy(*job, discarded); next;) {
-        next->run();
-        next = server_.service_.finish_copy(*next, discarded);
+      session_->closing = true;
+      if (auto next = server_.service_.finish_copy(*job, discarded)) {
+        // Not made for a closing session today; if ever, it runs where copies run, and comes
+        // back here.
+        start_copy(std::move(next), copy_arrival_);
+        return;
       }
       release();
       return;

@@ -119,8 +119,10 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   }
   // Pages the call evicted go down to the host tier before any reply tells a worker it may
   // write them; a lookup's promoted pages come up before it answers.
+  // A call that made a job of its own (a remote fetch) keeps its one job: its tier copies, if
+  // any, run here.
   if (s.attached && (deferred == nullptr || !*deferred) &&
-      run_tier_copies(s, request_id, op, started, reply, deferred)) {
+      run_tier_copies(s, request_id, op, started, reply, call_job_ ? nullptr : deferred)) {
     return;  // finish_copy answers and times it
   }
   if (call_job_) {

@@ -40,8 +40,10 @@ wire::Result<wire::Reply> Service::remote_fetched(SessionState& s, Namespace ns,
                                                   const std::shared_ptr<RemoteFetch>& f) {
   RemoteTier& remote = *s.pool->remote();
   RemoteFetch& fetch = *f;
-  // The quotas may have moved while the fetch ran.
-  const uint32_t n = s.attached ? std::min(fetch.found, access_.new_pages_allowed(s)) : 0;
+  // The quotas may have moved while the fetch ran; a session whose connection closed meanwhile
+  // gets nothing.
+  const uint32_t n =
+      s.attached && !s.closing ? std::min(fetch.found, access_.new_pages_allowed(s)) : 0;
   std::vector<PageId> pages(n);
   if (n != 0) {
     uint64_t growable = 0;

@@ -50,6 +50,9 @@ struct SessionState {
   PeerCredentials peer;
   std::string worker_name;
   bool attached = false;
+  // Its connection closed while a job of it ran: what finishes that job takes nothing new (a
+  // remote fetch allocates no pages for it).
+  bool closing = false;
   PoolRuntime* pool = nullptr;
   uint32_t known_epoch = 0;  // the pool's segment list this session was last told of
   uint32_t tenant = 0;       // index into Access::tenants()

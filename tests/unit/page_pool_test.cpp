@@ -396,6 +396,36 @@ TEST(PagePool, RetainErrorsChangeNothing) {
   EXPECT_EQ(pool.check_invariants(), "");
 }
 
+// share(): a reference on a page another owner holds (the remote tier keeps a published page so
+// while its bytes are written out); never on a page no one holds, whose bytes may be reused.
+TEST(PagePool, ShareTakesAReferenceOnlyOnAPageSomeoneHolds) {
+  PagePool pool(opts(8));
+  const OwnerId a = pool.open_owner();
+  const OwnerId tier = pool.open_owner();
+  const PageId p = alloc(pool, a, 1)[0];
+  const PageId free_page = 7;
+  std::vector<PublishResult> out(1);
+  const PublishItem item{p, H(1)};
+  ASSERT_TRUE(ok(pool.publish(a, 1, std::span(&item, 1), out)));
+  ASSERT_TRUE(ok(pool.share(tier, p)));
+  EXPECT_EQ(pool.refcount(p), 2u);
+  EXPECT_EQ(pool.held(tier, p), 1u);
+  // The worker lets go: the tier's reference keeps the page in use, so nothing evicts it.
+  ASSERT_TRUE(ok(release(pool, a, {p})));
+  EXPECT_EQ(pool.state(p), PageState::in_use);
+  EXPECT_EQ(pool.evict(8), 0u);
+  ASSERT_TRUE(ok(release(pool, tier, {p})));
+  EXPECT_EQ(pool.state(p), PageState::cached);
+  // Cached, free, out of range, an unknown owner: refused, nothing changes.
+  const std::vector<uint64_t> before = snapshot(pool, {a, tier});
+  EXPECT_TRUE(is(pool.share(tier, p), Status(Errc::not_held, 0, p)));
+  EXPECT_TRUE(is(pool.share(tier, free_page), Status(Errc::not_held, 0, free_page)));
+  EXPECT_TRUE(is(pool.share(tier, 8), Status(Errc::invalid_page, 0, 8)));
+  EXPECT_EQ(pool.share(999, p).code(), Errc::invalid_owner);
+  EXPECT_EQ(snapshot(pool, {a, tier}), before);
+  EXPECT_EQ(pool.check_invariants(), "");
+}
+
 TEST(PagePool, ReleaseOfPagesNotHeldFails) {
   PagePool pool(opts(16));
   const OwnerId a = pool.open_owner();

@@ -643,7 +643,7 @@ TEST(ProtocolRoundTrip, ExactBytesOfReleaseRequest) {
   const Bytes frame = encode(0x0a0b0c0d, Request{ReleaseRequest{{1, 0x01020304}}});
   const Bytes want = hex_bytes({'K',  'V',  'P',  'L',                 // magic
                                 12,   0,    0,    0,                   // length
-                                12,   0,                               // version
+                                13,   0,                               // version
                                 4,    0,                               // opcode release
                                 0x0d, 0x0c, 0x0b, 0x0a,                // request id
                                 2,    0,    0,    0,                   // n
@@ -835,7 +835,7 @@ TEST(ProtocolHeader, DecodesFields) {
 }
 
 TEST(ProtocolHeader, MagicIsTheBytesKVPL) {
-  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 12, 0, 7, 0, 0, 0, 0, 0});
+  const Bytes b = hex_bytes({'K', 'V', 'P', 'L', 0, 0, 0, 0, 13, 0, 7, 0, 0, 0, 0, 0});
   auto h = decode_header(b);
   ASSERT_TRUE(h.ok()) << h.error().message;
   EXPECT_EQ(h.value().opcode, 7);
@@ -858,8 +858,8 @@ TEST(ProtocolHeader, WrongVersion) {
   // tiers of the lookup reply; 4: before the stats reply's counter list; 5: before its daemon
   // counter list; 6: before the attention kind in PoolInfo; 7: before lookups with holes; 8:
   // before hybrid models; 9: before publish's chain; 10: before hello's hash scheme; 11: before
-  // segmented layer_major pools.
-  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 0x100, 0xffff};
+  // segmented layer_major pools; 12: before the converted and remote lookup tiers.
+  const uint16_t versions[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14, 0x100, 0xffff};
   for (uint16_t version : versions) {
     auto h = decode_header(exact(raw_header(kFrameMagic, 0, version, 1, 0)));
     ASSERT_TRUE(fails_with(Errc::unsupported_version, h));
