@@ -189,7 +189,7 @@ DaemonReplayResult replay_through_daemon(const Trace& trace, const DaemonReplayO
     auto st = c.value()->stats();
     if (!st.ok()) throw std::runtime_error(socket + ": " + st.error().message);
     if (st.value().in_use != 0 || st.value().cached != 0) {
-      throw std::runtime_error("the pool of the daemon at " + socket + " is not empty (" +
+      throw std::runtime_error("the daemon at " + socket + ": its pool is not empty (" +
                                std::to_string(st.value().cached) + " cached, " +
                                std::to_string(st.value().in_use) +
                                " in use): replay needs a fresh daemon");
