@@ -12,18 +12,17 @@
 
 #include <algorithm>
 #include <charconv>
-#include <chrono>
 
 #include "daemon/remote/key_slot.h"
+#include "daemon/telemetry/latency.h"
 
 namespace kvpool::daemon::remote {
 
 namespace {
 
+// The daemon's monotonic clock (the latency recorder's), in ns.
 uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
+  return LatencyRecorder::now_ns();
 }
 
 timeval to_timeval(uint32_t ms) {
