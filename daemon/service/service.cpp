@@ -127,11 +127,7 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   }
   if (call_job_) {
     // The call left its slow part to run off the loop (or here, when the caller cannot).
-    std::unique_ptr<CopyJob> job = std::move(call_job_);
-    job->session = &s;
-    job->request_id = request_id;
-    job->op = op;
-    job->started_ns = started;
+    std::unique_ptr<CopyJob> job = take_call_job(s, request_id, op, started);
     if (deferred != nullptr) {
       *deferred = std::move(job);
       return;
@@ -149,6 +145,16 @@ void Service::handle(SessionState& s, uint32_t request_id, const wire::Request& 
   }
   if (s.attached && s.pool->elastic()) pools_->grow_ahead(*s.pool);
   pools_->drop_group_evictions();
+}
+
+std::unique_ptr<CopyJob> Service::take_call_job(SessionState& s, uint32_t request_id,
+                                                wire::Opcode op, uint64_t started_ns) {
+  std::unique_ptr<CopyJob> job = std::move(call_job_);
+  job->session = &s;
+  job->request_id = request_id;
+  job->op = op;
+  job->started_ns = started_ns;
+  return job;
 }
 
 wire::Result<wire::Reply> Service::dispatch(SessionState& s, const wire::Request& request,
@@ -329,13 +335,20 @@ wire::Result<wire::Reply> Service::lookup(SessionState& s, const wire::LookupReq
   if (s.pool->plan_promotion(s.owner, ns, rest, access_.new_pages_allowed(s), hints.value(),
                              call_tier_)) {
     access_.refresh_held(s);  // the promoted pages count against the quotas from now on
-    call_finish_ = [this, &s, ns, hits, l = std::move(l),
+    call_finish_ = [this, &s, ns, hits, hints = hints.value(), l = std::move(l),
                     chain = std::vector<BlockHash>(rest.begin(), rest.end())](
                        TierCopy& c) mutable -> wire::Result<wire::Reply> {
       const uint32_t promoted =
           s.pool->finish_promotion(c, s.owner, ns, chain, std::span(l.pages).subspan(hits));
       l.tiers.resize(hits + promoted, s.pool->promotion_tier());
       if (promoted != 0) access_.refresh_held(s);
+      offer_remote_hits(s, chain, std::span(l.pages).subspan(hits, promoted));
+      // The chain goes on past the promoted run (its copies are done; the run is published):
+      // the remote tier may hold what follows. The fetch's job takes the reply's place.
+      if (promoted != 0 && promoted < chain.size() && !s.closing &&
+          plan_remote_fetch(s, ns, hints, l, hits + promoted, std::span(chain).subspan(promoted))) {
+        return wire::Reply(wire::LookupReply{});
+      }
       return lookup_reply(s, std::move(l), hits + promoted);
     };
     return wire::Reply(wire::LookupReply{});  // call_finish_'s takes its place

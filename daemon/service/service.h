@@ -214,6 +214,9 @@ class Service {
                          std::span<const PageId> pages);
   // The remote tiers' next batch of writes, as a background job (null: none waiting).
   std::unique_ptr<CopyJob> take_remote_store();
+  // The job the current call made for itself (call_job_), addressed to its caller.
+  std::unique_ptr<CopyJob> take_call_job(SessionState& s, uint32_t request_id, wire::Opcode op,
+                                         uint64_t started_ns);
   // A lookup's reply with its first `hits` pages, counted in the prefix stats.
   wire::Result<wire::Reply> lookup_reply(SessionState& s, wire::LookupReply l, uint32_t hits);
   // Appends a call's reply (after a pool_changed notice when the session's segment list is old).
@@ -242,7 +245,8 @@ class Service {
   // The current call's host-tier copies and, for a lookup that promotes, the rest of its reply.
   TierCopy call_tier_;
   std::function<wire::Result<wire::Reply>(TierCopy&)> call_finish_;
-  // A job the current call made for itself (an admin resize's segments); handle() hands it out.
+  // A job the current call made for itself (an admin resize's segments, a remote fetch);
+  // handle() hands it out.
   std::unique_ptr<CopyJob> call_job_;
   uint32_t subscribers_ = 0;
   uint64_t reloads_ = 0;

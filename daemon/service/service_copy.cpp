@@ -107,6 +107,8 @@ std::unique_ptr<CopyJob> Service::finish_copy(CopyJob& job, std::vector<std::byt
     // A call whose slow part ran off the loop: its reply is made now.
     pools_->tick();
     auto reply = job.finish();
+    // A promotion from the host tier whose chain goes on in the remote tier: its fetch next.
+    if (call_job_) return take_call_job(*job.session, job.request_id, job.op, job.started_ns);
     // A remote fetch's promotion: copies like any tier copy's, here or as the next job.
     std::unique_ptr<CopyJob> next;
     if (job.remote_fetch() && job.session->attached &&

@@ -197,6 +197,39 @@ TEST_F(RemoteTier, APrefixPublishedOnOneDaemonIsFoundByAnother) {
   EXPECT_TRUE(a.running() && b.running());
 }
 
+// A chain whose head B keeps in its host tier and whose rest only the cluster holds: B's lookup
+// promotes the head from its host tier, then fetches the rest, one reply, each block's tier said.
+TEST_F(RemoteTier, ALookupGoesOnFromTheHostTierIntoTheCluster) {
+  Daemon a(config(*cluster_, "chain"));
+  Daemon b("backend: host\npools:\n  - name: chat\n    geometry: " + std::string(kGeometry) +
+           "\n    capacity: 64 pages\n    host_tier: 16 pages\n    remote_tier: {cluster: " +
+           cluster_->seeds() + ", namespace: chain, timeout_ms: 200, write: off}\n");
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  auto ca = attach(a, "writer");
+  auto cb = attach(b, "reader");
+  ASSERT_TRUE(ca && cb);
+  ASSERT_EQ(publish_blocks(*ca, 0, 6), "");
+  ASSERT_TRUE(wait_keys("chain:default:", 6));
+  // B computed the first two blocks itself; an operator's evict sends them to its host tier.
+  ASSERT_EQ(publish_blocks(*cb, 0, 2), "");
+  ASSERT_EQ(cb->evict(64).value(), 2u);
+  auto r = cb->lookup_with_tiers(chain(0, 6), {});
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().tiers,
+            (std::vector<uint8_t>{wire::kTierHost, wire::kTierHost, wire::kTierRemote,
+                                  wire::kTierRemote, wire::kTierRemote, wire::kTierRemote}))
+      << b.log();
+  ASSERT_EQ(r.value().pages.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(first_difference(*cb, r.value().pages[i], i), -1) << "block " << i;
+  ASSERT_TRUE(cb->release(r.value().pages).ok());
+  const stats::PoolStats sb = pool_stats(*cb);
+  EXPECT_EQ(sb.remote_hits, 4u);
+  EXPECT_EQ(sb.remote_stored, 0u);
+  EXPECT_TRUE(a.running() && b.running());
+}
+
 // Another namespace, or a pool of another geometry under the same namespace, never serves them.
 TEST_F(RemoteTier, NamespacesAndGeometriesStayApart) {
   Daemon a(config(*cluster_, "one"));
