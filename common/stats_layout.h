@@ -163,7 +163,9 @@ struct PoolStats {
   uint64_t converted_back = 0;      // blocks lookups found there, converted back into the pool
   // The remote tier on Redis Cluster (remote_tier; daemon/remote/remote_tier.h; zeros without).
   // Layout version 8.
-  uint32_t remote_tier = 0;           // 1: the pool has one, 2: one it only reads (write: off)
+  // 1: the pool has one (write: on_publish), 2: one it only reads (write: off), 3: one it
+  // writes as its device tier evicts (write: on_demote).
+  uint32_t remote_tier = 0;
   uint32_t remote_nodes = 0;          // masters in its slot map
   uint32_t remote_reachable = 0;      // of them, not failed within the last second
   uint32_t remote_slots = 0;          // slots the map gives a master (16384 when whole)

@@ -106,11 +106,12 @@ void print_precision(const stats::Snapshot& s, const stats::PoolStats& p, bool r
 std::string remote_json(const stats::PoolStats& p) {
   if (p.remote_tier == 0) return "null";
   const auto u = [](uint64_t v) { return std::to_string(v); };
-  return std::string("{\"writes\":") + (p.remote_tier == 2 ? "false" : "true") +
-         ",\"nodes\":" + u(p.remote_nodes) + ",\"reachable\":" + u(p.remote_reachable) +
-         ",\"slots\":" + u(p.remote_slots) + ",\"lookups\":" + u(p.remote_lookups) +
-         ",\"hit_blocks\":" + u(p.remote_hits) + ",\"misses\":" + u(p.remote_misses) +
-         ",\"skipped_unreachable\":" + u(p.remote_skipped) +
+  const char* write = p.remote_tier == 2 ? "off" : p.remote_tier == 3 ? "on_demote" : "on_publish";
+  return std::string("{\"writes\":") + (p.remote_tier == 2 ? "false" : "true") + ",\"write\":\"" +
+         write + "\"" + ",\"nodes\":" + u(p.remote_nodes) +
+         ",\"reachable\":" + u(p.remote_reachable) + ",\"slots\":" + u(p.remote_slots) +
+         ",\"lookups\":" + u(p.remote_lookups) + ",\"hit_blocks\":" + u(p.remote_hits) +
+         ",\"misses\":" + u(p.remote_misses) + ",\"skipped_unreachable\":" + u(p.remote_skipped) +
          ",\"rejected\":" + u(p.remote_rejected) + ",\"stored\":" + u(p.remote_stored) +
          ",\"store_skipped\":" + u(p.remote_store_skipped) +
          ",\"store_failed\":" + u(p.remote_store_failed) +
@@ -129,7 +130,9 @@ void print_remote(const stats::PoolStats& p, bool raw) {
   };
   std::printf("  remote    %u of %u master(s) reachable, %u of 16384 slots mapped%s\n",
               p.remote_reachable, p.remote_nodes, p.remote_slots,
-              p.remote_tier == 2 ? ", reads only (write: off)" : "");
+              p.remote_tier == 2   ? ", reads only (write: off)"
+              : p.remote_tier == 3 ? ", written as the device evicts (write: on_demote)"
+                                   : "");
   std::printf(
       "  remote    %s lookups asked (%s blocks hit, %s found nothing, %s skipped while "
       "unreachable, %s values refused, %s keys failed; %.2f ms a batch); %s blocks written "

@@ -277,10 +277,12 @@ class Parser : private NodeReader {
       }
     }
     if (auto* t = find(f, "ttl_s")) r.ttl_s = static_cast<uint32_t>(get_uint(*t, 0, INT32_MAX));
-    static constexpr std::array<std::string_view, 2> kWrites = {"on_publish", "off"};
+    static constexpr std::array<std::string_view, 3> kWrites = {"on_publish", "on_demote", "off"};
     if (auto* w = find(f, "write")) {
-      r.write = get_choice(*w, kWrites) == "off" ? RemoteTierConfig::Write::off
-                                                 : RemoteTierConfig::Write::on_publish;
+      const std::string choice = get_choice(*w, kWrites);
+      r.write = choice == "off"         ? RemoteTierConfig::Write::off
+                : choice == "on_demote" ? RemoteTierConfig::Write::on_demote
+                                        : RemoteTierConfig::Write::on_publish;
     }
     static constexpr std::array<std::string_view, 2> kAdmits = {"all", "reused"};
     if (auto* a = find(f, "admit")) {

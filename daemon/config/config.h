@@ -24,7 +24,7 @@
 //                             kind: full | sliding | chunked | latent, window: INT },
 //                 host_tier: "8000 pages" | SIZE | "10%", convert_evictions_to: POOL,
 //                 remote_tier: { cluster: ["HOST:PORT"], namespace: STR, ttl_s: INT,
-//                                write: on_publish | off, admit: all | reused,
+//                                write: on_publish | on_demote | off, admit: all | reused,
 //                                timeout_ms, batch_pages, staging_pages: INT },
 //                 max_capacity: "4096 pages" | SIZE, min_capacity: "512 pages" | SIZE,
 //                 segment_size: SIZE, grow_ahead: BOOL,     (the last four: elastic pools)
@@ -89,18 +89,26 @@ struct KeyLocation {
 // A remote tier on Redis Cluster under the pool (daemon/remote/remote_tier.h; docs/ARCHITECTURE.md,
 // "Remote tier"): shared by every kvpoold that names the same cluster and namespace.
 struct RemoteTierConfig {
-  enum class Write : uint8_t { on_publish, off };
+  // The values are the stats' remote_tier codes (common/stats_layout.h).
+  enum class Write : uint8_t { on_publish = 1, off = 2, on_demote = 3 };
   enum class Admit : uint8_t { all, reused };
   std::vector<std::string> cluster;      // seed nodes, "HOST:PORT"; the rest come from the map
   std::string key_namespace = "kvpool";  // YAML `namespace`: the first part of every key
   uint32_t ttl_s = 86400;                // the values' expiry; 0: none (maxmemory evicts)
-  Write write = Write::on_publish;       // off: this daemon only reads
+  Write write = Write::on_publish;       // on_demote: as the device evicts; off: only reads
   Admit admit = Admit::all;              // reused: written at its first hit, not at publish
   uint32_t timeout_ms = 100;             // a connect, and a node's replies to one batch
   uint32_t batch_pages = 32;             // the most blocks one lookup fetches, or one write sends
   uint32_t staging_pages = 128;          // pages of host memory for values on their way, each way
   friend bool operator==(const RemoteTierConfig&, const RemoteTierConfig&) = default;
 };
+
+// The config's word for a write mode ("on_publish", "on_demote", "off").
+inline const char* remote_write_name(RemoteTierConfig::Write w) {
+  return w == RemoteTierConfig::Write::off         ? "off"
+         : w == RemoteTierConfig::Write::on_demote ? "on_demote"
+                                                   : "on_publish";
+}
 
 struct PoolConfig {
   std::string name;

@@ -281,6 +281,7 @@ class PagePool {
 
   // Index observer (see above); null = none. Not owned; must outlive the pool or be reset.
   void set_observer(IndexObserver* observer) { observer_ = observer; }
+  IndexObserver* observer() const { return observer_; }
 
   // Verifies invariants I1–I5. Returns an empty string when they hold, else the first violation.
   // O(pages + index slots + ledger slots): for tests and debug builds, not the hot path.

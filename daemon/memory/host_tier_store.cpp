@@ -12,6 +12,8 @@ uint64_t TierCopy::bytes() const {
     n += r.bytes;
   for (const ByteRun& r : remote_runs)
     n += r.bytes;
+  for (const ByteRun& r : remote_down_runs)
+    n += r.bytes;
   return n;
 }
 

@@ -82,17 +82,25 @@ struct TierCopy {
   // A lookup's run fetched from the remote tier: its staged values → the new pages (after every
   // other copy of the batch: a new page may be one the batch demotes first).
   std::vector<ByteRun> remote_runs;
+  // Evictions the remote tier writes (write: on_demote): each evicted page → a staging slot,
+  // before every other copy of the batch (a page promoted into may be one of them). remote_down
+  // names the tier's record of them (0: none); remote_held, pages an operator's evict gave the
+  // tier's owner until their copy is done.
+  std::vector<ByteRun> remote_down_runs;
+  uint64_t remote_down = 0;
+  std::vector<PageId> remote_held;
   uint32_t pages16 = 0, pages8 = 0;  // the two pools' page counts at the plan (id bounds)
   uint64_t flushes = 0;              // the converter's flush count at the plan
   uint64_t convert_bytes = 0;        // both directions' 16-bit pages' bytes
   // Set by run().
-  std::string demote_error, promote_error, convert_error, convert_back_error, remote_error;
+  std::string demote_error, promote_error, convert_error, convert_back_error, remote_error,
+      remote_down_error;
   uint64_t demote_ns = 0, promote_ns = 0, convert_ns = 0;
 
   uint64_t bytes() const;
   bool empty() const {
     return runs.empty() && held.empty() && convert_src.empty() && back_src.empty() &&
-           remote_runs.empty();
+           remote_runs.empty() && remote_down == 0 && remote_held.empty();
   }
 };
 

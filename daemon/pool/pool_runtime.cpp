@@ -148,14 +148,13 @@ wire::Result<bool> PoolRuntime::attach_remote_tier() {
   // again as lookups come.
   const bool answered = remote_->refresh_now();
   const remote::ClusterView v = remote_->view();
-  log_event(
-      answered ? LogLevel::info : LogLevel::warn, "remote_tier_ready",
-      {kv("pool", name()), kv("cluster", rc.cluster.front()), kv("seeds", rc.cluster.size()),
-       kv("masters", v.nodes), kv("slots", v.slots_covered),
-       kv("error", answered ? std::string() : v.last_error), kv("namespace", rc.key_namespace),
-       kv("write", rc.write == RemoteTierConfig::Write::off ? "off" : "on_publish"),
-       kv("admit", rc.admit == RemoteTierConfig::Admit::all ? "all" : "reused"),
-       kv("staging_bytes", 2 * uint64_t{rc.staging_pages} * remote_->slot_bytes())});
+  log_event(answered ? LogLevel::info : LogLevel::warn, "remote_tier_ready",
+            {kv("pool", name()), kv("cluster", rc.cluster.front()), kv("seeds", rc.cluster.size()),
+             kv("masters", v.nodes), kv("slots", v.slots_covered),
+             kv("error", answered ? std::string() : v.last_error),
+             kv("namespace", rc.key_namespace), kv("write", remote_write_name(rc.write)),
+             kv("admit", rc.admit == RemoteTierConfig::Admit::all ? "all" : "reused"),
+             kv("staging_bytes", 2 * uint64_t{rc.staging_pages} * remote_->slot_bytes())});
   return true;
 }
 
@@ -297,11 +296,13 @@ bool PoolRuntime::plan_promotion(core::OwnerId owner, Namespace ns,
 
 uint32_t PoolRuntime::finish_promotion(TierCopy& tier, core::OwnerId owner, Namespace ns,
                                        std::span<const BlockHash> chain, std::span<PageId> out) {
+  if (remote_) remote_->finish_demote(tier);
   if (converter_) return converter_->finish_back(tier, owner, ns, chain, out);
   return host_tier_->finish_promote(tier, owner, ns, chain, out);
 }
 
 void PoolRuntime::plan_demotions(TierCopy& tier) {
+  if (remote_) remote_->plan_demote(paged_kv(), tier);
   if (host_tier_) host_tier_->plan_demote(paged_kv(), tier);
   if (converter_) converter_->plan(tier);
 }
@@ -314,9 +315,14 @@ void PoolRuntime::demote_now() {
 void PoolRuntime::drop_pending_demotions() {
   if (host_tier_) host_tier_->drop_pending();
   if (converter_) converter_->drop_pending();
+  if (remote_) remote_->drop_pending_demotions();
 }
 
 void PoolRuntime::run_tier(TierCopy& tier) {
+  // First: the evicted pages' bytes, before anything of the batch is promoted into them.
+  if (!tier.remote_down_runs.empty()) {
+    tier.remote_down_error = remote_->copy_down(tier.remote_down_runs);
+  }
   if (host_tier_) host_tier_->run(tier);
   if (converter_) converter_->run(tier);
   // Last: a page a remote value lands in may be one this batch demoted first.
@@ -324,6 +330,7 @@ void PoolRuntime::run_tier(TierCopy& tier) {
 }
 
 void PoolRuntime::finish_demotions(TierCopy& tier) {
+  if (remote_) remote_->finish_demote(tier);
   if (host_tier_) host_tier_->finish_demote(tier);
   if (converter_) converter_->finish(tier);
 }
@@ -332,6 +339,9 @@ uint32_t PoolRuntime::evict(uint32_t count, TierCopy& tier) {
   // With a host tier or a converter the pages go down first, held until their bytes are there.
   if (host_tier_) return host_tier_->plan_evict(paged_kv(), count, tier);
   if (converter_) return converter_->plan_evict(count, tier);
+  if (remote_ && remote_->holds_evictions()) {
+    return pages_->evict_into(remote_->owner(), count, tier.remote_held);
+  }
   return pages_->evict(count);
 }
 
@@ -434,7 +444,7 @@ void PoolRuntime::fill_stats(stats::PoolStats& p) const {
   if (remote_) {
     const RemoteTierStats& r = remote_->stats();
     const remote::ClusterView v = remote_->view();
-    p.remote_tier = remote_->config().write == RemoteTierConfig::Write::off ? 2 : 1;
+    p.remote_tier = static_cast<uint32_t>(remote_->config().write);
     p.remote_nodes = v.nodes;
     p.remote_reachable = v.reachable;
     p.remote_slots = v.slots_covered;

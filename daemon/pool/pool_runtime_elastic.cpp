@@ -234,6 +234,8 @@ wire::Result<bool> PoolRuntime::shrink_last(LooseSegment* loose) {
     }
   }
   if (host_tier_) host_tier_->demote(tail);
+  // The remote tier's copies would run after the unmap: those evictions are not written.
+  if (remote_) remote_->drop_pending_demotions();
   // The tail is unmapped next, and a shrink may be the 8-bit pool's own growth: its evictions
   // are not converted.
   if (converter_) converter_->drop_pending();

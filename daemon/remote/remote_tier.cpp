@@ -69,10 +69,40 @@ RemoteTier::RemoteTier(core::PagePool& pool, const PoolConfig& pc,
     free_fetch_.push_back(i);
     free_store_.push_back(i);
   }
+  if (config_.write == RemoteTierConfig::Write::on_demote) {
+    if (config_.admit == RemoteTierConfig::Admit::reused)
+      reused_ = core::GhostSet(uint64_t{1} << 20);
+    next_ = pool_.observer();
+    pool_.set_observer(this);
+  }
 }
 
 RemoteTier::~RemoteTier() {
+  if (config_.write == RemoteTierConfig::Write::on_demote) pool_.set_observer(next_);
   (void)pool_.close_owner(owner_);
+}
+
+void RemoteTier::name_tenant(Namespace ns, const std::string& tenant) {
+  KVPOOL_CHECK(ns != 0);
+  if (tenants_.size() < ns) tenants_.resize(ns);
+  if (tenants_[ns - 1].empty()) tenants_[ns - 1] = tenant;
+}
+
+void RemoteTier::stored(Namespace ns, const BlockHash& hash, PageId page) {
+  if (next_ != nullptr) next_->stored(ns, hash, page);
+}
+
+void RemoteTier::removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) {
+  if (why == Removal::evicted && page != kNoPage) evicted_.push_back({ns, hash, page});
+  if (next_ != nullptr) next_->removed(ns, hash, page, why);
+}
+
+void RemoteTier::host_stored(Namespace ns, const BlockHash& hash) {
+  if (next_ != nullptr) next_->host_stored(ns, hash);
+}
+
+void RemoteTier::host_removed(Namespace ns, const BlockHash& hash, bool promoting) {
+  if (next_ != nullptr) next_->host_removed(ns, hash, promoting);
 }
 
 std::string RemoteTier::key(const std::string& tenant, const BlockHash& hash) const {
@@ -172,6 +202,11 @@ void RemoteTier::offer(const std::string& tenant, const BlockHash& hash, PageId 
                        bool published) {
   if (config_.write == RemoteTierConfig::Write::off) return;
   if (published != (config_.admit == RemoteTierConfig::Admit::all)) return;
+  if (config_.write == RemoteTierConfig::Write::on_demote) {
+    // Written when it leaves the device, if it does; admit reused: only a block hit by then.
+    if (!published) reused_.insert(key_of(key(tenant, hash)));
+    return;
+  }
   std::string k = key(tenant, hash);
   const uint64_t tag = key_of(k);
   if (written_.contains(tag)) return;
@@ -188,16 +223,86 @@ void RemoteTier::offer(const std::string& tenant, const BlockHash& hash, PageId 
   offered_.push_back({std::move(k), hash, page});
 }
 
+void RemoteTier::plan_demote(const kernels::PagedKv& kv, TierCopy& tier) {
+  if (evicted_.empty()) return;
+  if (tier.remote_down == 0) tier.remote_down = next_down_++;
+  std::vector<Staged>& batch = copying_[tier.remote_down];
+  const bool up = reachable();
+  for (const Eviction& e : evicted_) {
+    if (e.ns == 0 || e.ns > tenants_.size() || tenants_[e.ns - 1].empty()) {
+      ++stats_.store_skipped;
+      continue;
+    }
+    std::string k = key(tenants_[e.ns - 1], e.hash);
+    const uint64_t tag = key_of(k);
+    if (written_.contains(tag)) continue;  // written or fetched here lately: the cluster has it
+    if (config_.admit == RemoteTierConfig::Admit::reused && !reused_.take(tag)) continue;
+    if (free_store_.empty() || !up) {
+      ++stats_.store_skipped;
+      continue;
+    }
+    const uint32_t slot = free_store_.back();
+    free_store_.pop_back();
+    append_page_runs(kv, e.page, store_slot(slot) + remote::kValueHeaderBytes,
+                     /*to_packed=*/true, tier.remote_down_runs);
+    written_.insert(tag);
+    batch.push_back({std::move(k), e.hash, slot});
+  }
+  evicted_.clear();
+  if (batch.empty()) {
+    copying_.erase(tier.remote_down);
+    tier.remote_down = 0;
+  }
+}
+
+std::string RemoteTier::copy_down(std::span<const ByteRun> runs) {
+  const std::lock_guard lock(store_copy_mutex_);
+  return store_memory_->copy(runs);
+}
+
+void RemoteTier::finish_demote(TierCopy& tier) {
+  if (!tier.remote_held.empty()) {
+    KVPOOL_CHECK(pool_.release(owner_, tier.remote_held).ok());
+    tier.remote_held.clear();
+  }
+  if (tier.remote_down == 0) return;
+  auto node = copying_.extract(tier.remote_down);
+  KVPOOL_CHECK(!node.empty());
+  tier.remote_down = 0;
+  std::vector<Staged>& batch = node.mapped();
+  if (!tier.remote_down_error.empty()) {
+    log_event(LogLevel::error, "remote_tier_copy_failed",
+              {kv("pool", label_), kv("copy", "demote"), kv("error", tier.remote_down_error)});
+    stats_.store_failed += batch.size();
+    for (const Staged& st : batch) {
+      free_store_.push_back(st.slot);
+      (void)written_.take(key_of(st.key));
+    }
+    return;
+  }
+  stats_.demoted += batch.size();
+  for (Staged& st : batch)
+    staged_.push_back(std::move(st));
+}
+
 std::unique_ptr<RemoteStore> RemoteTier::plan_store(const kernels::PagedKv& kv) {
-  if (offered_.empty()) return nullptr;
+  if (offered_.empty() && staged_.empty()) return nullptr;
   auto s = std::make_unique<RemoteStore>();
-  const size_t n = std::min(offered_.size(), size_t{config_.batch_pages});
+  // Staged values first: their slots are taken while they wait, no page is.
+  const size_t staged = std::min(staged_.size(), size_t{config_.batch_pages});
+  for (size_t i = 0; i < staged; ++i) {
+    s->keys.push_back(std::move(staged_[i].key));
+    s->hashes.push_back(staged_[i].hash);
+    s->slots.push_back(staged_[i].slot);
+  }
+  staged_.erase(staged_.begin(), staged_.begin() + static_cast<ptrdiff_t>(staged));
+  const size_t n = std::min(offered_.size(), size_t{config_.batch_pages} - staged);
   for (size_t i = 0; i < n; ++i) {
     Offer& o = offered_[i];
     const uint32_t slot = free_store_.back();
     free_store_.pop_back();
-    std::byte* value = store_memory_->base() + uint64_t{slot} * slot_bytes_;
-    append_page_runs(kv, o.page, value + remote::kValueHeaderBytes, /*to_packed=*/true, s->runs);
+    append_page_runs(kv, o.page, store_slot(slot) + remote::kValueHeaderBytes,
+                     /*to_packed=*/true, s->runs);
     s->keys.push_back(std::move(o.key));
     s->hashes.push_back(o.hash);
     s->pages.push_back(o.page);
@@ -209,13 +314,12 @@ std::unique_ptr<RemoteStore> RemoteTier::plan_store(const kernels::PagedKv& kv) 
 
 void RemoteTier::store(RemoteStore& s) {
   const uint64_t t0 = LatencyRecorder::now_ns();
-  s.copy_error = store_memory_->copy(s.runs);
+  if (!s.runs.empty()) s.copy_error = copy_down(s.runs);
   if (s.copy_error.empty()) {
     std::vector<std::span<const std::byte>> values;
     values.reserve(s.slots.size());
     for (size_t i = 0; i < s.slots.size(); ++i) {
-      const std::span value(store_memory_->base() + uint64_t{s.slots[i]} * slot_bytes_,
-                            slot_bytes_);
+      const std::span value(store_slot(s.slots[i]), slot_bytes_);
       remote::write_value_header(value, fingerprint_, geometry_, layout_, s.hashes[i]);
       values.push_back(value);
     }

@@ -16,6 +16,17 @@
 // taken, or the pages held for writes reach an eighth of the pool, further blocks are skipped
 // (counted): a slow or full cluster never holds the loop, nor the pages workers need.
 //
+// Writes (write: on_demote). The tier is the pool's index observer (ahead of the host tier's
+// mover, when there is one) and notes each block the device tier evicts. plan_demote(), with
+// the call's other tier copies, claims a staging slot for each not known to be in the cluster
+// (admit: reused, only those a lookup hit while they were here) and adds the copy page → slot to
+// the call's TierCopy, ahead of every other copy there: the page's bytes are intact until then,
+// as for a host-tier demotion (the caller whose alloc evicted it waits for the copies; an
+// operator's evict hands the pages to the tier's owner until they are done). finish_demote()
+// queues the staged values; plan_store() sends them before any offered block. The cluster then
+// holds what this node could not keep on its device, and nothing is held for it: writes cost a
+// staging copy, never a page. Evictions with no staging slot free are skipped (counted).
+//
 // Reads. A lookup that misses locally continues its chain here: plan_fetch() claims slots for
 // up to batch_pages blocks and the remote fetch worker GETs them in one batch, checking each
 // value into its slot; the run that is valid from the first block is promoted (the Service
@@ -25,19 +36,24 @@
 //
 // Thread-safety: fetch() and store() run on the remote workers' threads (one each, one job at a
 // time), each with its own ClusterClient; they touch only their job and the staging memory of
-// their direction. Everything else belongs to the event loop. Error policy: create() returns an
+// their direction. copy_down() runs with the pool's tier copies (any thread); it and store()
+// take turns on the write side's staging memory (store_copy_mutex_), on slots of their own.
+// Everything else belongs to the event loop. Error policy: create() returns an
 // error naming the cause; everything after is a cache's failure: counted, logged, never a
 // client's error.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/config/config.h"
 #include "daemon/core/ghost_set.h"
+#include "daemon/core/index_observer.h"
 #include "daemon/core/page_pool.h"
 #include "daemon/memory/host_tier_store.h"
 #include "daemon/memory/tier_memory.h"
@@ -84,7 +100,8 @@ struct RemoteTierStats {
   uint64_t skipped_down = 0;   // lookups not asked while the cluster was unreachable
   uint64_t rejected = 0;       // values refused: other geometry, other block, bad checksum
   uint64_t stored = 0;         // blocks written
-  uint64_t store_skipped = 0;  // blocks not written: no staging slot free
+  uint64_t store_skipped = 0;  // blocks not written: no staging slot free (or tenant unknown)
+  uint64_t demoted = 0;        // evicted blocks staged for writing (write: on_demote)
   uint64_t store_failed = 0;   // blocks whose write failed
   uint64_t fetch_failed = 0;   // keys whose read failed (node down, timeout)
   uint64_t fetch_bytes = 0, store_bytes = 0;
@@ -92,17 +109,21 @@ struct RemoteTierStats {
   uint64_t fetch_batches = 0, store_batches = 0;
 };
 
-class RemoteTier {
+class RemoteTier final : private core::IndexObserver {
  public:
   // The tier of pool `label` (geometry, layout, hash scheme of `pc`) over `pool`, its staging
   // memory pinned for CUDA device `device` (−1: host memory).
   static wire::Result<std::unique_ptr<RemoteTier>> create(core::PagePool& pool,
                                                           const PoolConfig& pc, int device);
-  ~RemoteTier();
+  ~RemoteTier() override;
   RemoteTier(const RemoteTier&) = delete;
   RemoteTier& operator=(const RemoteTier&) = delete;
 
   const RemoteTierConfig& config() const { return config_; }
+
+  // Keys name the tenant; the pool's evictions name its namespace: the Service says which is
+  // which before a session of the tenant uses the tier.
+  void name_tenant(Namespace ns, const std::string& tenant);
 
   // Reads. A fetch of the start of `chain` (at most `max` blocks) for `tenant`, or null: the
   // cluster is unreachable for now, or no staging slot is free.
@@ -119,14 +140,25 @@ class RemoteTier {
   void finish_fetch(RemoteFetch& f, uint32_t promoted);
 
   // Writes. A block published (admit all) or hit for the first time (admit reused): kept for
-  // the next plan_store when write is on and a slot is free, its page held until written.
+  // the next plan_store when write is on_publish and a slot is free, its page held until
+  // written. With on_demote a hit is only noted (admit reused).
   void offer(const std::string& tenant, const BlockHash& hash, PageId page, bool published);
+  // write: on_demote (see above). The evictions since the last call, into `tier`; the copies
+  // (any thread, with the tier's other copies, first); their end, on the loop. Evictions whose
+  // pages were handed back FREE before a copy (a rolled-back reservation, a shrink) are dropped.
+  void plan_demote(const kernels::PagedKv& kv, TierCopy& tier);
+  std::string copy_down(std::span<const ByteRun> runs);
+  void finish_demote(TierCopy& tier);
+  void drop_pending_demotions() { evicted_.clear(); }
+  // An operator's evict on a pool without a host tier holds its victims here until their copy.
+  bool holds_evictions() const { return config_.write == RemoteTierConfig::Write::on_demote; }
+  core::OwnerId owner() const { return owner_; }
   // The next batch of writes, or null when none is waiting.
   std::unique_ptr<RemoteStore> plan_store(const kernels::PagedKv& kv);
   void store(RemoteStore& s);  // the store worker
   void finish_store(RemoteStore& s);
-  // Blocks offered and not yet in a batch, pages held by batches in flight.
-  uint32_t waiting() const { return static_cast<uint32_t>(offered_.size()); }
+  // Blocks offered or staged and not yet in a batch.
+  uint32_t waiting() const { return static_cast<uint32_t>(offered_.size() + staged_.size()); }
 
   const RemoteTierStats& stats() const { return stats_; }
   // Asks for the slot map now, on the caller's thread (before the workers start: kvpoold's
@@ -143,11 +175,30 @@ class RemoteTier {
              std::unique_ptr<TierMemory> store_memory);
   std::string key(const std::string& tenant, const BlockHash& hash) const;
   void note_reachable(bool reachable);
+  std::byte* store_slot(uint32_t slot) const {
+    return store_memory_->base() + uint64_t{slot} * slot_bytes_;
+  }
+
+  // IndexObserver (write: on_demote): evictions noted, everything passed on to next_.
+  void stored(Namespace ns, const BlockHash& hash, PageId page) override;
+  void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) override;
+  void host_stored(Namespace ns, const BlockHash& hash) override;
+  void host_removed(Namespace ns, const BlockHash& hash, bool promoting) override;
 
   struct Offer {
     std::string key;
     BlockHash hash;
     PageId page;
+  };
+  struct Eviction {
+    Namespace ns;
+    BlockHash hash;
+    PageId page;
+  };
+  struct Staged {  // a value in a write staging slot (its payload; the header comes at store)
+    std::string key;
+    BlockHash hash;
+    uint32_t slot;
   };
 
   core::PagePool& pool_;
@@ -162,8 +213,16 @@ class RemoteTier {
   std::unique_ptr<TierMemory> fetch_memory_, store_memory_;
   std::vector<uint32_t> free_fetch_, free_store_;
   std::vector<Offer> offered_;
-  uint32_t held_ = 0;       // pages held for writes: offered, or in a batch in flight
-  core::GhostSet written_;  // keys recently offered or found here: not offered again
+  IndexObserver* next_ = nullptr;  // the pool's observer before this one (on_demote)
+  std::vector<Eviction> evicted_;  // since the last plan_demote
+  std::unordered_map<uint64_t, std::vector<Staged>> copying_;  // by TierCopy::remote_down
+  uint64_t next_down_ = 1;
+  std::vector<Staged> staged_;  // copied, waiting for plan_store
+  std::mutex store_copy_mutex_;
+  std::vector<std::string> tenants_;  // by namespace − 1; "" not yet named
+  core::GhostSet reused_;             // on_demote with admit reused: keys a lookup hit
+  uint32_t held_ = 0;                 // pages held for writes: offered, or in a batch in flight
+  core::GhostSet written_;            // keys recently offered or found here: not offered again
   std::unique_ptr<remote::ClusterClient> fetch_client_, store_client_;
   // After a batch that reached no node, the loop skips the tier until then.
   uint64_t down_until_ns_ = 0;

@@ -19,6 +19,7 @@ bool Service::plan_remote_fetch(SessionState& s, Namespace ns, const core::CallH
   if (remote == nullptr || rest.empty()) return false;
   const uint32_t allowed = access_.new_pages_allowed(s);
   if (allowed == 0) return false;
+  remote->name_tenant(ns, access_.tenant_name(s.tenant));
   std::shared_ptr<RemoteFetch> fetch =
       remote->plan_fetch(access_.tenant_name(s.tenant), rest, allowed);
   if (!fetch) return false;
@@ -98,6 +99,7 @@ void Service::offer_remote(SessionState& s, std::span<const PublishItem> items,
   RemoteTier* remote = s.pool->remote();
   if (remote == nullptr) return;
   const std::string& tenant = access_.tenant_name(s.tenant);
+  remote->name_tenant(s.tenant + 1, tenant);  // before any of these blocks is evicted
   for (size_t i = 0; i < items.size() && i < results.size(); ++i) {
     if (results[i].kind == PublishResult::Kind::stored) {
       remote->offer(tenant, items[i].hash, results[i].page, /*published=*/true);

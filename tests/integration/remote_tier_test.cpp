@@ -361,6 +361,78 @@ TEST_F(RemoteTier, WriteOffAndAdmitReused) {
   EXPECT_EQ(cluster_->keys("picky:").size(), 2u);
 }
 
+// write: on_demote. Published blocks stay out of the cluster until the device tier evicts them
+// (an alloc that needs their pages, an operator's evict); then each is written with the bytes it
+// had, though the worker that got its page overwrote it at once, and another daemon finds it.
+TEST_F(RemoteTier, OnDemoteWritesWhatTheDeviceEvicts) {
+  Daemon a(config(*cluster_, "down", kGeometry, ", write: on_demote", 8));
+  Daemon b(config(*cluster_, "down", kGeometry, ", write: off"));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  auto ca = attach(a, "writer");
+  auto cb = attach(b, "reader");
+  ASSERT_TRUE(ca && cb);
+  ASSERT_EQ(publish_blocks(*ca, 0, 6), "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(cluster_->keys("down:").empty());
+  // All 8 pages: the 6 cached blocks are evicted and copied out before this reply.
+  auto pages = ca->alloc(8);
+  ASSERT_TRUE(pages.ok()) << pages.error().message;
+  for (size_t i = 0; i < 8; ++i)
+    fill(*ca, pages.value()[i], 100 + i);
+  ASSERT_TRUE(ca->release(pages.value()).ok());
+  ASSERT_TRUE(wait_keys("down:default:", 6)) << a.log();
+  bool any_remote = false;
+  wire::LookupReply r = lookup_until(*cb, chain(0, 6), std::chrono::seconds(5), &any_remote);
+  ASSERT_EQ(r.pages.size(), 6u) << a.log() << b.log();
+  EXPECT_TRUE(any_remote);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(first_difference(*cb, r.pages[i], i), -1) << "block " << i;
+  ASSERT_TRUE(cb->release(r.pages).ok());
+  // An operator's evict, on a pool with no host tier: its victims are written too.
+  ASSERT_EQ(publish_blocks(*ca, 20, 3), "");
+  ASSERT_EQ(ca->evict(64).value(), 3u);
+  ASSERT_TRUE(wait_keys("down:default:", 9)) << a.log();
+  r = lookup_until(*cb, chain(20, 3), std::chrono::seconds(5), &any_remote);
+  ASSERT_EQ(r.pages.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(first_difference(*cb, r.pages[i], 20 + i), -1) << "block " << 20 + i;
+  const stats::PoolStats sa = pool_stats(*ca);
+  EXPECT_EQ(sa.remote_tier, 3u);
+  EXPECT_EQ(sa.remote_stored, 9u);
+  EXPECT_EQ(sa.remote_store_failed, 0u);
+  // Blocks B fetched are not written back when B evicts them: they are in the cluster.
+  EXPECT_EQ(pool_stats(*cb).remote_stored, 0u);
+  EXPECT_TRUE(a.running() && b.running());
+}
+
+// write: on_demote with admit: reused and a host tier: an evicted block goes down to the host
+// tier, and to the cluster only if a lookup hit it while it was on the device.
+TEST_F(RemoteTier, OnDemoteWithAHostTierWritesOnlyReusedBlocks) {
+  Daemon a("backend: host\npools:\n  - name: chat\n    geometry: " + std::string(kGeometry) +
+           "\n    capacity: 8 pages\n    host_tier: 16 pages\n    remote_tier: {cluster: " +
+           cluster_->seeds() + ", namespace: reuse, write: on_demote, admit: reused}\n");
+  ASSERT_TRUE(a.start()) << a.log();
+  auto ca = attach(a, "writer");
+  ASSERT_TRUE(ca);
+  ASSERT_EQ(publish_blocks(*ca, 0, 4), "");
+  auto hit = ca->lookup_with_tiers(chain(0, 2), {});
+  ASSERT_TRUE(hit.ok());
+  ASSERT_TRUE(ca->release(hit.value().pages).ok());
+  ASSERT_EQ(ca->evict(64).value(), 4u);
+  ASSERT_TRUE(wait_keys("reuse:default:", 2)) << a.log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(cluster_->keys("reuse:default:").size(), 2u);
+  // All four are in the host tier still.
+  auto back = ca->lookup_with_tiers(chain(0, 4), {});
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back.value().tiers, std::vector<uint8_t>(4, wire::kTierHost));
+  for (size_t i = 0; i < back.value().pages.size(); ++i)
+    EXPECT_EQ(first_difference(*ca, back.value().pages[i], i), -1) << "block " << i;
+  ASSERT_TRUE(ca->release(back.value().pages).ok());
+  EXPECT_EQ(pool_stats(*ca).remote_stored, 2u);
+}
+
 // A cluster out of memory (maxmemory with noeviction) refuses writes: they fail softly (counted),
 // the daemon goes on serving from its pool, and what was written before is still found.
 TEST_F(RemoteTier, WritesToAFullClusterFailSoftly) {

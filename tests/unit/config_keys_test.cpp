@@ -130,7 +130,7 @@ const std::map<std::string, std::pair<std::string, std::string>> kSamples = {
     {"pools[].remote_tier.cluster", {"[\"127.0.0.1:7000\"]", "[\"127.0.0.1:7001\", \"r:7002\"]"}},
     {"pools[].remote_tier.namespace", {"namespace: kvpool", "namespace: fleet-a"}},
     {"pools[].remote_tier.ttl_s", {"ttl_s: 86400", "ttl_s: 0"}},
-    {"pools[].remote_tier.write", {"write: on_publish", "write: off"}},
+    {"pools[].remote_tier.write", {"write: on_publish", "write: on_demote"}},
     {"pools[].remote_tier.admit", {"admit: all", "admit: reused"}},
     {"pools[].remote_tier.timeout_ms", {"timeout_ms: 100", "timeout_ms: 5"}},
     {"pools[].remote_tier.batch_pages", {"batch_pages: 32", "batch_pages: 16"}},

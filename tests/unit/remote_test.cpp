@@ -148,6 +148,9 @@ TEST(RemoteTierConfig, DefaultsAndValues) {
   EXPECT_EQ(e.admit, RemoteTierConfig::Admit::reused);
   EXPECT_EQ(e.timeout_ms, 5u);
   EXPECT_EQ(e.staging_pages, 16u);
+  auto demote = parse_config(pool_with("{cluster: [\"h:1\"], write: on_demote}"), "k.yaml");
+  ASSERT_TRUE(demote.ok()) << demote.error().message;
+  EXPECT_EQ(demote.value().pools[0].remote_tier->write, RemoteTierConfig::Write::on_demote);
 }
 
 TEST(RemoteTierConfig, BadValuesAreRefusedNamingTheKey) {
