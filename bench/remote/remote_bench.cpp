@@ -10,12 +10,22 @@
 //            them into its pool before it answers; the lookup's latency for chains of 1 and
 //            --batch blocks, against B's lookup of blocks it holds (device hits), same run.
 //
+//   slow     one kvpoold with a remote tier (--socket): --clients workers each alloc a page,
+//            publish it (a write for the tier) and release it, in a loop, while one more looks
+//            up chains no one holds (a fetch each); for --seconds quiet, then again after
+//            --make-slow (a shell command, e.g. redis-cli CLIENT PAUSE on one master). The
+//            workers' alloc p50/p99 in both phases and the ratio: the network waits are off
+//            the event loop, so a slow node must not reach the allocs.
+//
 //   kvpool-remote-bench client --cluster 127.0.0.1:7100 --sizes 65536,524288,2097152
 //   kvpool-remote-bench promote --socket-a /tmp/a.sock --socket-b /tmp/b.sock
+//   kvpool-remote-bench slow --socket /tmp/a.sock --make-slow "redis-cli -p 7100 CLIENT PAUSE 9000"
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -205,6 +215,96 @@ int promote_bench(const std::string& socket_a, const std::string& socket_b, uint
   return 0;
 }
 
+// One phase of the slow bench: the workers' alloc latencies, the looker's lookup latencies.
+struct SlowPhase {
+  Latencies alloc, lookup;
+  uint64_t errors = 0;
+};
+
+bool slow_phase(const std::string& socket, uint32_t clients, double seconds,
+                std::atomic<uint64_t>& next_block, SlowPhase& out) {
+  std::vector<std::unique_ptr<kvpool::client::Connection>> conns;
+  for (uint32_t i = 0; i <= clients; ++i) {
+    auto c = kvpool::client::Connection::attach(socket, "bench-" + std::to_string(i));
+    if (!c.ok()) {
+      std::fprintf(stderr, "kvpool-remote-bench: attach: %s\n", c.error().message.c_str());
+      return false;
+    }
+    conns.push_back(std::move(c.value()));
+  }
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> errors{0};
+  std::vector<SlowPhase> per(clients + 1);
+  std::vector<std::thread> threads;
+  for (uint32_t i = 0; i < clients; ++i) {
+    threads.emplace_back([&, i] {
+      kvpool::client::Connection& c = *conns[i];
+      while (!stop.load(std::memory_order_relaxed)) {
+        const auto t0 = Clock::now();
+        auto pages = c.alloc(1);
+        per[i].alloc.us.push_back(seconds_since(t0) * 1e6);
+        if (!pages.ok()) {
+          errors.fetch_add(1);
+          continue;
+        }
+        const BlockHash h{next_block.fetch_add(1), 0x510};
+        const kvpool::PublishItem item{pages.value()[0], h};
+        if (!c.publish(std::span(&item, 1)).ok()) errors.fetch_add(1);
+        if (!c.release(pages.value()).ok()) errors.fetch_add(1);
+      }
+    });
+  }
+  threads.emplace_back([&] {
+    kvpool::client::Connection& c = *conns[clients];
+    while (!stop.load(std::memory_order_relaxed)) {
+      std::vector<BlockHash> chain;
+      const uint64_t first = next_block.fetch_add(16);
+      for (uint64_t k = 0; k < 16; ++k)
+        chain.push_back({first + k, 0x10C});
+      const auto t0 = Clock::now();
+      auto l = c.lookup(chain);
+      per[clients].lookup.us.push_back(seconds_since(t0) * 1e6);
+      if (!l.ok() || !c.release(l.value()).ok()) errors.fetch_add(1);
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  for (std::thread& t : threads)
+    t.join();
+  for (SlowPhase& p : per) {
+    out.alloc.us.insert(out.alloc.us.end(), p.alloc.us.begin(), p.alloc.us.end());
+    out.lookup.us.insert(out.lookup.us.end(), p.lookup.us.begin(), p.lookup.us.end());
+  }
+  out.errors = errors.load();
+  return true;
+}
+
+int slow_bench(const std::string& socket, uint32_t clients, double seconds,
+               const std::string& make_slow) {
+  std::atomic<uint64_t> next_block{uint64_t{3} << 40};
+  SlowPhase quiet, slow;
+  if (!slow_phase(socket, clients, seconds, next_block, quiet)) return 1;
+  if (int rc = std::system(make_slow.c_str()); rc != 0) {
+    std::fprintf(stderr, "kvpool-remote-bench: --make-slow exited with %d\n", rc);
+    return 1;
+  }
+  if (!slow_phase(socket, clients, seconds, next_block, slow)) return 1;
+  std::printf(
+      "| phase | allocs | alloc p50 (us) | alloc p99 (us) | lookups | lookup p50 (ms) | "
+      "lookup p99 (ms) | errors |\n|---|---|---|---|---|---|---|---|\n");
+  for (auto* p : {&quiet, &slow}) {
+    const size_t allocs = p->alloc.us.size(), lookups = p->lookup.us.size();
+    std::printf("| %s | %zu | %.0f | %.0f | %zu | %.2f | %.2f | %llu |\n",
+                p == &quiet ? "quiet" : "one node slow", allocs, p->alloc.pct(0.5),
+                p->alloc.pct(0.99), lookups, p->lookup.pct(0.5) / 1e3, p->lookup.pct(0.99) / 1e3,
+                static_cast<unsigned long long>(p->errors));
+  }
+  const double q99 = quiet.alloc.pct(0.99);
+  std::printf("\nalloc p99, one node slow / quiet: %.2f\n",
+              q99 > 0 ? slow.alloc.pct(0.99) / q99 : 0);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"kvpool-remote-bench: the remote tier's bandwidth and promote latency"};
   app.require_subcommand(1);
@@ -232,8 +332,18 @@ int run(int argc, char** argv) {
   promote->add_option("--batch", batch, "blocks in the long chain")->check(CLI::Range(1u, 4096u));
   promote->add_option("--rounds", rounds, "lookups per chain length")
       ->check(CLI::Range(1u, 100000u));
+  auto* slow = app.add_subcommand("slow", "workers' alloc latency, quiet and with a slow node");
+  std::string socket, make_slow;
+  uint32_t clients = 2;
+  double seconds = 5;
+  slow->add_option("--socket", socket, "the daemon (a pool with a remote tier)")->required();
+  slow->add_option("--clients", clients, "workers that alloc, publish and release")
+      ->check(CLI::Range(1u, 64u));
+  slow->add_option("--seconds", seconds, "length of each phase")->check(CLI::Range(0.1, 600.0));
+  slow->add_option("--make-slow", make_slow, "shell command run between the phases")->required();
   CLI11_PARSE(app, argc, argv);
   if (client->parsed()) return client_bench(seeds, sizes, batch, pages, keys, timeout_ms);
+  if (slow->parsed()) return slow_bench(socket, clients, seconds, make_slow);
   return promote_bench(socket_a, socket_b, batch, rounds);
 }
 

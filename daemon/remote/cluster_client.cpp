@@ -53,15 +53,18 @@ std::optional<Redirect> parse_redirect(std::string_view rest) {
 }
 
 // Waits until fd is ready for `events` or the deadline passes; whether it is ready.
+// Past the deadline a socket is still looked at once, without waiting: the replies of a node
+// read after a slow one are in its socket already, and that node must not count as failed.
 bool wait_for(int fd, short events, uint64_t deadline_ns) {
   for (;;) {
     const uint64_t now = now_ns();
-    if (now >= deadline_ns) return false;
     pollfd p{fd, events, 0};
-    const int ms =
-        static_cast<int>(std::min<uint64_t>((deadline_ns - now + 999'999) / 1'000'000, 60'000));
+    const int ms = now >= deadline_ns ? 0
+                                      : static_cast<int>(std::min<uint64_t>(
+                                            (deadline_ns - now + 999'999) / 1'000'000, 60'000));
     const int r = ::poll(&p, 1, ms);
     if (r > 0) return true;
+    if (r == 0 && ms == 0) return false;
     if (r < 0 && errno != EINTR) return false;
   }
 }

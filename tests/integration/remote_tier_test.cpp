@@ -307,6 +307,45 @@ TEST_F(RemoteTier, WithTheClusterGoneLookupsAnswerLocally) {
   EXPECT_EQ(st.remote_reachable, 0u);
 }
 
+// A slow master (CLIENT PAUSE: in the cluster, answering nothing): it costs the keys it holds
+// and one timeout, not the others' replies. The tier is not called unreachable, no lookup is
+// skipped, and once it answers again its keys are found.
+TEST_F(RemoteTier, ASlowMasterCostsOnlyItsOwnKeys) {
+  Pair p = two_daemons("slow", 512);  // an eighth of it: all 32 held for their writes at once
+  ASSERT_TRUE(p.ca && p.cb);
+  Connection* cb = p.cb.get();
+  ASSERT_EQ(publish_blocks(*p.ca, 0, 32), "");
+  ASSERT_TRUE(wait_keys("slow:default:", 32));
+  int paused = -1;
+  for (int i = 0; i < 6 && paused < 0; ++i) {
+    if (cluster_->cli(i, "role").rfind("master", 0) == 0) paused = i;
+  }
+  ASSERT_GE(paused, 0);
+  ASSERT_NE(cluster_->cli(paused, "CLIENT PAUSE 2500 ALL").find("OK"), std::string::npos);
+  const auto paused_at = Clock::now();
+  for (int i = 0; i < 5; ++i) {
+    auto r = cb->lookup_with_tiers(chain(0, 32), {});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    // The paused master holds some of the 32 keys: the run stops at its first.
+    EXPECT_LT(r.value().pages.size(), 32u);
+    ASSERT_TRUE(cb->release(r.value().pages).ok());
+  }
+  ASSERT_LT(Clock::now() - paused_at, std::chrono::milliseconds(2500)) << "lookups waited";
+  stats::PoolStats st = pool_stats(*cb);
+  EXPECT_EQ(st.remote_skipped, 0u);
+  EXPECT_GT(st.remote_fetch_failed, 0u);
+  EXPECT_EQ(st.remote_reachable, 2u);
+  EXPECT_EQ(count(p.b->log(), "remote_tier_unreachable"), 0u) << p.b->log();
+  // Answering again (and past the second a failed node is left alone): every key is found.
+  std::this_thread::sleep_until(paused_at + std::chrono::milliseconds(3600));
+  bool any_remote = false;
+  const wire::LookupReply r = lookup_until(*cb, chain(0, 32), std::chrono::seconds(5), &any_remote);
+  ASSERT_EQ(r.pages.size(), 32u) << p.b->log();
+  for (size_t i = 0; i < r.pages.size(); ++i)
+    EXPECT_EQ(first_difference(*cb, r.pages[i], i), -1) << "block " << i;
+  EXPECT_TRUE(p.a->running() && p.b->running());
+}
+
 // kill -9 of a master while two daemons write and read: its replica takes its slots over; no
 // daemon crashes or stops answering, and afterwards what one publishes the other finds again.
 TEST_F(RemoteTier, AKilledMasterIsTakenOverByItsReplica) {
