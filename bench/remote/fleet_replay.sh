@@ -8,7 +8,8 @@
 #
 #   bench/remote/fleet_replay.sh [BUILD_DIR]        (default build/release)
 # Environment: PAGES (each daemon's pool, in 512-token blocks: 1000), LIMIT (the trace's first
-# requests: 4000), FLEETS ("2 3"), PORT (7500: the cluster's first port), TRACE.
+# requests: 4000), FLEETS ("2 3"), PORT (7500: the cluster's first port), TRACE, WRITE (the
+# tier's write mode: on_publish, or on_demote to write only what a node's pool evicts).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build/release}
@@ -17,6 +18,7 @@ replay=$build/bench/kvpool-replay
 pages=${PAGES:-1000}
 limit=${LIMIT:-4000}
 port=${PORT:-7500}
+write=${WRITE:-on_publish}
 trace_flag=()
 [ -n "${TRACE:-}" ] && trace_flag=(--trace "$TRACE")
 work=$(mktemp -d /tmp/kvpool-fleet.XXXXXX)
@@ -45,7 +47,7 @@ run() {
       echo "    capacity: $pages pages"
       echo "    geometry: {layers: 1, kv_heads: 1, head_dim: 64, tokens_per_page: 16, dtype: bf16}"
       if ((remote)); then
-        echo "    remote_tier: {cluster: [\"127.0.0.1:$port\"], namespace: fleet-$n}"
+        echo "    remote_tier: {cluster: [\"127.0.0.1:$port\"], namespace: fleet-$n, write: $write}"
       fi
     } >"$dir/k.yaml"
     "$kvpoold" --config "$dir/k.yaml" 2>"$dir/log" &
@@ -66,7 +68,7 @@ run() {
 
 field() { echo "$1" | sed "s/.*\"$2\":\([0-9.]*\).*/\1/"; }
 
-echo "trace: first $limit requests; each daemon $pages pages (512-token blocks)"
+echo "trace: first $limit requests; each daemon $pages pages (512-token blocks); write: $write"
 echo "| daemons | hit rate, no remote tier | with the shared remote tier | one daemon holding all (in process) | remote / none | pages written | pages served remotely | seconds (none / remote) |"
 echo "|---|---|---|---|---|---|---|---|"
 for n in ${FLEETS:-2 3}; do
