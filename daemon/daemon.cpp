@@ -129,7 +129,7 @@ wire::Result<bool> Daemon::start_kv_events() {
 void Daemon::publish_cleared() {
   for (const auto& pool : service_->pools()) {
     std::vector<KvEvent> events = pool->take_kv_events();
-    events.push_back(KvEvent{KvEvent::Kind::cleared, {}, false, false, {}, {}, {}});
+    events.push_back(KvEvent{KvEvent::Kind::cleared, {}, KvTier::pool, false, {}, {}, {}});
     kv_publisher_->publish(pool->name(), pool->kv_format(), events);
   }
 }

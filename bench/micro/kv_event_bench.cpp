@@ -47,7 +47,7 @@ void BM_KvEventBatch(benchmark::State& state) {
       // Each publish is another sequence's first 16 blocks: one BlockStored each.
       if (b % kBlocksPerPublish != 0) chain.parent = hashes[b - 1];
       if (with_tokens) chain.token_ids = std::span(tokens).subspan(b * tpp, tpp);
-      batcher.stored(hashes[b], false, chain);
+      batcher.stored(hashes[b], KvTier::pool, chain);
     }
     payload.clear();
     encode_kv_event_batch(1.0, batcher.take(), format, payload);

@@ -32,6 +32,11 @@ class IndexObserver {
   // Only a pool with a host tier calls these. Default: nothing.
   virtual void host_stored(Namespace /*ns*/, const BlockHash& /*hash*/) {}
   virtual void host_removed(Namespace /*ns*/, const BlockHash& /*hash*/, bool /*promoting*/) {}
+  // The pool's remote tier (RemoteTier, daemon/remote/): this daemon wrote the block to the
+  // cluster, or learned it is gone from there (its expiry passed, a read found no value).
+  // Default: nothing.
+  virtual void remote_stored(Namespace /*ns*/, const BlockHash& /*hash*/) {}
+  virtual void remote_removed(Namespace /*ns*/, const BlockHash& /*hash*/) {}
 };
 
 }  // namespace kvpool::core

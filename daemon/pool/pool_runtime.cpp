@@ -140,7 +140,7 @@ void PoolRuntime::init_telemetry(EventLog& events, const EventsConfig& ev,
 
 wire::Result<bool> PoolRuntime::attach_remote_tier() {
   if (!config_.remote_tier) return true;
-  auto tier = RemoteTier::create(*pages_, config_, info_.device);
+  auto tier = RemoteTier::create(*pages_, config_, info_.device, index_events_.get());
   if (!tier.ok()) return tier.error();
   remote_ = std::move(tier.value());
   const RemoteTierConfig& rc = *config_.remote_tier;

@@ -398,21 +398,24 @@ ClusterClient::BatchResult ClusterClient::run(std::span<const std::string> keys,
   return result;
 }
 
-ClusterClient::BatchResult ClusterClient::get(std::span<const std::string> keys,
-                                              const Found& found) {
+ClusterClient::BatchResult ClusterClient::get(std::span<const std::string> keys, const Found& found,
+                                              std::vector<uint8_t>* absent) {
   static constexpr char kGet[] = "GET";
+  if (absent != nullptr) absent->assign(keys.size(), 0);
   return run(
       keys,
       [&keys](size_t i, std::vector<const char*>& argv, std::vector<size_t>& len) {
         argv = {kGet, keys[i].data()};
         len = {3, keys[i].size()};
       },
-      [&found](size_t i, const redisReply& r) {
+      [&found, absent](size_t i, const redisReply& r) {
         if (r.type == REDIS_REPLY_STRING) {
           found(i, std::span(reinterpret_cast<const std::byte*>(r.str), r.len));
           return true;
         }
-        return r.type == REDIS_REPLY_NIL;
+        if (r.type != REDIS_REPLY_NIL) return false;
+        if (absent != nullptr) (*absent)[i] = 1;
+        return true;
       });
 }
 

@@ -82,9 +82,11 @@ class ClusterClient {
   };
 
   // GET of every key. found(i, bytes) is called, on this thread, for each key that holds a
-  // string; a key that is absent is answered and not reported.
+  // string; a key that is absent is answered and not reported to found, but absent[i] (when
+  // given) is set.
   using Found = std::function<void(size_t index, std::span<const std::byte> bytes)>;
-  BatchResult get(std::span<const std::string> keys, const Found& found);
+  BatchResult get(std::span<const std::string> keys, const Found& found,
+                  std::vector<uint8_t>* absent = nullptr);
   // SET keys[i] = values[i], with an expiry of ttl_s seconds (0: none). A key answered OK is
   // written; one refused (OOM under maxmemory with noeviction, say) is failed.
   // written[i] (when given) says whether keys[i] was.

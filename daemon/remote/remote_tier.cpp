@@ -35,7 +35,8 @@ uint64_t key_of(const std::string& key) {
 }  // namespace
 
 wire::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::PagePool& pool,
-                                                             const PoolConfig& pc, int device) {
+                                                             const PoolConfig& pc, int device,
+                                                             core::IndexObserver* events) {
   KVPOOL_CHECK(pc.remote_tier.has_value());
   const uint64_t slot_bytes =
       remote::kValueHeaderBytes + page_data_bytes(pc.geometry) + page_scale_bytes(pc.geometry);
@@ -45,12 +46,12 @@ wire::Result<std::unique_ptr<RemoteTier>> RemoteTier::create(core::PagePool& poo
   auto store = make_tier_memory(device, bytes, pc.name + " remote tier (writes)");
   if (!store.ok()) return store.error();
   return std::unique_ptr<RemoteTier>(
-      new RemoteTier(pool, pc, std::move(fetch.value()), std::move(store.value())));
+      new RemoteTier(pool, pc, std::move(fetch.value()), std::move(store.value()), events));
 }
 
 RemoteTier::RemoteTier(core::PagePool& pool, const PoolConfig& pc,
                        std::unique_ptr<TierMemory> fetch_memory,
-                       std::unique_ptr<TierMemory> store_memory)
+                       std::unique_ptr<TierMemory> store_memory, core::IndexObserver* events)
     : pool_(pool),
       owner_(pool.open_owner()),
       config_(*pc.remote_tier),
@@ -64,7 +65,8 @@ RemoteTier::RemoteTier(core::PagePool& pool, const PoolConfig& pc,
       store_memory_(std::move(store_memory)),
       written_(uint64_t{1} << 20),
       fetch_client_(std::make_unique<remote::ClusterClient>(cluster_options(config_))),
-      store_client_(std::make_unique<remote::ClusterClient>(cluster_options(config_))) {
+      store_client_(std::make_unique<remote::ClusterClient>(cluster_options(config_))),
+      events_(events) {
   for (uint32_t i = config_.staging_pages; i-- > 0;) {
     free_fetch_.push_back(i);
     free_store_.push_back(i);
@@ -105,7 +107,9 @@ void RemoteTier::host_removed(Namespace ns, const BlockHash& hash, bool promotin
   if (next_ != nullptr) next_->host_removed(ns, hash, promoting);
 }
 
-std::string RemoteTier::key(const std::string& tenant, const BlockHash& hash) const {
+std::string RemoteTier::key(Namespace ns, const BlockHash& hash) const {
+  if (ns == 0 || ns > tenants_.size() || tenants_[ns - 1].empty()) return {};
+  const std::string& tenant = tenants_[ns - 1];
   char fp[17];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(fingerprint_));
   return config_.key_namespace + ":" + tenant + ":" + fp + ":" + to_hex(hash);
@@ -130,8 +134,7 @@ void RemoteTier::note_reachable(bool reachable) {
   }
 }
 
-std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch(const std::string& tenant,
-                                                    std::span<const BlockHash> chain,
+std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch(Namespace ns, std::span<const BlockHash> chain,
                                                     uint32_t max) {
   if (!reachable()) {
     ++stats_.skipped_down;
@@ -139,10 +142,11 @@ std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch(const std::string& tenant,
   }
   const size_t n =
       std::min({chain.size(), size_t{max}, size_t{config_.batch_pages}, free_fetch_.size()});
-  if (n == 0) return nullptr;
+  if (n == 0 || key(ns, chain[0]).empty()) return nullptr;
   auto f = std::make_unique<RemoteFetch>();
+  f->space = ns;
   for (size_t i = 0; i < n; ++i) {
-    f->keys.push_back(key(tenant, chain[i]));
+    f->keys.push_back(key(ns, chain[i]));
     f->hashes.push_back(chain[i]);
     f->slots.push_back(free_fetch_.back());
     free_fetch_.pop_back();
@@ -154,15 +158,18 @@ std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch(const std::string& tenant,
 void RemoteTier::fetch(RemoteFetch& f) {
   const uint64_t t0 = LatencyRecorder::now_ns();
   std::vector<uint8_t> ok(f.keys.size(), 0);
-  f.batch = fetch_client_->get(f.keys, [&](size_t i, std::span<const std::byte> value) {
-    const remote::ValueFault fault =
-        remote::check_value(value, fingerprint_, payload_bytes_, f.hashes[i]);
-    ++f.faults[static_cast<size_t>(fault)];
-    if (fault != remote::ValueFault::none) return;
-    std::memcpy(fetch_memory_->base() + uint64_t{f.slots[i]} * slot_bytes_, value.data(),
-                value.size());
-    ok[i] = 1;
-  });
+  f.batch = fetch_client_->get(
+      f.keys,
+      [&](size_t i, std::span<const std::byte> value) {
+        const remote::ValueFault fault =
+            remote::check_value(value, fingerprint_, payload_bytes_, f.hashes[i]);
+        ++f.faults[static_cast<size_t>(fault)];
+        if (fault != remote::ValueFault::none) return;
+        std::memcpy(fetch_memory_->base() + uint64_t{f.slots[i]} * slot_bytes_, value.data(),
+                    value.size());
+        ok[i] = 1;
+      },
+      &f.absent);
   f.found = static_cast<uint32_t>(std::find(ok.begin(), ok.end(), 0) - ok.begin());
   f.ns = LatencyRecorder::now_ns() - t0;
 }
@@ -195,19 +202,40 @@ void RemoteTier::finish_fetch(RemoteFetch& f, uint32_t promoted) {
   // What came from the cluster is there already: not written back.
   for (uint32_t i = 0; i < promoted; ++i)
     written_.insert(key_of(f.keys[i]));
+  // A key this daemon wrote (or fetched) lately that has no value now expired or was evicted
+  // there: said so, and it may be written again.
+  for (size_t i = 0; i < f.absent.size(); ++i) {
+    if (f.absent[i] != 0 && written_.take(key_of(f.keys[i])) && events_ != nullptr) {
+      events_->remote_removed(f.space, f.hashes[i]);
+    }
+  }
+  expire_announced();
   note_reachable(!f.batch.unreachable);
 }
 
-void RemoteTier::offer(const std::string& tenant, const BlockHash& hash, PageId page,
-                       bool published) {
+void RemoteTier::expire_announced() {
+  if (announced_.empty()) return;
+  // Past this many, the oldest are said to be gone early: a router forgets a block it might
+  // have fetched, never keeps one that is gone for longer than its expiry.
+  constexpr size_t kMaxAnnounced = size_t{1} << 20;
+  const uint64_t now = LatencyRecorder::now_ns();
+  while (!announced_.empty() &&
+         (announced_.front().expires_ns <= now || announced_.size() > kMaxAnnounced)) {
+    events_->remote_removed(announced_.front().ns, announced_.front().hash);
+    announced_.pop_front();
+  }
+}
+
+void RemoteTier::offer(Namespace ns, const BlockHash& hash, PageId page, bool published) {
   if (config_.write == RemoteTierConfig::Write::off) return;
   if (published != (config_.admit == RemoteTierConfig::Admit::all)) return;
   if (config_.write == RemoteTierConfig::Write::on_demote) {
     // Written when it leaves the device, if it does; admit reused: only a block hit by then.
-    if (!published) reused_.insert(key_of(key(tenant, hash)));
+    if (!published) reused_.insert(key_of(key(ns, hash)));
     return;
   }
-  std::string k = key(tenant, hash);
+  std::string k = key(ns, hash);
+  if (k.empty()) return;
   const uint64_t tag = key_of(k);
   if (written_.contains(tag)) return;
   // The pages held for writes stay under an eighth of the pool, so that a slow or full cluster
@@ -220,7 +248,7 @@ void RemoteTier::offer(const std::string& tenant, const BlockHash& hash, PageId 
   if (!pool_.share(owner_, page).ok()) return;  // no one holds it: its bytes may be reused
   written_.insert(tag);
   ++held_;
-  offered_.push_back({std::move(k), hash, page});
+  offered_.push_back({std::move(k), ns, hash, page});
 }
 
 void RemoteTier::plan_demote(const kernels::PagedKv& kv, TierCopy& tier) {
@@ -229,11 +257,11 @@ void RemoteTier::plan_demote(const kernels::PagedKv& kv, TierCopy& tier) {
   std::vector<Staged>& batch = copying_[tier.remote_down];
   const bool up = reachable();
   for (const Eviction& e : evicted_) {
-    if (e.ns == 0 || e.ns > tenants_.size() || tenants_[e.ns - 1].empty()) {
+    std::string k = key(e.ns, e.hash);
+    if (k.empty()) {
       ++stats_.store_skipped;
       continue;
     }
-    std::string k = key(tenants_[e.ns - 1], e.hash);
     const uint64_t tag = key_of(k);
     if (written_.contains(tag)) continue;  // written or fetched here lately: the cluster has it
     if (config_.admit == RemoteTierConfig::Admit::reused && !reused_.take(tag)) continue;
@@ -246,7 +274,7 @@ void RemoteTier::plan_demote(const kernels::PagedKv& kv, TierCopy& tier) {
     append_page_runs(kv, e.page, store_slot(slot) + remote::kValueHeaderBytes,
                      /*to_packed=*/true, tier.remote_down_runs);
     written_.insert(tag);
-    batch.push_back({std::move(k), e.hash, slot});
+    batch.push_back({std::move(k), e.ns, e.hash, slot});
   }
   evicted_.clear();
   if (batch.empty()) {
@@ -292,6 +320,7 @@ std::unique_ptr<RemoteStore> RemoteTier::plan_store(const kernels::PagedKv& kv) 
   const size_t staged = std::min(staged_.size(), size_t{config_.batch_pages});
   for (size_t i = 0; i < staged; ++i) {
     s->keys.push_back(std::move(staged_[i].key));
+    s->namespaces.push_back(staged_[i].ns);
     s->hashes.push_back(staged_[i].hash);
     s->slots.push_back(staged_[i].slot);
   }
@@ -304,6 +333,7 @@ std::unique_ptr<RemoteStore> RemoteTier::plan_store(const kernels::PagedKv& kv) 
     append_page_runs(kv, o.page, store_slot(slot) + remote::kValueHeaderBytes,
                      /*to_packed=*/true, s->runs);
     s->keys.push_back(std::move(o.key));
+    s->namespaces.push_back(o.ns);
     s->hashes.push_back(o.hash);
     s->pages.push_back(o.page);
     s->slots.push_back(slot);
@@ -334,10 +364,20 @@ void RemoteTier::finish_store(RemoteStore& s) {
   free_store_.insert(free_store_.end(), s.slots.begin(), s.slots.end());
   ++stats_.store_batches;
   stats_.store_ns += s.ns;
-  // A block not written may be offered again (its next publish, or hit).
+  // A block not written may be offered again (its next publish, or hit). One written is
+  // announced (KV events, medium REMOTE) until its expiry.
+  const uint64_t expires =
+      config_.ttl_s == 0 ? UINT64_MAX
+                         : LatencyRecorder::now_ns() + uint64_t{config_.ttl_s} * 1'000'000'000;
   for (size_t i = 0; i < s.keys.size(); ++i) {
-    if (i >= s.written.size() || s.written[i] == 0) (void)written_.take(key_of(s.keys[i]));
+    if (i >= s.written.size() || s.written[i] == 0) {
+      (void)written_.take(key_of(s.keys[i]));
+    } else if (events_ != nullptr) {
+      events_->remote_stored(s.namespaces[i], s.hashes[i]);
+      announced_.push_back({expires, s.namespaces[i], s.hashes[i]});
+    }
   }
+  expire_announced();
   if (!s.copy_error.empty()) {
     stats_.store_failed += s.keys.size();
     log_event(LogLevel::error, "remote_tier_copy_failed",

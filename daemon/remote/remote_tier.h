@@ -44,6 +44,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -69,12 +70,14 @@ inline constexpr uint32_t kRemoteRetryAfterMs = 1000;
 
 // One lookup's fetch: made on the loop, run on the fetch worker, finished on the loop.
 struct RemoteFetch {
+  Namespace space = 0;  // the caller's namespace
   std::vector<std::string> keys;
   std::vector<BlockHash> hashes;
   std::vector<uint32_t> slots;  // staging slots, one per key
   // Set by fetch(): the blocks valid from the first, what was wrong with the others.
   uint32_t found = 0;
-  uint32_t faults[5] = {};  // by remote::ValueFault
+  uint32_t faults[5] = {};      // by remote::ValueFault
+  std::vector<uint8_t> absent;  // per key: the cluster holds no value
   remote::ClusterClient::BatchResult batch;
   uint64_t ns = 0;
 };
@@ -82,6 +85,7 @@ struct RemoteFetch {
 // One batch of writes: made on the loop, run on the store worker, finished on the loop.
 struct RemoteStore {
   std::vector<std::string> keys;
+  std::vector<Namespace> namespaces;
   std::vector<BlockHash> hashes;
   std::vector<PageId> pages;  // held by the tier's owner until finish_store
   std::vector<uint32_t> slots;
@@ -112,23 +116,25 @@ struct RemoteTierStats {
 class RemoteTier final : private core::IndexObserver {
  public:
   // The tier of pool `label` (geometry, layout, hash scheme of `pc`) over `pool`, its staging
-  // memory pinned for CUDA device `device` (−1: host memory).
+  // memory pinned for CUDA device `device` (−1: host memory); `events` (may be null) is told
+  // of the blocks written and of their end (IndexObserver::remote_stored, remote_removed).
   static wire::Result<std::unique_ptr<RemoteTier>> create(core::PagePool& pool,
-                                                          const PoolConfig& pc, int device);
+                                                          const PoolConfig& pc, int device,
+                                                          core::IndexObserver* events);
   ~RemoteTier() override;
   RemoteTier(const RemoteTier&) = delete;
   RemoteTier& operator=(const RemoteTier&) = delete;
 
   const RemoteTierConfig& config() const { return config_; }
 
-  // Keys name the tenant; the pool's evictions name its namespace: the Service says which is
-  // which before a session of the tenant uses the tier.
+  // Keys name the tenant, calls its namespace: the Service says which is which before a
+  // session of the tenant uses the tier (offer, plan_fetch, and the pool's evictions).
   void name_tenant(Namespace ns, const std::string& tenant);
 
-  // Reads. A fetch of the start of `chain` (at most `max` blocks) for `tenant`, or null: the
-  // cluster is unreachable for now, or no staging slot is free.
-  std::unique_ptr<RemoteFetch> plan_fetch(const std::string& tenant,
-                                          std::span<const BlockHash> chain, uint32_t max);
+  // Reads. A fetch of the start of `chain` (at most `max` blocks) in namespace `ns`, or null:
+  // the cluster is unreachable for now, or no staging slot is free.
+  std::unique_ptr<RemoteFetch> plan_fetch(Namespace ns, std::span<const BlockHash> chain,
+                                          uint32_t max);
   void fetch(RemoteFetch& f);  // the fetch worker
   // The copies of f's first pages.size() blocks into `pages`, appended to `runs`.
   void plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f, std::span<const PageId> pages,
@@ -142,7 +148,7 @@ class RemoteTier final : private core::IndexObserver {
   // Writes. A block published (admit all) or hit for the first time (admit reused): kept for
   // the next plan_store when write is on_publish and a slot is free, its page held until
   // written. With on_demote a hit is only noted (admit reused).
-  void offer(const std::string& tenant, const BlockHash& hash, PageId page, bool published);
+  void offer(Namespace ns, const BlockHash& hash, PageId page, bool published);
   // write: on_demote (see above). The evictions since the last call, into `tier`; the copies
   // (any thread, with the tier's other copies, first); their end, on the loop. Evictions whose
   // pages were handed back FREE before a copy (a rolled-back reservation, a shrink) are dropped.
@@ -172,8 +178,11 @@ class RemoteTier final : private core::IndexObserver {
 
  private:
   RemoteTier(core::PagePool& pool, const PoolConfig& pc, std::unique_ptr<TierMemory> fetch_memory,
-             std::unique_ptr<TierMemory> store_memory);
-  std::string key(const std::string& tenant, const BlockHash& hash) const;
+             std::unique_ptr<TierMemory> store_memory, core::IndexObserver* events);
+  // The key of `hash` in namespace `ns`, or "" while the namespace has no tenant name.
+  std::string key(Namespace ns, const BlockHash& hash) const;
+  // Written blocks whose expiry passed (or past the most remembered): their removal events.
+  void expire_announced();
   void note_reachable(bool reachable);
   std::byte* store_slot(uint32_t slot) const {
     return store_memory_->base() + uint64_t{slot} * slot_bytes_;
@@ -187,8 +196,14 @@ class RemoteTier final : private core::IndexObserver {
 
   struct Offer {
     std::string key;
+    Namespace ns;
     BlockHash hash;
     PageId page;
+  };
+  struct Announced {  // a block written, told to events_, until its expiry
+    uint64_t expires_ns;
+    Namespace ns;
+    BlockHash hash;
   };
   struct Eviction {
     Namespace ns;
@@ -197,6 +212,7 @@ class RemoteTier final : private core::IndexObserver {
   };
   struct Staged {  // a value in a write staging slot (its payload; the header comes at store)
     std::string key;
+    Namespace ns;
     BlockHash hash;
     uint32_t slot;
   };
@@ -224,6 +240,8 @@ class RemoteTier final : private core::IndexObserver {
   uint32_t held_ = 0;                 // pages held for writes: offered, or in a batch in flight
   core::GhostSet written_;            // keys recently offered or found here: not offered again
   std::unique_ptr<remote::ClusterClient> fetch_client_, store_client_;
+  core::IndexObserver* events_;      // told of blocks written and gone; may be null
+  std::deque<Announced> announced_;  // in write order, so in expiry order (one ttl_s)
   // After a batch that reached no node, the loop skips the tier until then.
   uint64_t down_until_ns_ = 0;
   bool logged_down_ = false;

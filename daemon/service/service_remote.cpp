@@ -20,8 +20,7 @@ bool Service::plan_remote_fetch(SessionState& s, Namespace ns, const core::CallH
   const uint32_t allowed = access_.new_pages_allowed(s);
   if (allowed == 0) return false;
   remote->name_tenant(ns, access_.tenant_name(s.tenant));
-  std::shared_ptr<RemoteFetch> fetch =
-      remote->plan_fetch(access_.tenant_name(s.tenant), rest, allowed);
+  std::shared_ptr<RemoteFetch> fetch = remote->plan_fetch(ns, rest, allowed);
   if (!fetch) return false;
   KVPOOL_CHECK(!call_job_);
   call_job_ = std::make_unique<CopyJob>();
@@ -98,11 +97,11 @@ void Service::offer_remote(SessionState& s, std::span<const PublishItem> items,
                            std::span<const PublishResult> results) {
   RemoteTier* remote = s.pool->remote();
   if (remote == nullptr) return;
-  const std::string& tenant = access_.tenant_name(s.tenant);
-  remote->name_tenant(s.tenant + 1, tenant);  // before any of these blocks is evicted
+  const Namespace ns = s.tenant + 1;
+  remote->name_tenant(ns, access_.tenant_name(s.tenant));  // before any of these is evicted
   for (size_t i = 0; i < items.size() && i < results.size(); ++i) {
     if (results[i].kind == PublishResult::Kind::stored) {
-      remote->offer(tenant, items[i].hash, results[i].page, /*published=*/true);
+      remote->offer(ns, items[i].hash, results[i].page, /*published=*/true);
     }
   }
 }
@@ -111,9 +110,10 @@ void Service::offer_remote_hits(SessionState& s, std::span<const BlockHash> chai
                                 std::span<const PageId> pages) {
   RemoteTier* remote = s.pool->remote();
   if (remote == nullptr) return;
-  const std::string& tenant = access_.tenant_name(s.tenant);
+  const Namespace ns = s.tenant + 1;
+  remote->name_tenant(ns, access_.tenant_name(s.tenant));
   for (size_t i = 0; i < pages.size() && i < chain.size(); ++i) {
-    if (pages[i] != kNoPage) remote->offer(tenant, chain[i], pages[i], /*published=*/false);
+    if (pages[i] != kNoPage) remote->offer(ns, chain[i], pages[i], /*published=*/false);
   }
 }
 

@@ -34,7 +34,7 @@ void PoolIndexEvents::stored(Namespace ns, const BlockHash& hash, PageId page) {
   if (kv_events_ == nullptr) return;
   BlockChainInfo chain = publish_chain(hash);
   if (!keep_chains_) {
-    kv_events_->stored(hash, /*host=*/false, chain);
+    kv_events_->stored(hash, KvTier::pool, chain);
     return;
   }
   if (!chain.empty()) {
@@ -48,7 +48,7 @@ void PoolIndexEvents::stored(Namespace ns, const BlockHash& hash, PageId page) {
     it->second.tiers |= kDevice;
     chain = chain_of(it->second);
   }
-  kv_events_->stored(hash, /*host=*/false, chain);
+  kv_events_->stored(hash, KvTier::pool, chain);
 }
 
 void PoolIndexEvents::removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) {
@@ -70,7 +70,7 @@ void PoolIndexEvents::host_stored(Namespace ns, const BlockHash& hash) {
     it->second.tiers |= kHost;
     chain = chain_of(it->second);
   }
-  kv_events_->stored(hash, /*host=*/true, chain);
+  kv_events_->stored(hash, KvTier::host, chain);
 }
 
 void PoolIndexEvents::host_removed(Namespace ns, const BlockHash& hash, bool /*promoting*/) {
@@ -78,9 +78,21 @@ void PoolIndexEvents::host_removed(Namespace ns, const BlockHash& hash, bool /*p
   if (flushing_) {
     held_host_.push_back(hash);
   } else {
-    kv_events_->removed(hash, /*host=*/true);
+    kv_events_->removed(hash, KvTier::host);
   }
   leave(ns, hash, kHost);
+}
+
+void PoolIndexEvents::remote_stored(Namespace ns, const BlockHash& hash) {
+  if (kv_events_ == nullptr) return;
+  BlockChainInfo chain;
+  if (auto it = described_.find(Key{ns, hash}); it != described_.end())
+    chain = chain_of(it->second);
+  kv_events_->stored(hash, KvTier::remote, chain);
+}
+
+void PoolIndexEvents::remote_removed(Namespace /*ns*/, const BlockHash& hash) {
+  if (kv_events_ != nullptr) kv_events_->removed(hash, KvTier::remote);
 }
 
 void PoolIndexEvents::leave(Namespace ns, const BlockHash& hash, uint8_t tier) {
@@ -119,7 +131,7 @@ void PoolIndexEvents::end_flush(bool index_empty) {
     }
     if (kv_events_ != nullptr) {
       for (const BlockHash& h : held_host_)
-        kv_events_->removed(h, /*host=*/true);
+        kv_events_->removed(h, KvTier::host);
     }
   }
   held_.clear();

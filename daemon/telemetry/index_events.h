@@ -10,7 +10,10 @@
 // With KV events for routers on (events.zmq_endpoint), each change also goes to the pool's
 // KvEventBatcher, in the same order and with the same flush rule (a flush that empties both
 // tiers is one AllBlocksCleared), and so do the host tier's: a demotion is BlockRemoved of the
-// pool's medium then BlockStored of the host tier's, a promotion the reverse.
+// pool's medium then BlockStored of the host tier's, a promotion the reverse. The remote tier
+// reports the blocks this daemon wrote to its cluster (BlockStored, medium REMOTE) and their
+// end as far as it can know it (BlockRemoved REMOTE: the TTL passed, or a read found the key
+// gone); a flush does not touch them (the cluster is the fleet's, not this pool's).
 //
 // What a worker told of a block on publish (parent, token ids, adapter: wire::PublishRequest's
 // chain) is kept, in a pool with a host tier, while the block is in either tier, so that its
@@ -49,6 +52,8 @@ class PoolIndexEvents final : public core::IndexObserver {
   void removed(Namespace ns, const BlockHash& hash, PageId page, Removal why) override;
   void host_stored(Namespace ns, const BlockHash& hash) override;
   void host_removed(Namespace ns, const BlockHash& hash, bool promoting) override;
+  void remote_stored(Namespace ns, const BlockHash& hash) override;
+  void remote_removed(Namespace ns, const BlockHash& hash) override;
 
   // While one lives, the publish `r` is under way: its stored() calls take their chain from it
   // (its token ids are tokens_per_page per item: Service::publish checks).

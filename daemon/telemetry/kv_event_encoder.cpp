@@ -68,12 +68,12 @@ class StructWriter {
 
 }  // namespace
 
-void KvEventBatcher::stored(const BlockHash& hash, bool host, const BlockChainInfo& chain) {
+void KvEventBatcher::stored(const BlockHash& hash, KvTier tier, const BlockChainInfo& chain) {
   if (!events_.empty()) {
     KvEvent& last = events_.back();
     const bool described = !chain.empty();
     const bool same =
-        last.kind == KvEvent::Kind::stored && last.host == host && last.described == described;
+        last.kind == KvEvent::Kind::stored && last.tier == tier && last.described == described;
     // Blocks the worker described merge only into their parent's event, with the same adapter
     // and both with or both without token ids; undescribed blocks only into undescribed ones.
     const bool child = chain.parent && *chain.parent == last.hashes.back() &&
@@ -85,16 +85,16 @@ void KvEventBatcher::stored(const BlockHash& hash, bool host, const BlockChainIn
       return;
     }
   }
-  KvEvent e{KvEvent::Kind::stored,       {hash}, host, !chain.empty(), chain.parent, {},
+  KvEvent e{KvEvent::Kind::stored,       {hash}, tier, !chain.empty(), chain.parent, {},
             std::string(chain.lora_name)};
   e.token_ids.assign(chain.token_ids.begin(), chain.token_ids.end());
   events_.push_back(std::move(e));
 }
 
-void KvEventBatcher::removed(const BlockHash& hash, bool host) {
+void KvEventBatcher::removed(const BlockHash& hash, KvTier tier) {
   if (events_.empty() || events_.back().kind != KvEvent::Kind::removed ||
-      events_.back().host != host) {
-    events_.push_back(KvEvent{KvEvent::Kind::removed, {}, host, false, {}, {}, {}});
+      events_.back().tier != tier) {
+    events_.push_back(KvEvent{KvEvent::Kind::removed, {}, tier, false, {}, {}, {}});
   }
   events_.back().hashes.push_back(hash);
 }
@@ -108,7 +108,9 @@ void encode_kv_event_batch(double ts, const std::vector<KvEvent>& events,
   batch.key("events").pack_array(static_cast<uint32_t>(events.size()));
   const bool grouped = format.group_idx.has_value();
   for (const KvEvent& e : events) {
-    const std::string& medium = e.host ? format.host_medium : format.medium;
+    const std::string& medium = e.tier == KvTier::host     ? format.host_medium
+                                : e.tier == KvTier::remote ? format.remote_medium
+                                                           : format.medium;
     // The tag: the first element of an array, the "type" entry of a map.
     switch (e.kind) {
       case KvEvent::Kind::stored: {

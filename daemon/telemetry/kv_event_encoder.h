@@ -28,8 +28,9 @@
 // token_ids and lora_name; without it they are vLLM's "absent" values (nil, [], nil). lora_id
 // is always nil (kvpool names adapters, it does not number them). block_size is the pool's
 // tokens_per_page; medium is the pool's ("GPU" for device pools, "CPU" for the host backend) or,
-// for its host tier, "CPU". A pool that is a group of a hybrid model adds vLLM's group_idx
-// (after extra_keys, nil, in the array form).
+// for its host tier, "CPU", or for what this daemon wrote to its remote tier, "REMOTE" (a
+// Redis Cluster the fleet shares: any node can fetch the block). A pool that is a group of a hybrid
+// model adds vLLM's group_idx (after extra_keys, nil, in the array form).
 //
 // KvEventBatcher collects one pool's index changes between flushes: consecutive stores (or
 // removals) of one medium become one event with several hashes, as vLLM batches a step's blocks;
@@ -53,13 +54,15 @@
 namespace kvpool::daemon {
 
 enum class KvHashFormat : uint8_t { bytes, uint64 };
+// Which of a pool's tiers an event is about (its medium).
+enum class KvTier : uint8_t { pool, host, remote };
 enum class KvPayloadLayout : uint8_t { array, map };
 
 struct KvEvent {
   enum class Kind : uint8_t { stored, removed, cleared };
   Kind kind = Kind::stored;
   std::vector<BlockHash> hashes{};  // stored, removed; empty for cleared
-  bool host = false;                // in the pool's host tier (KvEventFormat::host_medium)
+  KvTier tier = KvTier::pool;       // the medium: KvEventFormat's for that tier
   // stored: the worker described its blocks (a chain), then the first block's parent (absent:
   // nil, a sequence's first block), every block's token ids (block_size each, or none), the
   // adapter's name. Undescribed blocks need not form one chain.
@@ -84,6 +87,7 @@ struct KvEventFormat {
   uint32_t block_size = 0;                       // the pool's tokens_per_page
   std::string medium{};                          // the pool's: "GPU" or "CPU"
   std::string host_medium = "CPU";               // its host tier's
+  std::string remote_medium = "REMOTE";          // its remote tier's
   std::optional<uint32_t> group_idx{};           // a hybrid model's group: its index
   std::optional<uint32_t> data_parallel_rank{};  // sent only when set
   bool token_ids = true;  // false: token_ids always [] (events.zmq_token_ids)
@@ -104,12 +108,12 @@ struct KvEventCounters {
 class KvEventBatcher {
  public:
   // `host`: the block is in (or left) the pool's host tier rather than the pool.
-  void stored(const BlockHash& hash, bool host = false, const BlockChainInfo& chain = {});
-  void removed(const BlockHash& hash, bool host = false);
+  void stored(const BlockHash& hash, KvTier tier = KvTier::pool, const BlockChainInfo& chain = {});
+  void removed(const BlockHash& hash, KvTier tier = KvTier::pool);
   // The pool's index is empty now: earlier events of this batch are superseded but kept (a
   // router replaying them ends in the same state), and the clear follows them.
   void cleared() {
-    events_.push_back(KvEvent{KvEvent::Kind::cleared, {}, false, false, {}, {}, {}});
+    events_.push_back(KvEvent{KvEvent::Kind::cleared, {}, KvTier::pool, false, {}, {}, {}});
   }
 
   bool empty() const { return events_.empty(); }

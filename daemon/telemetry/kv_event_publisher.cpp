@@ -85,7 +85,7 @@ void release_freed_memory() {
 KvEvent slice(const KvEvent& e, size_t i, size_t n, uint32_t block_size) {
   const auto at = [](size_t k) { return static_cast<std::ptrdiff_t>(k); };
   KvEvent part{e.kind,     {e.hashes.begin() + at(i), e.hashes.begin() + at(i + n)},
-               e.host,     e.described,
+               e.tier,     e.described,
                e.parent,   {},
                e.lora_name};
   if (i > 0 && e.described) part.parent = e.hashes[i - 1];

@@ -21,6 +21,14 @@
 #include "tests/integration/daemon_harness.h"
 #include "tests/integration/redis_cluster.h"
 #include "tests/integration/test_attach.h"
+#if KVPOOL_TEST_KV_EVENTS
+#include <zmq.h>
+#define MSGPACK_NO_BOOST 1
+#include <msgpack.hpp>
+
+#include "tests/integration/kv_events_util.h"
+#include "tests/integration/zmq_test_socket.h"
+#endif
 
 namespace kvpool::testing {
 namespace {
@@ -471,6 +479,62 @@ TEST_F(RemoteTier, OnDemoteWithAHostTierWritesOnlyReusedBlocks) {
   ASSERT_TRUE(ca->release(back.value().pages).ok());
   EXPECT_EQ(pool_stats(*ca).remote_stored, 2u);
 }
+
+#if KVPOOL_TEST_KV_EVENTS
+// The hashes of the (type, medium) events in the KV event batches that arrive within `ms`.
+std::vector<std::string> events_of(ZmqSocket& sub, const std::string& type,
+                                   const std::string& medium, int ms) {
+  std::vector<std::string> hashes;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
+  while (Clock::now() < deadline && sub.readable(50)) {
+    const std::vector<std::string> frames = sub.receive();
+    if (frames.size() != 3) continue;
+    const msgpack::object_handle oh = decode(frames[2]);
+    const msgpack::object& batch = oh.get();
+    const msgpack::object& events = batch.via.array.ptr[1];
+    for (uint32_t i = 0; i < events.via.array.size; ++i) {
+      const msgpack::object_array& e = events.via.array.ptr[i].via.array;
+      if (str(e.ptr[0]) != type) continue;
+      const uint32_t at = type == "BlockStored" ? 6 : 2;
+      if (e.size <= at || str(e.ptr[at]) != medium) continue;
+      for (const std::string& h : bins(e.ptr[1]))
+        hashes.push_back(h);
+    }
+  }
+  return hashes;
+}
+
+// KV events say medium REMOTE for the blocks this daemon wrote to the cluster, and remove them
+// when their expiry has passed: a router learns that any node may fetch them, for as long as
+// they can be there.
+TEST_F(RemoteTier, KvEventsSayWhatThisDaemonWroteAndWhenItExpires) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon a(config(*cluster_, "events", kGeometry, ", ttl_s: 2") + "events:\n  zmq_endpoint: \"" +
+           endpoint + "\"\n");
+  ASSERT_TRUE(a.start()) << a.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  auto ca = attach(a, "writer");
+  ASSERT_TRUE(ca);
+  ASSERT_EQ(publish_blocks(*ca, 0, 3), "");
+  std::vector<std::string> want;
+  for (uint64_t i = 0; i < 3; ++i)
+    want.push_back(bin_of(block(i)));
+  std::vector<std::string> stored = events_of(sub, "BlockStored", "REMOTE", 3000);
+  std::sort(stored.begin(), stored.end());
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(stored, want);
+  // Two seconds on, the values are gone from the cluster; the next event-making call (a
+  // publish, whose write finishes after the expiry) says so.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  EXPECT_TRUE(cluster_->keys("events:").empty());
+  ASSERT_EQ(publish_blocks(*ca, 10, 1), "");
+  std::vector<std::string> removed = events_of(sub, "BlockRemoved", "REMOTE", 3000);
+  std::sort(removed.begin(), removed.end());
+  EXPECT_EQ(removed, want);
+}
+#endif
 
 // A cluster out of memory (maxmemory with noeviction) refuses writes: they fail softly (counted),
 // the daemon goes on serving from its pool, and what was written before is still found.

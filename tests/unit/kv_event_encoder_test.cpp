@@ -251,10 +251,10 @@ TEST(KvEventEncoder, DescribedStoresCarryParentTokensAdapterAndTheirMedium) {
   KvEventBatcher b;
   const std::vector<uint32_t> ta = tokens_from(100, 16);
   const std::vector<uint32_t> tb = tokens_from(200, 16);
-  b.stored(kA, false, BlockChainInfo{kRoot, ta, "sql-lora"});
-  b.stored(kB, false, BlockChainInfo{kA, tb, "sql-lora"});  // kA's child: one event
+  b.stored(kA, KvTier::pool, BlockChainInfo{kRoot, ta, "sql-lora"});
+  b.stored(kB, KvTier::pool, BlockChainInfo{kA, tb, "sql-lora"});  // kA's child: one event
   b.removed(kA);
-  b.stored(kA, /*host=*/true, BlockChainInfo{kRoot, ta, "sql-lora"});  // demoted
+  b.stored(kA, KvTier::host, BlockChainInfo{kRoot, ta, "sql-lora"});  // demoted
   std::vector<KvEvent> events = b.take();
   ASSERT_EQ(events.size(), 3u);
   EXPECT_EQ(events[0].hashes, (std::vector<BlockHash>{kA, kB}));
@@ -319,13 +319,13 @@ TEST(KvEventEncoder, AGroupOfAHybridModelSendsGroupIdxInBothLayouts) {
 TEST(KvEventBatcher, DescribedStoresMergeOnlyAlongTheirChain) {
   KvEventBatcher b;
   const std::vector<uint32_t> t = tokens_from(0, 16);
-  b.stored(kA, false, BlockChainInfo{std::nullopt, t, ""});  // a sequence's first block
-  b.stored(kC, false, BlockChainInfo{kB, t, ""});            // not kA's child
-  b.stored(kB, false, BlockChainInfo{kC, {}, ""});           // kC's child, but without ids
-  b.stored(kA);                                              // undescribed
-  b.stored(kB);                                              // merges with the undescribed
-  b.stored(kC, false, BlockChainInfo{kB, t, "other"});       // described: not into undescribed
-  b.stored(kA, true, BlockChainInfo{kC, t, "other"});        // another medium
+  b.stored(kA, KvTier::pool, BlockChainInfo{std::nullopt, t, ""});  // a sequence's first block
+  b.stored(kC, KvTier::pool, BlockChainInfo{kB, t, ""});            // not kA's child
+  b.stored(kB, KvTier::pool, BlockChainInfo{kC, {}, ""});           // kC's child, but without ids
+  b.stored(kA);                                                     // undescribed
+  b.stored(kB);                                                     // merges with the undescribed
+  b.stored(kC, KvTier::pool, BlockChainInfo{kB, t, "other"});  // described: not into undescribed
+  b.stored(kA, KvTier::host, BlockChainInfo{kC, t, "other"});  // another medium
   const std::vector<KvEvent> events = b.take();
   ASSERT_EQ(events.size(), 6u);
   EXPECT_FALSE(events[0].parent.has_value());
@@ -337,11 +337,11 @@ TEST(KvEventBatcher, DescribedStoresMergeOnlyAlongTheirChain) {
   EXPECT_EQ(events[3].hashes, (std::vector<BlockHash>{kA, kB}));
   EXPECT_FALSE(events[3].parent.has_value());
   EXPECT_EQ(events[4].lora_name, "other");
-  EXPECT_TRUE(events[5].host);
+  EXPECT_EQ(events[5].tier, KvTier::host);
 
   // A block described by its parent alone never joins undescribed blocks, even its parent's.
   b.stored(kA);
-  b.stored(kB, false, BlockChainInfo{kA, {}, ""});
+  b.stored(kB, KvTier::pool, BlockChainInfo{kA, {}, ""});
   const std::vector<KvEvent> split = b.take();
   ASSERT_EQ(split.size(), 2u);
   EXPECT_FALSE(split[0].described);
