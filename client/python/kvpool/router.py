@@ -6,6 +6,12 @@ topic) and per medium ("GPU" for a device pool, "CPU" for its host tier or a hos
 the set of block hashes cached there. It answers, for a block chain, the longest prefix each
 node holds (all of it in one medium or spread over both) and which node to send the request to.
 
+The remote tier's medium ("REMOTE": what a node wrote to the Redis Cluster its fleet shares) is
+the fleet's, not the writer's: any node that names the cluster fetches it on a miss. The router
+keeps each node's REMOTE blocks as it heard them, but counts the union of every node's for every
+node in longest_prefix (a node's local run, then the fleet's remote blocks, continue a chain),
+and route() prefers, among nodes that reach as far, the one holding more of it locally.
+
 Keeping the view exact:
   * Batches are applied in sequence order. A batch whose sequence number skips ahead (messages
     lost to a slow subscriber, a reconnect, ZeroMQ's slow joiner) is a gap: the router asks the
@@ -85,11 +91,16 @@ class NodeState:
         self.pools.clear()
 
 
+REMOTE = "REMOTE"  # the remote tier's medium: the fleet's blocks (module doc)
+
+
 @dataclass
 class Prefix:
-    """The longest prefix of a chain one node holds: in any medium, and in each medium alone."""
+    """The longest prefix of a chain one node can serve: in any medium (the fleet's REMOTE blocks
+    included), in each medium alone (REMOTE: the fleet's), and in its own media only."""
     blocks: int
     by_medium: dict[str, int]
+    local: int = 0
 
 
 class KvRouter:
@@ -338,21 +349,28 @@ class KvRouter:
         return out
 
     def longest_prefix(self, chain: Sequence[BlockKey], pool: str = "default") -> dict[str, Prefix]:
-        """Per node, how many leading blocks of `chain` it holds."""
+        """Per node, how many leading blocks of `chain` it can serve (module doc: REMOTE)."""
+        fleet: set[BlockKey] = set()
+        for node in self.nodes.values():
+            fleet |= node.pools.get(pool, {}).get(REMOTE, set())
         out = {}
         for name, node in self.nodes.items():
-            media = node.pools.get(pool, {})
+            media = {m: b for m, b in node.pools.get(pool, {}).items() if m != REMOTE}
             by_medium = {m: _leading(chain, lambda h, b=b: h in b) for m, b in media.items()}
-            any_medium = _leading(chain, lambda h: any(h in b for b in media.values()))
-            out[name] = Prefix(any_medium, by_medium)
+            if fleet:
+                by_medium[REMOTE] = _leading(chain, lambda h: h in fleet)
+            local = _leading(chain, lambda h: any(h in b for b in media.values()))
+            any_medium = _leading(chain, lambda h: h in fleet or any(h in b for b in media.values()))
+            out[name] = Prefix(any_medium, by_medium, local)
         return out
 
     def route(self, chain: Sequence[BlockKey], pool: str = "default",
               candidates: Optional[Iterable[str]] = None) -> str:
-        """The node holding the longest prefix of `chain` (ties: the first candidate)."""
+        """The node that can serve the longest prefix of `chain`, then the one holding more of it
+        itself (ties: the first candidate)."""
         names = list(candidates) if candidates is not None else list(self.nodes)
         prefixes = self.longest_prefix(chain, pool)
-        return max(names, key=lambda n: prefixes[n].blocks)
+        return max(names, key=lambda n: (prefixes[n].blocks, prefixes[n].local))
 
 
 def _digest(payload: bytes) -> bytes:
