@@ -310,6 +310,14 @@ void PoolRuntime::plan_demotions(TierCopy& tier) {
 void PoolRuntime::demote_now() {
   KVPOOL_CHECK(copies_in_flight_ == 0 || host_tier_ == nullptr);
   if (host_tier_) host_tier_->demote(paged_kv());
+  if (remote_) {
+    // write: on_demote. The victims are CACHED pages no job reads or writes; their bytes go to
+    // the staging memory now, before the converter writes its blocks into them.
+    TierCopy c;
+    remote_->plan_demote(paged_kv(), c);
+    if (!c.remote_down_runs.empty()) c.remote_down_error = remote_->copy_down(c.remote_down_runs);
+    remote_->finish_demote(c);
+  }
 }
 
 void PoolRuntime::drop_pending_demotions() {

@@ -182,8 +182,9 @@ class PoolRuntime {
   // The pages this pool evicted since the last call, to copy down before the reply (nothing
   // without a host tier).
   void plan_demotions(TierCopy& tier);
-  // This pool's evictions go down to its host tier now, on the loop (a converter into this pool
-  // evicted them; it writes the pages next). Precondition: no job of this pool in flight.
+  // This pool's evictions go down to its host tier (and, write: on_demote, its remote tier's
+  // staging memory) now, on the loop (a converter into this pool evicted them; it writes the
+  // pages next). Precondition: no job of this pool in flight.
   void demote_now();
   // The call's evictions are lost instead of going down: it handed their pages back FREE (a
   // rolled-back reservation), so nothing may read them after the reply.

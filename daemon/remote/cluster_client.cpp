@@ -70,8 +70,9 @@ bool wait_for(int fd, short events, uint64_t deadline_ns) {
 }
 
 // The next reply on c by `deadline_ns`: a whole batch of replies shares one deadline, so a node
-// that trickles bytes cannot stretch it (the socket's own timeout is per read). False on an
-// error or the deadline; *out is then null.
+// that trickles bytes cannot stretch it (the socket's own timeout is per read); past it, only
+// what has already arrived is read (wait_for). False on an error or the deadline; *out is then
+// null.
 bool read_reply(redisContext* c, uint64_t deadline_ns, void** out) {
   *out = nullptr;
   for (;;) {

@@ -221,7 +221,10 @@ void RemoteTier::expire_announced() {
   const uint64_t now = LatencyRecorder::now_ns();
   while (!announced_.empty() &&
          (announced_.front().expires_ns <= now || announced_.size() > kMaxAnnounced)) {
-    events_->remote_removed(announced_.front().ns, announced_.front().hash);
+    const Announced& a = announced_.front();
+    events_->remote_removed(a.ns, a.hash);
+    // Gone from the cluster (or about to be): it may be written again.
+    if (a.expires_ns <= now) (void)written_.take(key_of(key(a.ns, a.hash)));
     announced_.pop_front();
   }
 }
@@ -314,6 +317,7 @@ void RemoteTier::finish_demote(TierCopy& tier) {
 }
 
 std::unique_ptr<RemoteStore> RemoteTier::plan_store(const kernels::PagedKv& kv) {
+  expire_announced();  // asked after every call: expiries are announced without remote traffic
   if (offered_.empty() && staged_.empty()) return nullptr;
   auto s = std::make_unique<RemoteStore>();
   // Staged values first: their slots are taken while they wait, no page is.

@@ -37,7 +37,9 @@
 // Thread-safety: fetch() and store() run on the remote workers' threads (one each, one job at a
 // time), each with its own ClusterClient; they touch only their job and the staging memory of
 // their direction. copy_down() runs with the pool's tier copies (any thread); it and store()
-// take turns on the write side's staging memory (store_copy_mutex_), on slots of their own.
+// take turns on the write side's staging memory (store_copy_mutex_, as TierMemory copies one
+// batch at a time), on slots of their own: a tier copy run on the loop may wait for one batch's
+// copy into staging (batch_pages pages), never for the network.
 // Everything else belongs to the event loop. Error policy: create() returns an
 // error naming the cause; everything after is a cache's failure: counted, logged, never a
 // client's error.

@@ -13,7 +13,8 @@
 // pool's medium then BlockStored of the host tier's, a promotion the reverse. The remote tier
 // reports the blocks this daemon wrote to its cluster (BlockStored, medium REMOTE) and their
 // end as far as it can know it (BlockRemoved REMOTE: the TTL passed, or a read found the key
-// gone); a flush does not touch them (the cluster is the fleet's, not this pool's).
+// gone). A flush leaves the cluster as it is, but its AllBlocksCleared makes a router forget the
+// pool's REMOTE blocks too: they are under-reported from then on, never over-reported.
 //
 // What a worker told of a block on publish (parent, token ids, adapter: wire::PublishRequest's
 // chain) is kept, in a pool with a host tier, while the block is in either tier, so that its

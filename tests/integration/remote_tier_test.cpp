@@ -536,6 +536,62 @@ TEST_F(RemoteTier, KvEventsSayWhatThisDaemonWroteAndWhenItExpires) {
 }
 #endif
 
+// write: on_demote on the 8-bit pool a bf16 pool converts its evictions into: the 8-bit pool's
+// own evictions (made by the converter's allocs, on the bf16 pool's calls) are written with the
+// bytes they had, before the converter writes other blocks into their pages; another daemon with
+// a pool of that geometry fetches them equal.
+TEST_F(RemoteTier, OnDemoteUnderAConverterWritesThe8BitPoolsEvictions) {
+  const std::string geometry =
+      "    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: ";
+  Daemon a("backend: host\npools:\n  - name: recent\n" + geometry +
+           "bf16}\n    capacity: 4 pages\n    convert_evictions_to: older\n"
+           "  - name: older\n" +
+           geometry + "fp8_e4m3}\n    capacity: 4 pages\n    remote_tier: {cluster: " +
+           cluster_->seeds() + ", namespace: conv, write: on_demote}\n");
+  Daemon b("backend: host\npools:\n  - name: chat\n" + geometry +
+           "fp8_e4m3}\n    capacity: 16 pages\n    remote_tier: {cluster: " + cluster_->seeds() +
+           ", namespace: conv, write: off}\n");
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  auto writer = attach(a, "writer", "recent");
+  auto older = attach(a, "older", "older");
+  auto reader = attach(b, "reader");
+  ASSERT_TRUE(writer && older && reader);
+  // Blocks 0..3, then 4..7: 0..3 are converted into the 8-bit pool.
+  ASSERT_EQ(publish_blocks(*writer, 0, 4), "");
+  ASSERT_EQ(publish_blocks(*writer, 4, 4), "");
+  // Their 8-bit bytes, as the 8-bit pool holds them.
+  const auto page_bytes = [](Connection& c, PageId p) {
+    const kernels::PagedKv kv = PoolKernels(c).paged_kv();
+    const kernels::PageChunks ch = kernels::page_chunks(kv);
+    const auto* base = static_cast<const std::byte*>(kv.base);
+    std::vector<std::byte> out;
+    for (uint32_t k = 0; k < ch.chunks; ++k) {
+      const std::byte* run = base + ch.at(p) + k * ch.chunk;
+      out.insert(out.end(), run, run + ch.chunk_bytes);
+    }
+    return out;
+  };
+  auto held = older->lookup(chain(0, 4));
+  ASSERT_TRUE(held.ok());
+  ASSERT_EQ(held.value().size(), 4u) << a.log();
+  std::vector<std::vector<std::byte>> want;
+  for (const PageId p : held.value())
+    want.push_back(page_bytes(*older, p));
+  ASSERT_TRUE(older->release(held.value()).ok());
+  // Blocks 8..11 push 4..7 into the 8-bit pool, which evicts 0..3 to make room; the 8-bit pool's
+  // worker makes no call from here on.
+  ASSERT_EQ(publish_blocks(*writer, 8, 4), "");
+  ASSERT_TRUE(wait_keys("conv:default:", 4)) << a.log();
+  bool any_remote = false;
+  const wire::LookupReply r =
+      lookup_until(*reader, chain(0, 4), std::chrono::seconds(5), &any_remote);
+  ASSERT_EQ(r.pages.size(), 4u) << a.log() << b.log();
+  for (size_t i = 0; i < 4; ++i)
+    EXPECT_TRUE(page_bytes(*reader, r.pages[i]) == want[i]) << "block " << i;
+  EXPECT_EQ(pool_stats(*reader).remote_rejected, 0u);
+}
+
 // A cluster out of memory (maxmemory with noeviction) refuses writes: they fail softly (counted),
 // the daemon goes on serving from its pool, and what was written before is still found.
 TEST_F(RemoteTier, WritesToAFullClusterFailSoftly) {
