@@ -280,9 +280,10 @@ class Parser : private NodeReader {
     static constexpr std::array<std::string_view, 3> kWrites = {"on_publish", "on_demote", "off"};
     if (auto* w = find(f, "write")) {
       const std::string choice = get_choice(*w, kWrites);
-      r.write = choice == "off"         ? RemoteTierConfig::Write::off
-                : choice == "on_demote" ? RemoteTierConfig::Write::on_demote
-                                        : RemoteTierConfig::Write::on_publish;
+      for (const auto mode : {RemoteTierConfig::Write::on_publish,
+                              RemoteTierConfig::Write::on_demote, RemoteTierConfig::Write::off}) {
+        if (choice == remote_write_name(mode)) r.write = mode;
+      }
     }
     static constexpr std::array<std::string_view, 2> kAdmits = {"all", "reused"};
     if (auto* a = find(f, "admit")) {

@@ -309,15 +309,15 @@ void PoolRuntime::plan_demotions(TierCopy& tier) {
 
 void PoolRuntime::demote_now() {
   KVPOOL_CHECK(copies_in_flight_ == 0 || host_tier_ == nullptr);
-  if (host_tier_) host_tier_->demote(paged_kv());
-  if (remote_) {
-    // write: on_demote. The victims are CACHED pages no job reads or writes; their bytes go to
-    // the staging memory now, before the converter writes its blocks into them.
-    TierCopy c;
-    remote_->plan_demote(paged_kv(), c);
-    if (!c.remote_down_runs.empty()) c.remote_down_error = remote_->copy_down(c.remote_down_runs);
-    remote_->finish_demote(c);
-  }
+  KVPOOL_CHECK(converter_ == nullptr);  // only a 16-bit pool converts: this is its 8-bit pool
+  // The three steps of every tier copy, here at once: the victims (CACHED pages no job reads or
+  // writes) go down to the host tier and, write: on_demote, into the remote tier's staging
+  // memory, before the converter writes its blocks into them.
+  TierCopy c;
+  plan_demotions(c);
+  if (c.empty()) return;
+  run_tier(c);
+  finish_demotions(c);
 }
 
 void PoolRuntime::drop_pending_demotions() {

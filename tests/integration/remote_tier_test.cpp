@@ -40,12 +40,16 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kGeometry =
     "{layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16}";
 
+// One pool "chat" with a remote tier under namespace `ns` (`extra`: more remote_tier keys;
+// `host_pages`: a host tier of that many pages, 0 none).
 std::string config(const RedisCluster& cluster, const std::string& ns,
                    const std::string& geometry = kGeometry, const std::string& extra = "",
-                   uint32_t pages = 64) {
+                   uint32_t pages = 64, uint32_t host_pages = 0) {
+  const std::string host =
+      host_pages == 0 ? "" : "    host_tier: " + std::to_string(host_pages) + " pages\n";
   return "backend: host\npools:\n  - name: chat\n    geometry: " + geometry +
-         "\n    capacity: " + std::to_string(pages) +
-         " pages\n    remote_tier: {cluster: " + cluster.seeds() + ", namespace: " + ns +
+         "\n    capacity: " + std::to_string(pages) + " pages\n" + host +
+         "    remote_tier: {cluster: " + cluster.seeds() + ", namespace: " + ns +
          ", timeout_ms: 200" + extra + "}\n";
 }
 
@@ -144,9 +148,14 @@ class RemoteTier : public ::testing::Test {
     std::unique_ptr<Connection> ca, cb;
   };
   Pair two_daemons(const std::string& ns, uint32_t pages = 64) {
+    return two_daemons(config(*cluster_, ns, kGeometry, "", pages),
+                       config(*cluster_, ns, kGeometry, "", pages));
+  }
+  // The same with a config of each.
+  Pair two_daemons(const std::string& config_a, const std::string& config_b) {
     Pair p;
-    p.a = std::make_unique<Daemon>(config(*cluster_, ns, kGeometry, "", pages));
-    p.b = std::make_unique<Daemon>(config(*cluster_, ns, kGeometry, "", pages));
+    p.a = std::make_unique<Daemon>(config_a);
+    p.b = std::make_unique<Daemon>(config_b);
     EXPECT_TRUE(p.a->start()) << p.a->log();
     EXPECT_TRUE(p.b->start()) << p.b->log();
     p.ca = attach(*p.a, "writer");
@@ -208,15 +217,12 @@ TEST_F(RemoteTier, APrefixPublishedOnOneDaemonIsFoundByAnother) {
 // A chain whose head B keeps in its host tier and whose rest only the cluster holds: B's lookup
 // promotes the head from its host tier, then fetches the rest, one reply, each block's tier said.
 TEST_F(RemoteTier, ALookupGoesOnFromTheHostTierIntoTheCluster) {
-  Daemon a(config(*cluster_, "chain"));
-  Daemon b("backend: host\npools:\n  - name: chat\n    geometry: " + std::string(kGeometry) +
-           "\n    capacity: 64 pages\n    host_tier: 16 pages\n    remote_tier: {cluster: " +
-           cluster_->seeds() + ", namespace: chain, timeout_ms: 200, write: off}\n");
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  auto ca = attach(a, "writer");
-  auto cb = attach(b, "reader");
-  ASSERT_TRUE(ca && cb);
+  Pair p = two_daemons(config(*cluster_, "chain"),
+                       config(*cluster_, "chain", kGeometry, ", write: off", 64, 16));
+  ASSERT_TRUE(p.ca && p.cb);
+  Daemon &a = *p.a, &b = *p.b;
+  Connection* ca = p.ca.get();
+  Connection* cb = p.cb.get();
   ASSERT_EQ(publish_blocks(*ca, 0, 6), "");
   ASSERT_TRUE(wait_keys("chain:default:", 6));
   // B computed the first two blocks itself; an operator's evict sends them to its host tier.
@@ -412,13 +418,12 @@ TEST_F(RemoteTier, WriteOffAndAdmitReused) {
 // (an alloc that needs their pages, an operator's evict); then each is written with the bytes it
 // had, though the worker that got its page overwrote it at once, and another daemon finds it.
 TEST_F(RemoteTier, OnDemoteWritesWhatTheDeviceEvicts) {
-  Daemon a(config(*cluster_, "down", kGeometry, ", write: on_demote", 8));
-  Daemon b(config(*cluster_, "down", kGeometry, ", write: off"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  auto ca = attach(a, "writer");
-  auto cb = attach(b, "reader");
-  ASSERT_TRUE(ca && cb);
+  Pair p = two_daemons(config(*cluster_, "down", kGeometry, ", write: on_demote", 8),
+                       config(*cluster_, "down", kGeometry, ", write: off"));
+  ASSERT_TRUE(p.ca && p.cb);
+  Daemon &a = *p.a, &b = *p.b;
+  Connection* ca = p.ca.get();
+  Connection* cb = p.cb.get();
   ASSERT_EQ(publish_blocks(*ca, 0, 6), "");
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(cluster_->keys("down:").empty());
@@ -456,9 +461,7 @@ TEST_F(RemoteTier, OnDemoteWritesWhatTheDeviceEvicts) {
 // write: on_demote with admit: reused and a host tier: an evicted block goes down to the host
 // tier, and to the cluster only if a lookup hit it while it was on the device.
 TEST_F(RemoteTier, OnDemoteWithAHostTierWritesOnlyReusedBlocks) {
-  Daemon a("backend: host\npools:\n  - name: chat\n    geometry: " + std::string(kGeometry) +
-           "\n    capacity: 8 pages\n    host_tier: 16 pages\n    remote_tier: {cluster: " +
-           cluster_->seeds() + ", namespace: reuse, write: on_demote, admit: reused}\n");
+  Daemon a(config(*cluster_, "reuse", kGeometry, ", write: on_demote, admit: reused", 8, 16));
   ASSERT_TRUE(a.start()) << a.log();
   auto ca = attach(a, "writer");
   ASSERT_TRUE(ca);
