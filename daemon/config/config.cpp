@@ -410,9 +410,13 @@ class Parser : private NodeReader {
     const auto refuse = [&](std::string_view key, const std::string& why) {
       if (const Value* k = find(f, key)) fail(*k, why);
     };
-    refuse("remote_tier",
-           "a hybrid model's blocks need every group's page; the remote tier does not keep "
-           "groups yet");
+    if (model.remote_tier && model.remote_tier->write == RemoteTierConfig::Write::on_demote) {
+      refuse("remote_tier",
+             "write: on_demote does not suit a hybrid model: when a full-attention group evicts "
+             "a block, the other groups drop theirs uncopied, so the cluster would hold blocks "
+             "no group set can use; use write: on_publish (every group's blocks are written "
+             "when published)");
+    }
     refuse("convert_evictions_to",
            "a hybrid model's groups evict together (a block serves no hit without every "
            "group's page); converting one group's evictions is not supported");

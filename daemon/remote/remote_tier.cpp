@@ -56,6 +56,7 @@ RemoteTier::RemoteTier(core::PagePool& pool, const PoolConfig& pc,
       owner_(pool.open_owner()),
       config_(*pc.remote_tier),
       label_(pc.name),
+      group_(pc.model.empty() ? "" : pc.model_groups[pc.group]),
       geometry_(pc.geometry),
       layout_(pc.layout),
       fingerprint_(remote::remote_fingerprint(pc.geometry, pc.layout, pc.hash_scheme)),
@@ -112,7 +113,8 @@ std::string RemoteTier::key(Namespace ns, const BlockHash& hash) const {
   const std::string& tenant = tenants_[ns - 1];
   char fp[17];
   std::snprintf(fp, sizeof fp, "%016llx", static_cast<unsigned long long>(fingerprint_));
-  return config_.key_namespace + ":" + tenant + ":" + fp + ":" + to_hex(hash);
+  if (group_.empty()) return config_.key_namespace + ":" + tenant + ":" + fp + ":" + to_hex(hash);
+  return config_.key_namespace + ":" + tenant + ":" + group_ + ":" + fp + ":" + to_hex(hash);
 }
 
 bool RemoteTier::reachable() const {
@@ -171,19 +173,42 @@ void RemoteTier::fetch(RemoteFetch& f) {
       },
       &f.absent);
   f.found = static_cast<uint32_t>(std::find(ok.begin(), ok.end(), 0) - ok.begin());
+  f.valid = std::move(ok);
   f.ns = LatencyRecorder::now_ns() - t0;
 }
+
+namespace {
+std::vector<uint32_t> first_keys(size_t n) {
+  std::vector<uint32_t> keys(n);
+  for (size_t i = 0; i < n; ++i)
+    keys[i] = static_cast<uint32_t>(i);
+  return keys;
+}
+}  // namespace
 
 void RemoteTier::plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f,
                               std::span<const PageId> pages, std::vector<ByteRun>& runs) const {
   KVPOOL_CHECK(pages.size() <= f.found);
+  plan_promote(kv, f, first_keys(pages.size()), pages, runs);
+}
+
+void RemoteTier::plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f,
+                              std::span<const uint32_t> keys, std::span<const PageId> pages,
+                              std::vector<ByteRun>& runs) const {
+  KVPOOL_CHECK(keys.size() == pages.size());
   for (size_t i = 0; i < pages.size(); ++i) {
-    std::byte* value = fetch_memory_->base() + uint64_t{f.slots[i]} * slot_bytes_;
+    KVPOOL_CHECK(keys[i] < f.valid.size() && f.valid[keys[i]] != 0);
+    std::byte* value = fetch_memory_->base() + uint64_t{f.slots[keys[i]]} * slot_bytes_;
     append_page_runs(kv, pages[i], value + remote::kValueHeaderBytes, /*to_packed=*/false, runs);
   }
 }
 
 void RemoteTier::finish_fetch(RemoteFetch& f, uint32_t promoted) {
+  finish_fetch(f, first_keys(promoted));
+}
+
+void RemoteTier::finish_fetch(RemoteFetch& f, std::span<const uint32_t> promoted_keys) {
+  const auto promoted = static_cast<uint32_t>(promoted_keys.size());
   free_fetch_.insert(free_fetch_.end(), f.slots.begin(), f.slots.end());
   f.slots.clear();
   ++stats_.fetch_batches;
@@ -200,8 +225,8 @@ void RemoteTier::finish_fetch(RemoteFetch& f, uint32_t promoted) {
   stats_.fetch_bytes += uint64_t{promoted} * slot_bytes_;
   if (promoted == 0) ++stats_.miss_lookups;
   // What came from the cluster is there already: not written back.
-  for (uint32_t i = 0; i < promoted; ++i)
-    written_.insert(key_of(f.keys[i]));
+  for (const uint32_t k : promoted_keys)
+    written_.insert(key_of(f.keys[k]));
   // A key this daemon wrote (or fetched) lately that has no value now expired or was evicted
   // there: said so, and it may be written again.
   for (size_t i = 0; i < f.absent.size(); ++i) {

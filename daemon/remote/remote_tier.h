@@ -3,7 +3,9 @@
 // computed is found by the others' lookups and promoted into their pools, bytes equal.
 //
 // Keys: NAMESPACE:TENANT:FINGERPRINT:HASH (the geometry fingerprint and the 128-bit block hash
-// in hex), so tenants and geometries never meet. Values: one page packed as the host tier packs
+// in hex), so tenants and geometries never meet; a hybrid model's group pool puts its group's
+// name before the fingerprint (NAMESPACE:TENANT:GROUP:FINGERPRINT:HASH): two groups of one
+// geometry hold different layers of the same block. Values: one page packed as the host tier packs
 // it behind a self-describing header (remote_value.h); a value of another geometry, another
 // block, or whose checksum fails is counted and never served.
 //
@@ -76,8 +78,10 @@ struct RemoteFetch {
   std::vector<std::string> keys;
   std::vector<BlockHash> hashes;
   std::vector<uint32_t> slots;  // staging slots, one per key
-  // Set by fetch(): the blocks valid from the first, what was wrong with the others.
+  // Set by fetch(): the blocks valid from the first, per key whether its value is valid, what
+  // was wrong with the others.
   uint32_t found = 0;
+  std::vector<uint8_t> valid;
   uint32_t faults[5] = {};      // by remote::ValueFault
   std::vector<uint8_t> absent;  // per key: the cluster holds no value
   remote::ClusterClient::BatchResult batch;
@@ -141,11 +145,17 @@ class RemoteTier final : private core::IndexObserver {
   // The copies of f's first pages.size() blocks into `pages`, appended to `runs`.
   void plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f, std::span<const PageId> pages,
                     std::vector<ByteRun>& runs) const;
+  // The same for the valid keys `keys` of f (indices into f.keys), in that order.
+  void plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f,
+                    std::span<const uint32_t> keys, std::span<const PageId> pages,
+                    std::vector<ByteRun>& runs) const;
   // Any thread, one at a time (the pool's tier copies): the staged values into the pages.
   std::string copy_up(std::span<const ByteRun> runs) { return fetch_memory_->copy(runs); }
   // The loop, once the fetch ran (and its promotion, of `promoted` blocks, is done): the slots
   // go back and the outcome is counted.
   void finish_fetch(RemoteFetch& f, uint32_t promoted);
+  // The same when the keys promoted were `promoted_keys` (indices into f.keys).
+  void finish_fetch(RemoteFetch& f, std::span<const uint32_t> promoted_keys);
 
   // Writes. A block published (admit all) or hit for the first time (admit reused): kept for
   // the next plan_store when write is on_publish and a slot is free, its page held until
@@ -223,6 +233,7 @@ class RemoteTier final : private core::IndexObserver {
   core::OwnerId owner_;  // holds the pages waiting for or in a write
   RemoteTierConfig config_;
   std::string label_;
+  std::string group_;  // a hybrid model's group: its name is part of the key ("" otherwise)
   Geometry geometry_;
   KvLayout layout_;
   uint64_t fingerprint_;

@@ -69,6 +69,8 @@
 
 namespace kvpool::daemon {
 
+struct GroupFetch;  // service_groups_remote.cpp
+
 class Service {
  public:
   // Copies up to this many bytes run inside handle(), on the event loop (~0.1 ms of memcpy).
@@ -174,12 +176,36 @@ class Service {
                        wire::Result<wire::Reply>& reply, std::unique_ptr<CopyJob>* deferred);
   // hello's part for a group of a hybrid model: joins the session to `link` (0: a new set).
   wire::Result<bool> join_model(SessionState& s, PoolRuntime& pool, uint64_t link);
+  // What one lookup_groups may copy up from the groups' host tiers, on the loop: ~8 ms at the
+  // 8 GB/s a CPU copies pinned memory (bench/RESULTS.md, "Host tier").
+  static constexpr uint64_t kMaxGroupPromoteBytes = uint64_t{64} << 20;
+  // Per group of a hybrid model, a byte per chain position (an empty vector: all 0).
+  using GroupMarks = std::vector<std::vector<uint8_t>>;
   // The longest hit of a hybrid model's chain every group can serve now (no references taken),
   // at most `upper` blocks: from its device tier, or its host tier where a promotion can read
-  // the block now, promoting at most promote_left bytes in all.
+  // the block now, promoting at most promote_left bytes in all, or (fetched[g][i] != 0) from
+  // what the group's remote tier fetched.
   uint32_t group_hit(Namespace ns, std::span<const BlockHash> chain,
-                     const std::vector<PoolRuntime*>& groups, uint32_t upper,
-                     uint64_t promote_left) const;
+                     const std::vector<PoolRuntime*>& groups, uint32_t upper, uint64_t promote_left,
+                     const GroupMarks* fetched = nullptr) const;
+  // lookup_groups' error when a group of s's model has no session linked to s.
+  std::optional<wire::Error> check_linked(const SessionState& s,
+                                          const std::vector<PoolRuntime*>& groups) const;
+  // lookup_groups' answer from the groups' device and host tiers (hints: per group);
+  // came_from[g][i], when not 0, is the tier block i of group g came up from before the call
+  // (kTierRemote).
+  wire::Result<wire::Reply> answer_groups(SessionState& s, std::span<const BlockHash> chain,
+                                          const std::vector<core::CallHints>& hints,
+                                          GroupMarks came_from);
+  // A hybrid model's remote tiers (service_groups_remote.cpp). When the groups' local tiers
+  // serve less than the chain, each group's fetch of the blocks a longer hit would need that it
+  // lacks, made the call's job (call_job_); false when nothing is asked.
+  bool plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>& groups,
+                        std::span<const BlockHash> chain,
+                        const std::vector<core::CallHints>& hints);
+  // Once fetched, on the loop: the blocks the longest hit needs copied up into each group's
+  // pool and published, then answer_groups.
+  wire::Result<wire::Reply> groups_fetched(SessionState& s, GroupFetch& f);
   // lookup_groups' promotion in one group: the host tier's run at the start of `rest` into
   // pages the group's session holds (written to out), copied on the loop, within promote_left
   // bytes (reduced by what came up); how many blocks came up.

@@ -14,6 +14,10 @@
 // Promotions copy on the event loop, each group's in turn (a group with a tier job in flight
 // promotes nothing: a queued demotion may still be writing its slots), and one lookup promotes at
 // most kMaxGroupPromoteBytes; the hit ends where more would be needed.
+//
+// With a remote tier (service_groups_remote.cpp), a hit shorter than the chain first asks the
+// groups' tiers for what a longer one needs; what came up is then a device block to the steps
+// above, its tier kTierRemote in the answer (answer_groups' came_from).
 #include <algorithm>
 
 #include "common/geometry.h"
@@ -28,10 +32,6 @@ namespace {
 // At most this many attempts before a lookup_groups answers no hit: each one after the first
 // follows a group coming short of pages, which its quota or a saturated refcount caused.
 constexpr int kMaxGroupAttempts = 8;
-
-// What one lookup_groups may copy up from the groups' host tiers, on the loop: ~8 ms at the
-// 8 GB/s a CPU copies pinned memory (bench/RESULTS.md, "Host tier").
-constexpr uint64_t kMaxGroupPromoteBytes = uint64_t{64} << 20;
 
 // The pages a group's part of the reply holds (its holes before the window hold none).
 std::vector<PageId> held_of(const wire::LookupReply& l) {
@@ -93,10 +93,11 @@ wire::Result<bool> Service::join_model(SessionState& s, PoolRuntime& pool, uint6
 
 uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
                             const std::vector<PoolRuntime*>& groups, uint32_t upper,
-                            uint64_t promote_left) const {
+                            uint64_t promote_left, const GroupMarks* fetched) const {
   // Per group, the run of blocks present that ends at each position, and how many of the
   // blocks before each position only its host tier holds; a full group bounds the hit by its
-  // first missing block.
+  // first missing block. A block fetched from the remote tier counts as present; its copy is
+  // bounded by the fetch (batch_pages), not by promote_left.
   std::vector<std::vector<uint32_t>> runs(groups.size());
   std::vector<std::vector<uint32_t>> host_only(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -109,7 +110,8 @@ uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
     for (uint32_t i = 0; i < upper; ++i) {
       const bool device = pages.find(ns, chain[i]) != kNoPage;
       const bool below = !device && groups[g]->host_can_promote(ns, chain[i]);
-      const bool present = device || below;
+      const bool remote = fetched != nullptr && i < (*fetched)[g].size() && (*fetched)[g][i] != 0;
+      const bool present = device || below || remote;
       run[i] = present ? (i == 0 ? 1 : run[i - 1] + 1) : 0;
       host[i + 1] = host[i] + (below ? 1 : 0);
       if (full && !present) {
@@ -158,14 +160,8 @@ uint32_t Service::promote_group(PoolRuntime& pool, SessionState& gs, Namespace n
   return promoted;
 }
 
-wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::GroupLookupRequest& r,
-                                                 Call&) {
-  if (!s.model) {
-    return wire::Error::of(
-        Errc::invalid_argument,
-        "lookup_groups: pool " + s.pool->name() + " is not a group of a hybrid model; use lookup");
-  }
-  const std::vector<PoolRuntime*> groups = pools_->group_pools(*s.pool);
+std::optional<wire::Error> Service::check_linked(const SessionState& s,
+                                                 const std::vector<PoolRuntime*>& groups) const {
   const PoolConfig& pc = s.pool->config();
   for (size_t g = 0; g < groups.size(); ++g) {
     if (s.model->by_group[g] == nullptr) {
@@ -176,6 +172,18 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
                                  " with hello's link_session)");
     }
   }
+  return std::nullopt;
+}
+
+wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::GroupLookupRequest& r,
+                                                 Call&) {
+  if (!s.model) {
+    return wire::Error::of(
+        Errc::invalid_argument,
+        "lookup_groups: pool " + s.pool->name() + " is not a group of a hybrid model; use lookup");
+  }
+  const std::vector<PoolRuntime*> groups = pools_->group_pools(*s.pool);
+  if (auto e = check_linked(s, groups)) return *e;
   // The reply carries a page and a tier byte per block and group: it must fit one frame.
   const uint64_t reply_bytes = 16 + uint64_t{r.chain.size()} * groups.size() * (sizeof(PageId) + 1);
   if (reply_bytes > wire::kMaxPayloadBytes) {
@@ -194,17 +202,28 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
     if (!h.ok()) return h.error();
     hints.push_back(h.value());
   }
+  // The groups' remote tiers may serve more than their device and host tiers: the answer
+  // waits for their fetch (off the loop) and the copies up (service_groups_remote.cpp).
+  if (plan_group_fetch(s, groups, r.chain, hints)) {
+    return wire::Reply(wire::GroupLookupReply{});  // call_job_'s takes its place
+  }
+  return answer_groups(s, r.chain, hints, GroupMarks(groups.size()));
+}
+
+wire::Result<wire::Reply> Service::answer_groups(SessionState& s, std::span<const BlockHash> chain,
+                                                 const std::vector<core::CallHints>& hints,
+                                                 GroupMarks came_from) {
+  const std::vector<PoolRuntime*> groups = pools_->group_pools(*s.pool);
   const Namespace ns = s.tenant + 1;
   wire::GroupLookupReply reply;
   reply.groups.resize(groups.size());
-  auto upper = static_cast<uint32_t>(r.chain.size());
-  // What this lookup may still promote, over all its attempts, and which chain positions came
-  // up from a group's host tier (kept across attempts: a block promoted by one is a device block
-  // to the next, but its answer says where it came from).
+  auto upper = static_cast<uint32_t>(chain.size());
+  // What this lookup may still promote, over all its attempts. came_from[g][i] names the tier a
+  // block came up from (kept across attempts: a block promoted by one is a device block to the
+  // next, but its answer says where it came from); 0: none, the device's own.
   uint64_t promote_left = kMaxGroupPromoteBytes;
-  std::vector<std::vector<uint8_t>> promoted(groups.size());
   for (int attempt = 0; attempt < kMaxGroupAttempts && upper > 0; ++attempt) {
-    const uint32_t n = group_hit(ns, r.chain, groups, upper, promote_left);
+    const uint32_t n = group_hit(ns, chain, groups, upper, promote_left);
     if (n == 0) break;
     size_t taken = 0;  // groups whose pages this attempt holds
     for (; taken < groups.size(); ++taken) {
@@ -220,7 +239,7 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
       while (got < n - first) {
         uint32_t hits = 0;
         const Status st = groups[taken]->pages().lookup(
-            gs.owner, ns, std::span(r.chain).subspan(first + got, n - first - got),
+            gs.owner, ns, std::span(chain).subspan(first + got, n - first - got),
             std::span(l.pages).subspan(first + got), hits, access_.new_pages_allowed(gs));
         if (!st.ok()) {
           std::fill(l.pages.begin() + first + got, l.pages.end(), kNoPage);
@@ -234,11 +253,11 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
         got += hits;
         if (got == n - first) break;
         const uint32_t up = promote_group(*groups[taken], gs, ns,
-                                          std::span(r.chain).subspan(first + got, n - first - got),
+                                          std::span(chain).subspan(first + got, n - first - got),
                                           std::span(l.pages).subspan(first + got), promote_left);
         if (up == 0) break;
-        promoted[taken].resize(r.chain.size(), 0);
-        std::fill_n(promoted[taken].begin() + first + got, up, 1);
+        came_from[taken].resize(chain.size(), 0);
+        std::fill_n(came_from[taken].begin() + first + got, up, wire::kTierHost);
         got += up;
       }
       if (got < n - first) {
@@ -255,11 +274,13 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
         wire::LookupReply& l = reply.groups[g];
         l.tiers.resize(n);
         for (uint32_t i = 0; i < n; ++i) {
-          l.tiers[i] = l.pages[i] == kNoPage                         ? wire::kTierNone
-                       : !promoted[g].empty() && promoted[g][i] != 0 ? wire::kTierHost
-                                                                     : wire::kTierDevice;
+          const uint8_t from = i < came_from[g].size() ? came_from[g][i] : 0;
+          l.tiers[i] = l.pages[i] == kNoPage ? wire::kTierNone
+                       : from != 0           ? from
+                                             : wire::kTierDevice;
         }
         groups[g]->prefix_stats().hit(l.pages, pools_->now_s());
+        offer_remote_hits(*s.model->by_group[g], chain, l.pages);
       }
       return wire::Reply(std::move(reply));
     }

@@ -174,15 +174,35 @@ TEST(RemoteTierConfig, BadValuesAreRefusedNamingTheKey) {
   }
 }
 
-TEST(RemoteTierConfig, NotWithGroupsOrConversions) {
-  auto groups = parse_config(
-      "backend: host\npools:\n  - name: m\n    geometry: {layers: 1, kv_heads: 1, head_dim: 8, "
-      "tokens_per_page: 16, dtype: fp16}\n    remote_tier: {cluster: [\"h:1\"]}\n    groups:\n"
-      "      - {name: g}\n",
-      "k.yaml");
-  ASSERT_FALSE(groups.ok());
-  EXPECT_NE(groups.error().message.find("remote_tier"), std::string::npos)
-      << groups.error().message;
+// A hybrid model's groups each get the model's remote tier; on_demote does not suit one (a full
+// group's eviction makes the others drop their blocks uncopied).
+TEST(RemoteTierConfig, GroupsTakeItWrittenOnPublishOnly) {
+  const auto model = [](const std::string& write) {
+    return parse_config(
+        "backend: host\npools:\n  - name: m\n    capacity: 1MiB\n    segment_size: 64KiB\n    "
+        "geometry: {layers: 2, "
+        "kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16}\n    remote_tier: {cluster: "
+        "[\"h:1\"], write: " +
+            write +
+            "}\n    groups:\n      - {name: g, layers: 1, kind: sliding, window: 64}\n"
+            "      - {name: h}\n",
+        "k.yaml");
+  };
+  auto ok = model("on_publish");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  ASSERT_EQ(ok.value().pools.size(), 2u);
+  for (const PoolConfig& p : ok.value().pools) {
+    ASSERT_TRUE(p.remote_tier.has_value()) << p.name;
+    EXPECT_EQ(p.remote_tier->cluster, std::vector<std::string>{"h:1"});
+  }
+  auto demote = model("on_demote");
+  ASSERT_FALSE(demote.ok());
+  EXPECT_NE(demote.error().message.find("pools[0].remote_tier"), std::string::npos)
+      << demote.error().message;
+  EXPECT_NE(demote.error().message.find("on_publish"), std::string::npos) << demote.error().message;
+}
+
+TEST(RemoteTierConfig, NotWithConversions) {
   auto convert = parse_config(
       "backend: host\npools:\n  - name: a\n    geometry: {layers: 1, kv_heads: 1, head_dim: 8, "
       "tokens_per_page: 16, dtype: bf16}\n    convert_evictions_to: b\n    remote_tier: "

@@ -1,0 +1,197 @@
+// The Service: a hybrid model's remote tiers (docs/ARCHITECTURE.md, "Remote tier"). Every group
+// pool of the model has its own tier (the group's name is in its keys); a lookup_groups whose
+// groups serve locally less than the chain asks each group's tier, in one job on the remote
+// fetch worker, for the blocks a longer hit would need that the group lacks: a full group, those
+// missing before the end of the longest hit asked for (batch_pages past the local hit); a
+// sliding or chunked group, those missing in that hit's last two windows only. The hit rule is
+// lookup_groups' own (service_groups.cpp), with a block fetched counted as present: the answer is
+// the longest n every group can serve.
+//
+// On the loop, once fetched: in each group, the fetched blocks that n needs are allocated, copied
+// up from the staging slots with the demotions that allocation caused, published and let go
+// (cached); then the answer is made as a local lookup_groups makes it, each such block's tier
+// being kTierRemote. A group with a tier job in flight copies nothing (its hit is then shorter),
+// as for promotions from its host tier.
+#include <algorithm>
+
+#include "common/geometry.h"
+#include "daemon/core/check.h"
+#include "daemon/service/service.h"
+#include "daemon/telemetry/log.h"
+
+namespace kvpool::daemon {
+
+// One lookup_groups' fetch: made on the loop, run on the remote fetch worker, finished on the
+// loop.
+struct GroupFetch {
+  struct Part {
+    RemoteTier* tier = nullptr;
+    std::shared_ptr<RemoteFetch> fetch;  // null: the group asks nothing
+    std::vector<uint32_t> positions;     // the chain position of each key fetched, ascending
+  };
+  std::vector<BlockHash> chain;
+  std::vector<core::CallHints> hints;
+  std::vector<Part> parts;  // by group
+};
+
+bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>& groups,
+                               std::span<const BlockHash> chain,
+                               const std::vector<core::CallHints>& hints) {
+  // Every group of a model has the model's remote_tier (config: expand_groups).
+  if (groups.empty() || groups[0]->remote() == nullptr || chain.empty()) return false;
+  const Namespace ns = s.tenant + 1;
+  const auto size = static_cast<uint32_t>(chain.size());
+  const uint32_t local = group_hit(ns, chain, groups, size, kMaxGroupPromoteBytes);
+  if (local == size) return false;
+  // The longest hit asked for: a fetch of batch_pages more blocks than the local hit.
+  const uint32_t upper = std::min(size, local + groups[0]->remote()->config().batch_pages);
+  auto f = std::make_shared<GroupFetch>();
+  f->parts.resize(groups.size());
+  bool asked = false;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    PoolRuntime& pool = *groups[g];
+    GroupFetch::Part& part = f->parts[g];
+    part.tier = pool.remote();
+    // Every block a hit of n in [first_needed_block(upper), upper] needs: a window before the
+    // last one too, so that a block the cluster lost in the last window shortens the hit to
+    // just before it instead of ending it (first_needed_block never falls as n grows).
+    const Geometry& geom = pool.config().geometry;
+    const auto first =
+        static_cast<uint32_t>(first_needed_block(geom, first_needed_block(geom, upper)));
+    std::vector<BlockHash> wanted;
+    for (uint32_t i = first; i < upper; ++i) {
+      if (pool.pages().find(ns, chain[i]) != kNoPage || pool.host_can_promote(ns, chain[i])) {
+        continue;
+      }
+      part.positions.push_back(i);
+      wanted.push_back(chain[i]);
+    }
+    SessionState& gs = *s.model->by_group[g];
+    const uint32_t cap = std::min(part.tier->config().batch_pages, access_.new_pages_allowed(gs));
+    if (geom.window != 0 && wanted.size() > cap) {
+      // A window's group keeps the blocks nearest the end: the longest hit needs those.
+      const size_t drop = wanted.size() - cap;
+      wanted.erase(wanted.begin(), wanted.begin() + static_cast<std::ptrdiff_t>(drop));
+      part.positions.erase(part.positions.begin(),
+                           part.positions.begin() + static_cast<std::ptrdiff_t>(drop));
+    }
+    if (wanted.empty()) continue;
+    part.tier->name_tenant(ns, access_.tenant_name(gs.tenant));
+    std::unique_ptr<RemoteFetch> fetch = part.tier->plan_fetch(ns, wanted, cap);
+    if (!fetch) {
+      // Unreachable for now, no staging slot, or a quota: no longer hit is possible.
+      for (GroupFetch::Part& p : f->parts) {
+        if (p.fetch) p.tier->finish_fetch(*p.fetch, 0);
+      }
+      return false;
+    }
+    part.positions.resize(fetch->keys.size());
+    part.fetch = std::move(fetch);
+    asked = true;
+  }
+  if (!asked) return false;
+  f->chain.assign(chain.begin(), chain.end());
+  f->hints = hints;
+  KVPOOL_CHECK(!call_job_);
+  call_job_ = std::make_unique<CopyJob>();
+  call_job_->worker = CopyJob::Worker::remote_fetch;
+  call_job_->pool = s.pool;
+  // One group's batch after the other: each tier's fetch client belongs to this worker.
+  call_job_->work = [f] {
+    for (GroupFetch::Part& p : f->parts) {
+      if (p.fetch) p.tier->fetch(*p.fetch);
+    }
+  };
+  call_job_->finish = [this, &s, f]() -> wire::Result<wire::Reply> {
+    return groups_fetched(s, *f);
+  };
+  return true;
+}
+
+wire::Result<wire::Reply> Service::groups_fetched(SessionState& s, GroupFetch& f) {
+  const auto finish_all = [&f] {
+    for (GroupFetch::Part& p : f.parts) {
+      if (p.fetch) p.tier->finish_fetch(*p.fetch, 0);
+    }
+  };
+  // The session, or one linked to it, may have closed while the fetch ran.
+  if (!s.attached || s.closing) {
+    finish_all();
+    return wire::Error::of(Errc::not_attached, "lookup_groups: the session closed");
+  }
+  const std::vector<PoolRuntime*> groups = pools_->group_pools(*s.pool);
+  if (auto e = check_linked(s, groups)) {
+    finish_all();
+    return *e;
+  }
+  const Namespace ns = s.tenant + 1;
+  const auto size = static_cast<uint32_t>(f.chain.size());
+  GroupMarks fetched(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const GroupFetch::Part& part = f.parts[g];
+    if (!part.fetch) continue;
+    fetched[g].assign(size, 0);
+    for (size_t k = 0; k < part.fetch->valid.size(); ++k)
+      fetched[g][part.positions[k]] = part.fetch->valid[k];
+  }
+  const uint32_t n = group_hit(ns, f.chain, groups, size, kMaxGroupPromoteBytes, &fetched);
+  GroupMarks came_from(groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) {
+    GroupFetch::Part& part = f.parts[g];
+    if (!part.fetch) continue;
+    RemoteFetch& fetch = *part.fetch;
+    PoolRuntime& pool = *groups[g];
+    SessionState& gs = *s.model->by_group[g];
+    // What the hit needs of this group's fetch: the valid keys in its part [first, n) that
+    // the group does not hold now (a block published or demoted meanwhile is served locally).
+    const auto first = first_needed_block(pool.config().geometry, n);
+    std::vector<uint32_t> keys;
+    for (size_t k = 0; k < fetch.valid.size(); ++k) {
+      const uint32_t at = part.positions[k];
+      if (fetch.valid[k] == 0 || at < first || at >= n) continue;
+      if (pool.pages().find(ns, f.chain[at]) != kNoPage) continue;
+      if (pool.host_can_promote(ns, f.chain[at])) continue;
+      keys.push_back(static_cast<uint32_t>(k));
+    }
+    keys.resize(std::min<size_t>(keys.size(), access_.new_pages_allowed(gs)));
+    const auto count = static_cast<uint32_t>(keys.size());
+    std::vector<PageId> pages(count);
+    uint64_t growable = 0;
+    bool admitted = false;
+    if (count == 0 || pool.copies_in_flight() != 0 ||
+        !pool.alloc(gs.owner, pages, core::CallHints{}, &growable, &admitted).ok()) {
+      part.tier->finish_fetch(fetch, 0);
+      continue;
+    }
+    // The copies up, behind the demotions the allocation caused (a page they read may be one
+    // a value lands in).
+    TierCopy c;
+    pool.plan_demotions(c);
+    part.tier->plan_promote(pool.paged_kv(), fetch, keys, pages, c.remote_runs);
+    pool.run_tier(c);
+    pool.finish_demotions(c);
+    std::vector<PublishItem> items(count);
+    std::vector<PublishResult> results(count);
+    for (uint32_t i = 0; i < count; ++i)
+      items[i] = PublishItem{pages[i], fetch.hashes[keys[i]]};
+    Status st;
+    if (c.remote_error.empty()) st = pool.pages().publish(gs.owner, ns, items, results);
+    // Published or not, the pages go: the answer takes the blocks as cached ones.
+    KVPOOL_CHECK(pool.pages().release(gs.owner, pages).ok());
+    access_.refresh_held(gs);
+    if (!c.remote_error.empty() || !st.ok()) {
+      log_event(LogLevel::error, "remote_tier_promote_failed",
+                {kv("pool", pool.name()),
+                 kv("error", c.remote_error.empty() ? st.message() : c.remote_error)});
+      part.tier->finish_fetch(fetch, 0);
+      continue;
+    }
+    part.tier->finish_fetch(fetch, keys);
+    came_from[g].assign(size, 0);
+    for (const uint32_t k : keys)
+      came_from[g][part.positions[k]] = wire::kTierRemote;
+  }
+  return answer_groups(s, f.chain, f.hints, std::move(came_from));
+}
+
+}  // namespace kvpool::daemon
