@@ -63,7 +63,7 @@ void print_latency(const char* op, const kvpool::bench::LatencySummary& l) {
 int run_model(const kvpool::bench::Trace& trace, const std::string& socket, uint32_t page_tokens,
               bool json) {
   const kvpool::bench::ModelReplayResult r =
-      kvpool::bench::replay_model(trace, socket, page_tokens);
+      kvpool::bench::replay_model(trace, split(socket), page_tokens);
   const double held = r.requests == 0 ? 0 : double(r.held_bytes) / double(r.requests);
   const double full = r.requests == 0 ? 0 : double(r.all_full_bytes) / double(r.requests);
   if (json) {
@@ -71,11 +71,13 @@ int run_model(const kvpool::bench::Trace& trace, const std::string& socket, uint
         "{\"mode\":\"model\",\"model\":\"%s\",\"groups\":%zu,\"pool_bytes\":%llu,"
         "\"requests\":%llu,\"blocks\":%llu,\"hit_rate\":%.6f,\"held_bytes_per_sequence\":%.0f,"
         "\"all_full_bytes_per_sequence\":%.0f,\"held_ratio\":%.4f,\"alloc_failures\":%llu,"
-        "\"seconds\":%.3f}\n",
+        "\"remote_bytes\":%llu,\"remote_blocks\":%llu,\"seconds\":%.3f}\n",
         r.model.c_str(), r.groups.size(), static_cast<unsigned long long>(r.budget_bytes),
         static_cast<unsigned long long>(r.requests), static_cast<unsigned long long>(r.blocks),
         r.hit_rate(), held, full, full > 0 ? held / full : 0.0,
-        static_cast<unsigned long long>(r.alloc_failures), r.seconds);
+        static_cast<unsigned long long>(r.alloc_failures),
+        static_cast<unsigned long long>(r.remote_bytes),
+        static_cast<unsigned long long>(r.remote_blocks), r.seconds);
     return 0;
   }
   std::printf("replay through kvpoold at %s, model %s, one worker in trace order:\n",
@@ -90,8 +92,10 @@ int run_model(const kvpool::bench::Trace& trace, const std::string& socket, uint
       "  a sequence holds %.0f bytes at its end (mean), %.4f of the %.0f every block of every "
       "group would take\n",
       held, full > 0 ? held / full : 0.0, full);
-  std::printf("  pool memory at the end %llu bytes; %.3f s\n",
-              static_cast<unsigned long long>(r.budget_bytes), r.seconds);
+  std::printf(
+      "  pool memory at the end %llu bytes; %llu bytes of hits from the remote tier; %.3f s\n",
+      static_cast<unsigned long long>(r.budget_bytes),
+      static_cast<unsigned long long>(r.remote_bytes), r.seconds);
   return 0;
 }
 
@@ -239,7 +243,8 @@ int run(int argc, char** argv) {
                  "Replay through the kvpoold listening on this socket, on its hybrid model (a "
                  "pool with groups: one lookup_groups per request, every group's pages) or "
                  "plain pool, one worker in trace order: the hit rate and the bytes a sequence "
-                 "holds against every layer keeping every block");
+                 "holds against every layer keeping every block; SOCKET,SOCKET,...: several "
+                 "daemons serving the same model, requests round-robin over them");
   app.add_option("--workers", workers, "Worker processes for --daemon")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <stdexcept>
 
 #include "client/connection/model_connection.h"
@@ -18,34 +19,45 @@ namespace {
 
 }  // namespace
 
-ModelReplayResult replay_model(const Trace& trace, const std::string& socket,
+ModelReplayResult replay_model(const Trace& trace, const std::vector<std::string>& sockets,
                                uint32_t page_tokens) {
   if (page_tokens == 0 || kTraceBlockTokens % page_tokens != 0) {
     throw std::invalid_argument("page tokens must divide 512");
   }
-  auto attached =
-      client::ModelConnection::attach(socket, "model-replay", "", client::Connection::Memory::none);
-  if (!attached.ok()) fail("attach", attached.error());
-  client::ModelConnection& m = *attached.value();
-  const size_t groups = m.num_groups();
+  if (sockets.empty()) throw std::invalid_argument("no daemon socket");
+  std::vector<std::unique_ptr<client::ModelConnection>> daemons;
+  for (const std::string& socket : sockets) {
+    auto attached = client::ModelConnection::attach(socket, "model-replay", "",
+                                                    client::Connection::Memory::none);
+    if (!attached.ok()) fail("attach " + socket, attached.error());
+    daemons.push_back(std::move(attached.value()));
+  }
+  const size_t groups = daemons[0]->num_groups();
   ModelReplayResult res;
-  res.model = m.model();
+  res.model = daemons[0]->model();
   for (size_t g = 0; g < groups; ++g) {
-    const wire::PoolInfo& p = m.group(g).pool();
+    const wire::PoolInfo& p = daemons[0]->group(g).pool();
     if (p.geometry.tokens_per_page != page_tokens) {
       throw std::invalid_argument(
           "the pool's pages hold " + std::to_string(p.geometry.tokens_per_page) +
           " tokens; run with --page-tokens " + std::to_string(p.geometry.tokens_per_page));
     }
-    res.groups.push_back(m.group_names()[g] + ": " +
+    res.groups.push_back(daemons[0]->group_names()[g] + ": " +
                          std::string(attention_kind_name(p.geometry.kind)) +
                          (p.geometry.window != 0 ? " " + std::to_string(p.geometry.window) : "") +
                          ", " + human_bytes(p.page_stride) + " pages");
   }
+  for (const auto& d : daemons) {
+    if (d->num_groups() != groups || d->model() != res.model) {
+      throw std::invalid_argument("every daemon must serve the same model (" + res.model + ")");
+    }
+  }
   const uint32_t per_block = kTraceBlockTokens / page_tokens;
   std::vector<BlockHash> chain;
   const auto start = std::chrono::steady_clock::now();
-  for (const TraceRequest& req : trace.requests) {
+  for (size_t r = 0; r < trace.requests.size(); ++r) {
+    const TraceRequest& req = trace.requests[r];
+    client::ModelConnection& m = *daemons[r % daemons.size()];  // round-robin over the fleet
     chain.clear();
     for (const uint64_t id : req.hash_ids) {
       for (uint32_t j = 0; j < per_block; ++j)
@@ -58,6 +70,16 @@ ModelReplayResult replay_model(const Trace& trace, const std::string& socket,
     res.blocks += n;
     res.hit_blocks += hits;
     ++res.requests;
+    std::vector<uint8_t> remote(hits, 0);  // per hit block: a group's page came remotely
+    for (size_t g = 0; g < groups; ++g) {
+      const std::vector<uint8_t>& tiers = hit.value().groups[g].tiers;
+      for (size_t i = 0; i < tiers.size() && i < hits; ++i) {
+        if (tiers[i] != wire::kTierRemote) continue;
+        res.remote_bytes += m.group(g).pool().page_stride;
+        remote[i] = 1;
+      }
+    }
+    res.remote_blocks += static_cast<uint64_t>(std::count(remote.begin(), remote.end(), 1));
     for (size_t g = 0; g < groups; ++g) {
       client::Connection& c = m.group(g);
       const Geometry& geom = c.pool().geometry;
@@ -105,9 +127,13 @@ ModelReplayResult replay_model(const Trace& trace, const std::string& socket,
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (size_t g = 0; g < groups; ++g) {
-    if (auto s = m.group(g).sync_segments(); !s.ok()) fail("segments", s.error());
-    res.budget_bytes += m.group(g).pool().segment_bytes;
-    res.groups[g] += ", " + human_bytes(m.group(g).pool().segment_bytes) + " at the end";
+    uint64_t bytes = 0;
+    for (const auto& d : daemons) {
+      if (auto s = d->group(g).sync_segments(); !s.ok()) fail("segments", s.error());
+      bytes += d->group(g).pool().segment_bytes;
+    }
+    res.budget_bytes += bytes;
+    res.groups[g] += ", " + human_bytes(bytes) + " at the end";
   }
   return res;
 }

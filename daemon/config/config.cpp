@@ -481,7 +481,41 @@ class Parser : private NodeReader {
     for (PoolConfig& m : members)
       m.model_groups = names;
     if (model.host_tier) split_host_tier(*find(f, "host_tier"), members);
+    if (model.remote_tier) fit_remote_batches(*find(f, "remote_tier"), members);
     return members;
+  }
+
+  // A hybrid model's remote tier: a lookup fetches a sliding or chunked group's window in one
+  // batch, so batch_pages must hold the blocks one window spans (window / tokens_per_page + 1).
+  // Left at its default it is raised to that (and staging_pages with it); given, it is checked.
+  void fit_remote_batches(const Value& at, std::vector<PoolConfig>& members) const {
+    uint32_t need = 0;
+    std::string group;
+    for (const PoolConfig& m : members) {
+      if (m.geometry.window == 0) continue;
+      const uint32_t blocks = m.geometry.window / m.geometry.tokens_per_page + 1;
+      if (blocks > need) {
+        need = blocks;
+        group = m.model_groups[m.group];
+      }
+    }
+    RemoteTierConfig& r = *members.front().remote_tier;
+    if (need <= r.batch_pages) return;
+    const auto rf = fields(at, kRemoteTierKeys, /*null_ok=*/false);
+    const std::string why = "group " + quoted(group) + "'s window spans " + std::to_string(need) +
+                            " blocks, which one lookup fetches together";
+    if (const Value* b = find(rf, "batch_pages")) {
+      fail(*b, "is " + std::to_string(r.batch_pages) + ": " + why + "; raise it to " +
+                   std::to_string(need));
+    }
+    if (const Value* st = find(rf, "staging_pages"); st != nullptr && r.staging_pages < need) {
+      fail(*st, "is " + std::to_string(r.staging_pages) + ": " + why + "; raise it to " +
+                    std::to_string(need));
+    }
+    for (PoolConfig& m : members) {
+      m.remote_tier->batch_pages = need;
+      m.remote_tier->staging_pages = std::max(m.remote_tier->staging_pages, need);
+    }
   }
 
   // A hybrid model's host tier: one per group, each keeping as many blocks (a hybrid hit needs

@@ -207,6 +207,12 @@ void RemoteTier::finish_fetch(RemoteFetch& f, uint32_t promoted) {
   finish_fetch(f, first_keys(promoted));
 }
 
+void RemoteTier::cancel_fetch(RemoteFetch& f) {
+  free_fetch_.insert(free_fetch_.end(), f.slots.begin(), f.slots.end());
+  f.slots.clear();
+  --stats_.lookups;  // plan_fetch counted it
+}
+
 void RemoteTier::finish_fetch(RemoteFetch& f, std::span<const uint32_t> promoted_keys) {
   const auto promoted = static_cast<uint32_t>(promoted_keys.size());
   free_fetch_.insert(free_fetch_.end(), f.slots.begin(), f.slots.end());

@@ -154,6 +154,10 @@ class RemoteTier final : private core::IndexObserver {
   // The loop, once the fetch ran (and its promotion, of `promoted` blocks, is done): the slots
   // go back and the outcome is counted.
   void finish_fetch(RemoteFetch& f, uint32_t promoted);
+  // A fetch planned and never run: its slots go back, nothing is counted.
+  void cancel_fetch(RemoteFetch& f);
+  // Staging slots free for reads now (the loop).
+  uint32_t free_fetch_slots() const { return static_cast<uint32_t>(free_fetch_.size()); }
   // The same when the keys promoted were `promoted_keys` (indices into f.keys).
   void finish_fetch(RemoteFetch& f, std::span<const uint32_t> promoted_keys);
 

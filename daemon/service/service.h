@@ -182,21 +182,21 @@ class Service {
   // Per group of a hybrid model, a byte per chain position (an empty vector: all 0).
   using GroupMarks = std::vector<std::vector<uint8_t>>;
   // The longest hit of a hybrid model's chain every group can serve now (no references taken),
-  // at most `upper` blocks: from its device tier, or its host tier where a promotion can read
-  // the block now, promoting at most promote_left bytes in all, or (fetched[g][i] != 0) from
-  // what the group's remote tier fetched.
+  // at most `upper` blocks: from its device tier, its host tier where a promotion can read the
+  // block now, or (fetched[g][i] != 0) what the group's remote tier fetched, copying up at most
+  // promote_left bytes in all.
   uint32_t group_hit(Namespace ns, std::span<const BlockHash> chain,
                      const std::vector<PoolRuntime*>& groups, uint32_t upper, uint64_t promote_left,
                      const GroupMarks* fetched = nullptr) const;
   // lookup_groups' error when a group of s's model has no session linked to s.
   std::optional<wire::Error> check_linked(const SessionState& s,
                                           const std::vector<PoolRuntime*>& groups) const;
-  // lookup_groups' answer from the groups' device and host tiers (hints: per group);
-  // came_from[g][i], when not 0, is the tier block i of group g came up from before the call
-  // (kTierRemote).
+  // lookup_groups' answer from the groups' device and host tiers (hints: per group), copying
+  // up at most promote_left bytes; came_from[g][i], when not 0, is the tier block i of group g
+  // came up from before the call (kTierRemote).
   wire::Result<wire::Reply> answer_groups(SessionState& s, std::span<const BlockHash> chain,
                                           const std::vector<core::CallHints>& hints,
-                                          GroupMarks came_from);
+                                          GroupMarks came_from, uint64_t promote_left);
   // A hybrid model's remote tiers (service_groups_remote.cpp). When the groups' local tiers
   // serve less than the chain, each group's fetch of the blocks a longer hit would need that it
   // lacks, made the call's job (call_job_); false when nothing is asked.

@@ -95,9 +95,8 @@ uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
                             const std::vector<PoolRuntime*>& groups, uint32_t upper,
                             uint64_t promote_left, const GroupMarks* fetched) const {
   // Per group, the run of blocks present that ends at each position, and how many of the
-  // blocks before each position only its host tier holds; a full group bounds the hit by its
-  // first missing block. A block fetched from the remote tier counts as present; its copy is
-  // bounded by the fetch (batch_pages), not by promote_left.
+  // blocks before each position need a copy up (only its host tier holds them, or they were
+  // fetched from its remote tier); a full group bounds the hit by its first missing block.
   std::vector<std::vector<uint32_t>> runs(groups.size());
   std::vector<std::vector<uint32_t>> host_only(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -113,7 +112,7 @@ uint32_t Service::group_hit(Namespace ns, std::span<const BlockHash> chain,
       const bool remote = fetched != nullptr && i < (*fetched)[g].size() && (*fetched)[g][i] != 0;
       const bool present = device || below || remote;
       run[i] = present ? (i == 0 ? 1 : run[i - 1] + 1) : 0;
-      host[i + 1] = host[i] + (below ? 1 : 0);
+      host[i + 1] = host[i] + (below || remote ? 1 : 0);
       if (full && !present) {
         upper = i;
         break;
@@ -207,21 +206,20 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
   if (plan_group_fetch(s, groups, r.chain, hints)) {
     return wire::Reply(wire::GroupLookupReply{});  // call_job_'s takes its place
   }
-  return answer_groups(s, r.chain, hints, GroupMarks(groups.size()));
+  return answer_groups(s, r.chain, hints, GroupMarks(groups.size()), kMaxGroupPromoteBytes);
 }
 
 wire::Result<wire::Reply> Service::answer_groups(SessionState& s, std::span<const BlockHash> chain,
                                                  const std::vector<core::CallHints>& hints,
-                                                 GroupMarks came_from) {
+                                                 GroupMarks came_from, uint64_t promote_left) {
   const std::vector<PoolRuntime*> groups = pools_->group_pools(*s.pool);
   const Namespace ns = s.tenant + 1;
   wire::GroupLookupReply reply;
   reply.groups.resize(groups.size());
   auto upper = static_cast<uint32_t>(chain.size());
-  // What this lookup may still promote, over all its attempts. came_from[g][i] names the tier a
-  // block came up from (kept across attempts: a block promoted by one is a device block to the
-  // next, but its answer says where it came from); 0: none, the device's own.
-  uint64_t promote_left = kMaxGroupPromoteBytes;
+  // promote_left: what this lookup may still copy up, over all its attempts. came_from[g][i]
+  // names the tier a block came up from (kept across attempts: a block promoted by one is a
+  // device block to the next, but its answer says where it came from); 0: none, the device's.
   for (int attempt = 0; attempt < kMaxGroupAttempts && upper > 0; ++attempt) {
     const uint32_t n = group_hit(ns, chain, groups, upper, promote_left);
     if (n == 0) break;

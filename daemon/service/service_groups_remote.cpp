@@ -26,13 +26,36 @@ namespace kvpool::daemon {
 struct GroupFetch {
   struct Part {
     RemoteTier* tier = nullptr;
+    bool full = false;                   // a full-attention group: its run bounds the hit
     std::shared_ptr<RemoteFetch> fetch;  // null: the group asks nothing
     std::vector<uint32_t> positions;     // the chain position of each key fetched, ascending
   };
   std::vector<BlockHash> chain;
   std::vector<core::CallHints> hints;
+  uint32_t local = 0;       // the hit the groups' local tiers serve
   std::vector<Part> parts;  // by group
 };
+
+namespace {
+
+// The worker's part: the full groups' batches first, and the others only while a hit longer than
+// the local one is still possible (a full group's first block that no tier holds ends it). A
+// batch not run keeps no `valid`.
+void run_group_fetch(GroupFetch& f) {
+  auto bound = static_cast<uint32_t>(f.chain.size());
+  for (const bool full : {true, false}) {
+    for (GroupFetch::Part& p : f.parts) {
+      if (!p.fetch || p.full != full || bound <= f.local) continue;
+      p.tier->fetch(*p.fetch);
+      if (!full) continue;
+      const std::vector<uint8_t>& valid = p.fetch->valid;
+      const auto k = static_cast<size_t>(std::find(valid.begin(), valid.end(), 0) - valid.begin());
+      if (k < p.positions.size()) bound = std::min(bound, p.positions[k]);
+    }
+  }
+}
+
+}  // namespace
 
 bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>& groups,
                                std::span<const BlockHash> chain,
@@ -46,16 +69,19 @@ bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>&
   // The longest hit asked for: a fetch of batch_pages more blocks than the local hit.
   const uint32_t upper = std::min(size, local + groups[0]->remote()->config().batch_pages);
   auto f = std::make_shared<GroupFetch>();
+  f->local = local;
   f->parts.resize(groups.size());
   bool asked = false;
   for (size_t g = 0; g < groups.size(); ++g) {
     PoolRuntime& pool = *groups[g];
     GroupFetch::Part& part = f->parts[g];
     part.tier = pool.remote();
-    // Every block a hit of n in [first_needed_block(upper), upper] needs: a window before the
-    // last one too, so that a block the cluster lost in the last window shortens the hit to
-    // just before it instead of ending it (first_needed_block never falls as n grows).
+    // Every block a hit of n in [first_needed_block(upper), upper] needs: for a sliding group
+    // a window before the last one too, so that a block the cluster lost in the last window
+    // shortens the hit to just before it instead of ending it (first_needed_block never falls
+    // as n grows).
     const Geometry& geom = pool.config().geometry;
+    part.full = geom.window == 0;
     const auto first =
         static_cast<uint32_t>(first_needed_block(geom, first_needed_block(geom, upper)));
     std::vector<BlockHash> wanted;
@@ -67,24 +93,19 @@ bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>&
       wanted.push_back(chain[i]);
     }
     SessionState& gs = *s.model->by_group[g];
-    const uint32_t cap = std::min(part.tier->config().batch_pages, access_.new_pages_allowed(gs));
-    if (geom.window != 0 && wanted.size() > cap) {
+    const uint32_t cap = std::min({part.tier->config().batch_pages, access_.new_pages_allowed(gs),
+                                   part.tier->free_fetch_slots()});
+    if (!part.full && wanted.size() > cap) {
       // A window's group keeps the blocks nearest the end: the longest hit needs those.
-      const size_t drop = wanted.size() - cap;
-      wanted.erase(wanted.begin(), wanted.begin() + static_cast<std::ptrdiff_t>(drop));
-      part.positions.erase(part.positions.begin(),
-                           part.positions.begin() + static_cast<std::ptrdiff_t>(drop));
+      const auto drop = static_cast<std::ptrdiff_t>(wanted.size() - cap);
+      wanted.erase(wanted.begin(), wanted.begin() + drop);
+      part.positions.erase(part.positions.begin(), part.positions.begin() + drop);
     }
     if (wanted.empty()) continue;
     part.tier->name_tenant(ns, access_.tenant_name(gs.tenant));
+    // Null: unreachable for now, or no slot or quota left; the group then asks nothing.
     std::unique_ptr<RemoteFetch> fetch = part.tier->plan_fetch(ns, wanted, cap);
-    if (!fetch) {
-      // Unreachable for now, no staging slot, or a quota: no longer hit is possible.
-      for (GroupFetch::Part& p : f->parts) {
-        if (p.fetch) p.tier->finish_fetch(*p.fetch, 0);
-      }
-      return false;
-    }
+    if (!fetch) continue;
     part.positions.resize(fetch->keys.size());
     part.fetch = std::move(fetch);
     asked = true;
@@ -97,11 +118,7 @@ bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>&
   call_job_->worker = CopyJob::Worker::remote_fetch;
   call_job_->pool = s.pool;
   // One group's batch after the other: each tier's fetch client belongs to this worker.
-  call_job_->work = [f] {
-    for (GroupFetch::Part& p : f->parts) {
-      if (p.fetch) p.tier->fetch(*p.fetch);
-    }
-  };
+  call_job_->work = [f] { run_group_fetch(*f); };
   call_job_->finish = [this, &s, f]() -> wire::Result<wire::Reply> {
     return groups_fetched(s, *f);
   };
@@ -109,6 +126,13 @@ bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>&
 }
 
 wire::Result<wire::Reply> Service::groups_fetched(SessionState& s, GroupFetch& f) {
+  // A batch the worker left unrun gives its slots back uncounted.
+  for (GroupFetch::Part& p : f.parts) {
+    if (p.fetch && p.fetch->valid.empty()) {
+      p.tier->cancel_fetch(*p.fetch);
+      p.fetch.reset();
+    }
+  }
   const auto finish_all = [&f] {
     for (GroupFetch::Part& p : f.parts) {
       if (p.fetch) p.tier->finish_fetch(*p.fetch, 0);
@@ -134,17 +158,22 @@ wire::Result<wire::Reply> Service::groups_fetched(SessionState& s, GroupFetch& f
     for (size_t k = 0; k < part.fetch->valid.size(); ++k)
       fetched[g][part.positions[k]] = part.fetch->valid[k];
   }
-  const uint32_t n = group_hit(ns, f.chain, groups, size, kMaxGroupPromoteBytes, &fetched);
+  uint64_t promote_left = kMaxGroupPromoteBytes;
+  const uint32_t n = group_hit(ns, f.chain, groups, size, promote_left, &fetched);
   GroupMarks came_from(groups.size());
+  // The pages published here stay held until the answer holds them: nothing evicts them in
+  // between (the answer's promotions, another group's growth).
+  std::vector<std::vector<PageId>> held(groups.size());
   for (size_t g = 0; g < groups.size(); ++g) {
     GroupFetch::Part& part = f.parts[g];
     if (!part.fetch) continue;
     RemoteFetch& fetch = *part.fetch;
     PoolRuntime& pool = *groups[g];
     SessionState& gs = *s.model->by_group[g];
+    const Geometry& geom = pool.config().geometry;
     // What the hit needs of this group's fetch: the valid keys in its part [first, n) that
     // the group does not hold now (a block published or demoted meanwhile is served locally).
-    const auto first = first_needed_block(pool.config().geometry, n);
+    const auto first = first_needed_block(geom, n);
     std::vector<uint32_t> keys;
     for (size_t k = 0; k < fetch.valid.size(); ++k) {
       const uint32_t at = part.positions[k];
@@ -153,7 +182,12 @@ wire::Result<wire::Reply> Service::groups_fetched(SessionState& s, GroupFetch& f
       if (pool.host_can_promote(ns, f.chain[at])) continue;
       keys.push_back(static_cast<uint32_t>(k));
     }
-    keys.resize(std::min<size_t>(keys.size(), access_.new_pages_allowed(gs)));
+    // Within the quota and what the loop may copy: a full group's hit shortens to the run
+    // copied; a window's group copies all it needs or nothing (its hit needs the window's end).
+    const uint64_t page_bytes = page_data_bytes(geom) + page_scale_bytes(geom);
+    const uint64_t fits =
+        std::min<uint64_t>(access_.new_pages_allowed(gs), promote_left / page_bytes);
+    if (keys.size() > fits) keys.resize(part.full ? fits : 0);
     const auto count = static_cast<uint32_t>(keys.size());
     std::vector<PageId> pages(count);
     uint64_t growable = 0;
@@ -170,28 +204,42 @@ wire::Result<wire::Reply> Service::groups_fetched(SessionState& s, GroupFetch& f
     part.tier->plan_promote(pool.paged_kv(), fetch, keys, pages, c.remote_runs);
     pool.run_tier(c);
     pool.finish_demotions(c);
+    promote_left -= std::min(promote_left, uint64_t{count} * page_bytes);
     std::vector<PublishItem> items(count);
     std::vector<PublishResult> results(count);
     for (uint32_t i = 0; i < count; ++i)
       items[i] = PublishItem{pages[i], fetch.hashes[keys[i]]};
     Status st;
     if (c.remote_error.empty()) st = pool.pages().publish(gs.owner, ns, items, results);
-    // Published or not, the pages go: the answer takes the blocks as cached ones.
-    KVPOOL_CHECK(pool.pages().release(gs.owner, pages).ok());
-    access_.refresh_held(gs);
     if (!c.remote_error.empty() || !st.ok()) {
       log_event(LogLevel::error, "remote_tier_promote_failed",
                 {kv("pool", pool.name()),
                  kv("error", c.remote_error.empty() ? st.message() : c.remote_error)});
+      KVPOOL_CHECK(pool.pages().release(gs.owner, pages).ok());
+      access_.refresh_held(gs);
       part.tier->finish_fetch(fetch, 0);
       continue;
     }
+    // Another session published a block meanwhile: its page serves the answer, ours goes.
+    std::vector<PageId> spare;
+    for (uint32_t i = 0; i < count; ++i) {
+      (results[i].kind == PublishResult::Kind::duplicate ? spare : held[g]).push_back(pages[i]);
+    }
+    if (!spare.empty()) KVPOOL_CHECK(pool.pages().release(gs.owner, spare).ok());
     part.tier->finish_fetch(fetch, keys);
     came_from[g].assign(size, 0);
     for (const uint32_t k : keys)
       came_from[g][part.positions[k]] = wire::kTierRemote;
   }
-  return answer_groups(s, f.chain, f.hints, std::move(came_from));
+  wire::Result<wire::Reply> reply =
+      answer_groups(s, f.chain, f.hints, std::move(came_from), promote_left);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (held[g].empty()) continue;
+    SessionState& gs = *s.model->by_group[g];
+    KVPOOL_CHECK(groups[g]->pages().release(gs.owner, held[g]).ok());
+    access_.refresh_held(gs);
+  }
+  return reply;
 }
 
 }  // namespace kvpool::daemon

@@ -89,10 +89,13 @@ void PoolIndexEvents::remote_stored(Namespace ns, const BlockHash& hash) {
   if (auto it = described_.find(Key{ns, hash}); it != described_.end())
     chain = chain_of(it->second);
   kv_events_->stored(hash, KvTier::remote, chain);
+  ++remote_live_;
 }
 
 void PoolIndexEvents::remote_removed(Namespace /*ns*/, const BlockHash& hash) {
-  if (kv_events_ != nullptr) kv_events_->removed(hash, KvTier::remote);
+  if (kv_events_ == nullptr) return;
+  kv_events_->removed(hash, KvTier::remote);
+  if (remote_live_ != 0) --remote_live_;
 }
 
 void PoolIndexEvents::leave(Namespace ns, const BlockHash& hash, uint8_t tier) {
@@ -123,16 +126,19 @@ void PoolIndexEvents::end_flush(bool index_empty) {
   if (index_empty) {
     log_.append(LoggedEvent{BlockHash{}, held_.size(), kNoPage, 0, pool_, wire::Event::kCleared,
                             wire::Event::kFlushed});
-    if (kv_events_ != nullptr) kv_events_->cleared();
   } else {
-    for (const LoggedEvent& e : held_) {
+    for (const LoggedEvent& e : held_)
       log_.append(e);
-      if (kv_events_ != nullptr) kv_events_->removed(e.hash);
-    }
-    if (kv_events_ != nullptr) {
-      for (const BlockHash& h : held_host_)
-        kv_events_->removed(h, KvTier::host);
-    }
+  }
+  // A router drops everything of this pool on AllBlocksCleared: its REMOTE blocks, which the
+  // flush left in the cluster, too. While some are announced, the removals go one by one.
+  if (kv_events_ != nullptr && index_empty && remote_live_ == 0) {
+    kv_events_->cleared();
+  } else if (kv_events_ != nullptr) {
+    for (const LoggedEvent& e : held_)
+      kv_events_->removed(e.hash);
+    for (const BlockHash& h : held_host_)
+      kv_events_->removed(h, KvTier::host);
   }
   held_.clear();
   held_.shrink_to_fit();  // a flush of a large pool should not pin its scratch

@@ -13,8 +13,9 @@
 // pool's medium then BlockStored of the host tier's, a promotion the reverse. The remote tier
 // reports the blocks this daemon wrote to its cluster (BlockStored, medium REMOTE) and their
 // end as far as it can know it (BlockRemoved REMOTE: the TTL passed, or a read found the key
-// gone). A flush leaves the cluster as it is, but its AllBlocksCleared makes a router forget the
-// pool's REMOTE blocks too: they are under-reported from then on, never over-reported.
+// gone). A flush leaves the cluster as it is, and AllBlocksCleared would make a router forget
+// the pool's REMOTE blocks too: while any REMOTE block is announced and not announced gone, a
+// flush that empties the pool's tiers sends a BlockRemoved per device and host block instead.
 //
 // What a worker told of a block on publish (parent, token ids, adapter: wire::PublishRequest's
 // chain) is kept, in a pool with a host tier, while the block is in either tier, so that its
@@ -121,6 +122,10 @@ class PoolIndexEvents final : public core::IndexObserver {
   bool flushing_ = false;
   std::vector<LoggedEvent> held_;     // a flush's removals, until end_flush
   std::vector<BlockHash> held_host_;  // a flush's host-tier removals, until end_flush
+  // REMOTE blocks announced stored and not yet gone (a removal of a block another node wrote,
+  // found gone by a read, may take it below the truth: a flush may then clear them early,
+  // never keep one that is gone).
+  uint64_t remote_live_ = 0;
   const wire::PublishRequest* publish_ = nullptr;
   bool keep_chains_ = false;
   bool keep_token_ids_ = true;

@@ -3,7 +3,8 @@
 // under its group's name; a lookup_groups on the other daemon fetches what each group needs (a
 // sliding group only its window), copies it up and answers tier kTierRemote, bytes equal. A
 // block a group's window needs that the cluster lost shortens the hit to what every group can
-// serve; a group that holds its part locally asks nothing. Label `remote`.
+// serve, one before it costs nothing; a group that holds its part locally asks nothing. Label
+// `remote`.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -145,7 +146,7 @@ TEST_F(RemoteTierHybrid, EachGroupFetchesWhatTheHitNeedsFromAnotherDaemon) {
     EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
     EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
   }
-  // The local group read its window's blocks only.
+  // The local group copied up its window's blocks only.
   const stats::PoolStats sl = pool_stats(m.value()->group(kLocal), kLocal);
   const stats::PoolStats sg = pool_stats(m.value()->group(kGlobal), kGlobal);
   EXPECT_EQ(sl.remote_hits, kBlocks - kWindowFirst);
@@ -170,6 +171,20 @@ TEST_F(RemoteTierHybrid, EachGroupFetchesWhatTheHitNeedsFromAnotherDaemon) {
   EXPECT_EQ(pool_stats(m.value()->group(kLocal), kLocal).remote_lookups, sl.remote_lookups);
 }
 
+// Deletes group `group`'s value of block i from the cluster.
+void lose(const RedisCluster& cluster, const std::string& ns, const std::string& group,
+          uint32_t i) {
+  const std::string hex = to_hex(block(i));
+  std::string victim;
+  for (const std::string& k : cluster.keys(ns + ":default:" + group + ":")) {
+    if (k.size() >= hex.size() && k.compare(k.size() - hex.size(), hex.size(), hex) == 0) {
+      victim = k;
+    }
+  }
+  ASSERT_FALSE(victim.empty()) << group << " " << i;
+  EXPECT_NE(cluster.cli(0, "DEL " + victim).find('1'), std::string::npos);
+}
+
 TEST_F(RemoteTierHybrid, ABlockTheWindowNeedsThatTheClusterLostShortensTheHit) {
   Daemon a(model_config(*cluster_, "lost"));
   Daemon b(model_config(*cluster_, "lost"));
@@ -177,15 +192,7 @@ TEST_F(RemoteTierHybrid, ABlockTheWindowNeedsThatTheClusterLostShortensTheHit) {
   ASSERT_TRUE(b.start()) << b.log();
   publish_on(a, "lost");
   // The local group's last block goes: a hit of 8 lacks it, a hit of 7 (window 3..6) does not.
-  const std::string last = to_hex(block(kBlocks - 1));
-  std::string victim;
-  for (const std::string& k : cluster_->keys("lost:default:local:")) {
-    if (k.size() >= last.size() && k.compare(k.size() - last.size(), last.size(), last) == 0) {
-      victim = k;
-    }
-  }
-  ASSERT_FALSE(victim.empty());
-  EXPECT_NE(cluster_->cli(0, "DEL " + victim).find('1'), std::string::npos);
+  lose(*cluster_, "lost", "local", kBlocks - 1);
 
   auto m = ModelConnection::attach(b.socket(), "reader", "m");
   ASSERT_TRUE(m.ok()) << m.error().message;
@@ -202,6 +209,29 @@ TEST_F(RemoteTierHybrid, ABlockTheWindowNeedsThatTheClusterLostShortensTheHit) {
     EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
     EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
   }
+}
+
+// A sliding group's block before the window of the whole chain is lost: the hit of 8 does not
+// need it (each value is checked on its own, not as a run from the first).
+TEST_F(RemoteTierHybrid, ABlockBeforeTheWindowThatTheClusterLostCostsNothing) {
+  Daemon a(model_config(*cluster_, "early"));
+  Daemon b(model_config(*cluster_, "early"));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  publish_on(a, "early");
+  lose(*cluster_, "early", "local", 1);
+  auto m = ModelConnection::attach(b.socket(), "reader", "m");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  auto hit = m.value()->lookup(chain());
+  ASSERT_TRUE(hit.ok()) << hit.error().message;
+  const wire::LookupReply& local = hit.value().groups[kLocal];
+  ASSERT_EQ(hit.value().groups[kGlobal].pages.size(), kBlocks) << b.log();
+  ASSERT_EQ(local.pages.size(), kBlocks);
+  for (uint32_t i = kWindowFirst; i < kBlocks; ++i) {
+    EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
+    EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
+  }
+  EXPECT_EQ(pool_stats(m.value()->group(kLocal), kLocal).remote_hits, kBlocks - kWindowFirst);
 }
 
 TEST_F(RemoteTierHybrid, AGroupThatHoldsItsPartLocallyAsksNothing) {

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <string>
 #include <thread>
 #include <vector>
@@ -212,6 +213,41 @@ TEST_F(RemoteTier, APrefixPublishedOnOneDaemonIsFoundByAnother) {
   EXPECT_EQ(longer.value().pages.size(), 6u);
   ASSERT_TRUE(cb->release(longer.value().pages).ok());
   EXPECT_TRUE(a.running() && b.running());
+}
+
+// Two daemons publish the same blocks at the same moment: both write every key (last write
+// wins; the values are equal by construction), the cluster keeps one valid value per block, and
+// a third daemon reads them equal, nothing refused.
+TEST_F(RemoteTier, TwoDaemonsWritingTheSameBlocksAtOnceLeaveOneGoodValue) {
+  Pair p = two_daemons("both");
+  ASSERT_TRUE(p.ca && p.cb);
+  std::string ea, eb;
+  std::thread ta([&] { ea = publish_blocks(*p.ca, 0, 8); });
+  std::thread tb([&] { eb = publish_blocks(*p.cb, 0, 8); });
+  ta.join();
+  tb.join();
+  ASSERT_EQ(ea, "");
+  ASSERT_EQ(eb, "");
+  ASSERT_TRUE(wait_keys("both:default:", 8));
+  // Both daemons' writes are done (each wrote every block: neither had it from the other).
+  const auto deadline = Clock::now() + std::chrono::seconds(10);
+  while ((pool_stats(*p.ca).remote_stored < 8 || pool_stats(*p.cb).remote_stored < 8) &&
+         Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(cluster_->keys("both:default:").size(), 8u);
+  Daemon c(config(*cluster_, "both"));
+  ASSERT_TRUE(c.start()) << c.log();
+  auto cc = attach(c, "third");
+  ASSERT_TRUE(cc);
+  bool any_remote = false;
+  const wire::LookupReply r = lookup_until(*cc, chain(0, 8), std::chrono::seconds(5), &any_remote);
+  ASSERT_EQ(r.pages.size(), 8u) << c.log();
+  EXPECT_EQ(r.tiers, std::vector<uint8_t>(8, wire::kTierRemote));
+  for (size_t i = 0; i < r.pages.size(); ++i)
+    EXPECT_EQ(first_difference(*cc, r.pages[i], i), -1) << "block " << i;
+  EXPECT_EQ(pool_stats(*cc).remote_rejected, 0u);
+  ASSERT_TRUE(cc->release(r.pages).ok());
 }
 
 // A chain whose head B keeps in its host tier and whose rest only the cluster holds: B's lookup
@@ -484,10 +520,10 @@ TEST_F(RemoteTier, OnDemoteWithAHostTierWritesOnlyReusedBlocks) {
 }
 
 #if KVPOOL_TEST_KV_EVENTS
-// The hashes of the (type, medium) events in the KV event batches that arrive within `ms`.
-std::vector<std::string> events_of(ZmqSocket& sub, const std::string& type,
-                                   const std::string& medium, int ms) {
-  std::vector<std::string> hashes;
+// The KV events that arrive within `ms`: per "TYPE MEDIUM" (AllBlocksCleared: its type alone),
+// the hashes they name.
+std::map<std::string, std::vector<std::string>> events_within(ZmqSocket& sub, int ms) {
+  std::map<std::string, std::vector<std::string>> seen;
   const auto deadline = Clock::now() + std::chrono::milliseconds(ms);
   while (Clock::now() < deadline && sub.readable(50)) {
     const std::vector<std::string> frames = sub.receive();
@@ -497,14 +533,27 @@ std::vector<std::string> events_of(ZmqSocket& sub, const std::string& type,
     const msgpack::object& events = batch.via.array.ptr[1];
     for (uint32_t i = 0; i < events.via.array.size; ++i) {
       const msgpack::object_array& e = events.via.array.ptr[i].via.array;
-      if (str(e.ptr[0]) != type) continue;
+      const std::string type = str(e.ptr[0]);
+      if (type == "AllBlocksCleared") {
+        seen[type];
+        continue;
+      }
       const uint32_t at = type == "BlockStored" ? 6 : 2;
-      if (e.size <= at || str(e.ptr[at]) != medium) continue;
+      if (e.size <= at) continue;
+      std::vector<std::string>& hashes = seen[type + " " + str(e.ptr[at])];
       for (const std::string& h : bins(e.ptr[1]))
         hashes.push_back(h);
     }
   }
-  return hashes;
+  for (auto& [key, hashes] : seen)
+    std::sort(hashes.begin(), hashes.end());
+  return seen;
+}
+
+// The hashes of the (type, medium) events in the KV event batches that arrive within `ms`.
+std::vector<std::string> events_of(ZmqSocket& sub, const std::string& type,
+                                   const std::string& medium, int ms) {
+  return events_within(sub, ms)[type + " " + medium];
 }
 
 // KV events say medium REMOTE for the blocks this daemon wrote to the cluster, and remove them
@@ -536,6 +585,41 @@ TEST_F(RemoteTier, KvEventsSayWhatThisDaemonWroteAndWhenItExpires) {
   std::vector<std::string> removed = events_of(sub, "BlockRemoved", "REMOTE", 3000);
   std::sort(removed.begin(), removed.end());
   EXPECT_EQ(removed, want);
+}
+
+// A flush empties the pool but leaves the cluster as it is: while REMOTE blocks are announced,
+// a router hears a removal per block of the pool's own medium, not AllBlocksCleared (which
+// would make it forget the REMOTE blocks too).
+TEST_F(RemoteTier, AFlushLeavesARoutersRemoteBlocks) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  Daemon a(config(*cluster_, "flush") + "events:\n  zmq_endpoint: \"" + endpoint + "\"\n");
+  ASSERT_TRUE(a.start()) << a.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  auto ca = attach(a, "writer");
+  ASSERT_TRUE(ca);
+  ASSERT_EQ(publish_blocks(*ca, 0, 3), "");
+  std::vector<std::string> want;
+  for (uint64_t i = 0; i < 3; ++i)
+    want.push_back(bin_of(block(i)));
+  std::sort(want.begin(), want.end());
+  auto before = events_within(sub, 3000);
+  EXPECT_EQ(before["BlockStored REMOTE"], want);
+  std::string pool_medium;
+  for (const auto& [key, hashes] : before) {
+    if (key.rfind("BlockStored ", 0) == 0 && key != "BlockStored REMOTE")
+      pool_medium = key.substr(12);
+  }
+  ASSERT_FALSE(pool_medium.empty());
+  auto flushed = ca->flush();
+  ASSERT_TRUE(flushed.ok()) << flushed.error().message;
+  EXPECT_EQ(flushed.value(), 3u);
+  auto after = events_within(sub, 1500);
+  EXPECT_EQ(after.count("AllBlocksCleared"), 0u);
+  EXPECT_EQ(after["BlockRemoved " + pool_medium], want);
+  EXPECT_TRUE(after["BlockRemoved REMOTE"].empty());
+  EXPECT_EQ(cluster_->keys("flush:default:").size(), 3u);
 }
 #endif
 

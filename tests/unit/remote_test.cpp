@@ -202,6 +202,33 @@ TEST(RemoteTierConfig, GroupsTakeItWrittenOnPublishOnly) {
   EXPECT_NE(demote.error().message.find("on_publish"), std::string::npos) << demote.error().message;
 }
 
+// A sliding group's window is fetched in one batch: batch_pages left at its default rises to
+// the blocks a window spans (window 1024 / 16 tokens + 1 = 65); given smaller, it is refused.
+TEST(RemoteTierConfig, AGroupsWindowFitsOneBatch) {
+  const auto model = [](const std::string& extra) {
+    return parse_config(
+        "backend: host\npools:\n  - name: m\n    capacity: 8MiB\n    segment_size: 64KiB\n"
+        "    geometry: {layers: 2, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: fp16}\n"
+        "    remote_tier: {cluster: [\"h:1\"]" +
+            extra +
+            "}\n    groups:\n      - {name: local, layers: 1, kind: sliding, window: 1024}\n"
+            "      - {name: global}\n",
+        "k.yaml");
+  };
+  auto raised = model("");
+  ASSERT_TRUE(raised.ok()) << raised.error().message;
+  for (const PoolConfig& p : raised.value().pools) {
+    EXPECT_EQ(p.remote_tier->batch_pages, 65u) << p.name;
+    EXPECT_GE(p.remote_tier->staging_pages, 65u) << p.name;
+  }
+  auto small = model(", batch_pages: 32");
+  ASSERT_FALSE(small.ok());
+  EXPECT_NE(small.error().message.find("pools[0].remote_tier.batch_pages"), std::string::npos)
+      << small.error().message;
+  EXPECT_NE(small.error().message.find("\"local\""), std::string::npos) << small.error().message;
+  EXPECT_NE(small.error().message.find("65"), std::string::npos) << small.error().message;
+}
+
 TEST(RemoteTierConfig, NotWithConversions) {
   auto convert = parse_config(
       "backend: host\npools:\n  - name: a\n    geometry: {layers: 1, kv_heads: 1, head_dim: 8, "
