@@ -9,15 +9,20 @@
 # group fetches only its window, so a hybrid hit costs the cluster less than an all-full one.
 #
 #   bench/remote/hybrid_fleet.sh [BUILD_DIR]        (default build/release)
+# The replay waits PACE µs per page a request computed (its prefill), as an engine would before
+# its next request: the daemons' writes run meanwhile (unpaced, a replay offers blocks far
+# faster than any tier writes them, and most are skipped).
 # Environment: BLOCKS (each daemon's budget, in all-full 512-token blocks: 1000), LIMIT (the
-# trace's first requests: 2000), DAEMONS (2), PORT (7600: the cluster's first port), TRACE.
+# trace's first requests: 1000), PACE (50), PAGE_TOKENS (16), DAEMONS (2), PORT (7600: the
+# cluster's first port), TRACE, SHOW_STATUS (print each remote run's tier counters).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build/release}
 kvpoold=$build/daemon/kvpoold
 replay=$build/bench/kvpool-replay
 blocks=${BLOCKS:-1000}
-limit=${LIMIT:-2000}
+limit=${LIMIT:-1000}
+pace=${PACE:-50}
 daemons=${DAEMONS:-2}
 port=${PORT:-7600}
 trace_flag=()
@@ -39,7 +44,8 @@ trap cleanup EXIT
 bash scripts/redis-cluster.sh start "$work/cluster" "$port" | tail -1
 
 layers=4                                    # all-full; the hybrid: 2 sliding + 2 full
-block=$((layers * 2 * 8 * 16 * 2 * 32))     # one all-full 512-token block, in bytes
+tpp=${PAGE_TOKENS:-16}
+block=$((layers * 2 * 8 * 512 * 2))         # one all-full 512-token block, in bytes
 budget=$((blocks * block))
 segment=$(((budget / 64 + 65535) / 65536 * 65536))
 
@@ -57,7 +63,7 @@ run() {
       echo "pools:"
       echo "  - name: m"
       echo "    capacity: ${budget}B"
-      echo "    geometry: {layers: $layers, kv_heads: 1, head_dim: 8, tokens_per_page: 16, dtype: bf16}"
+      echo "    geometry: {layers: $layers, kv_heads: 1, head_dim: 8, tokens_per_page: $tpp, dtype: bf16}"
       if ((remote)); then
         # A lookup may fetch a whole prompt's pages (32 per trace block).
         echo "    remote_tier: {cluster: [\"127.0.0.1:$port\"], namespace: $model, batch_pages: 2048, staging_pages: 4096}"
@@ -80,8 +86,15 @@ run() {
       sleep 0.05
     done
   done
-  "$replay" "${trace_flag[@]}" --model "$sockets" --page-tokens 16 --limit "$limit" --json ||
+  "$replay" "${trace_flag[@]}" --model "$sockets" --page-tokens "$tpp" \
+    --pace-us-per-page "$pace" --limit "$limit" --json ||
     tail -3 "$work/run-$model-$remote-0/log" >&2
+  if [ -n "${SHOW_STATUS:-}" ] && ((remote)); then
+    for pool in m m/local m/global; do
+      "$build/client/kvpoolctl" --socket "$work/run-$model-$remote-0/s.sock" --pool "$pool" \
+        status 2>/dev/null | grep -E "^  (pool|remote) " >&2 || true
+    done
+  fi
   for p in "${run_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait "${run_pids[@]}" 2>/dev/null || true
   # The next run starts from an empty cluster (and the machine keeps its memory).
@@ -90,7 +103,7 @@ run() {
 
 field() { echo "$1" | sed "s/.*\"$2\":\([0-9.]*\).*/\1/"; }
 
-echo "trace: first $limit requests over $daemons daemons; each daemon $blocks all-full blocks ($budget bytes)"
+echo "trace: first $limit requests over $daemons daemons; each daemon $blocks all-full blocks ($budget bytes); $tpp-token pages; $pace us per page computed"
 echo "| model | hit rate, no remote tier | with the shared remote tier | remote / none | MB fetched from the cluster | bytes fetched per block served remotely | seconds (none / remote) |"
 echo "|---|---|---|---|---|---|---|"
 for model in all-full hybrid; do

@@ -61,9 +61,9 @@ void print_latency(const char* op, const kvpool::bench::LatencySummary& l) {
 
 // --model: the replay through kvpoold's hybrid model (or plain pool), in trace order.
 int run_model(const kvpool::bench::Trace& trace, const std::string& socket, uint32_t page_tokens,
-              bool json) {
+              uint32_t pace_us, bool json) {
   const kvpool::bench::ModelReplayResult r =
-      kvpool::bench::replay_model(trace, split(socket), page_tokens);
+      kvpool::bench::replay_model(trace, split(socket), page_tokens, pace_us);
   const double held = r.requests == 0 ? 0 : double(r.held_bytes) / double(r.requests);
   const double full = r.requests == 0 ? 0 : double(r.all_full_bytes) / double(r.requests);
   if (json) {
@@ -245,6 +245,12 @@ int run(int argc, char** argv) {
                  "plain pool, one worker in trace order: the hit rate and the bytes a sequence "
                  "holds against every layer keeping every block; SOCKET,SOCKET,...: several "
                  "daemons serving the same model, requests round-robin over them");
+  uint32_t pace_us = 0;
+  app.add_option("--pace-us-per-page", pace_us,
+                 "With --model: after each request, wait this long per page it computed (its "
+                 "prefill; the daemons' background work, remote writes among it, runs meanwhile)")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 1'000'000u));
   app.add_option("--workers", workers, "Worker processes for --daemon")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
@@ -302,7 +308,7 @@ int run(int argc, char** argv) {
   }
   if (!model_socket.empty()) {
     try {
-      return run_model(trace, model_socket, page_tokens, json);
+      return run_model(trace, model_socket, page_tokens, pace_us, json);
     } catch (const std::exception& e) {
       std::cerr << "kvpool-replay: " << e.what() << "\n";
       return 1;

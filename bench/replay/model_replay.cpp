@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 #include <stdexcept>
+#include <thread>
 
 #include "client/connection/model_connection.h"
 #include "common/byte_units.h"
@@ -20,7 +21,7 @@ namespace {
 }  // namespace
 
 ModelReplayResult replay_model(const Trace& trace, const std::vector<std::string>& sockets,
-                               uint32_t page_tokens) {
+                               uint32_t page_tokens, uint32_t pace_us_per_page) {
   if (page_tokens == 0 || kTraceBlockTokens % page_tokens != 0) {
     throw std::invalid_argument("page tokens must divide 512");
   }
@@ -123,6 +124,11 @@ ModelReplayResult replay_model(const Trace& trace, const std::vector<std::string
       }
       order.insert(order.end(), spare.begin(), spare.end());
       if (auto rel = c.release(order); !rel.ok()) fail("release", rel.error());
+    }
+    // The prefill of the pages past the hit, as an engine would spend it before the next
+    // request (the daemons' background work, remote writes among it, runs meanwhile).
+    if (pace_us_per_page != 0 && n > hits) {
+      std::this_thread::sleep_for(std::chrono::microseconds(uint64_t{n - hits} * pace_us_per_page));
     }
   }
   res.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

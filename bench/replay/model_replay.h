@@ -37,8 +37,10 @@ struct ModelReplayResult {
   double hit_rate() const { return blocks == 0 ? 0.0 : double(hit_blocks) / double(blocks); }
 };
 
-// Throws std::runtime_error naming the cause (daemon unreachable, a call failed).
+// Throws std::runtime_error naming the cause (daemon unreachable, a call failed). With
+// pace_us_per_page, each request is followed by that long a wait per page it computed (its
+// prefill, during which the daemons' background work runs); 0: none.
 ModelReplayResult replay_model(const Trace& trace, const std::vector<std::string>& sockets,
-                               uint32_t page_tokens);
+                               uint32_t page_tokens, uint32_t pace_us_per_page = 0);
 
 }  // namespace kvpool::bench

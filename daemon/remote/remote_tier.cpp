@@ -157,7 +157,25 @@ std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch(Namespace ns, std::span<cons
   return f;
 }
 
+std::unique_ptr<RemoteFetch> RemoteTier::plan_fetch_slots(Namespace ns, uint32_t max) {
+  if (!reachable()) {
+    ++stats_.skipped_down;
+    return nullptr;
+  }
+  const size_t n = std::min({size_t{max}, size_t{config_.batch_pages}, free_fetch_.size()});
+  if (n == 0) return nullptr;
+  auto f = std::make_unique<RemoteFetch>();
+  f->space = ns;
+  for (size_t i = 0; i < n; ++i) {
+    f->slots.push_back(free_fetch_.back());
+    free_fetch_.pop_back();
+  }
+  ++stats_.lookups;
+  return f;
+}
+
 void RemoteTier::fetch(RemoteFetch& f) {
+  KVPOOL_CHECK(f.keys.size() <= f.slots.size() && f.keys.size() == f.hashes.size());
   const uint64_t t0 = LatencyRecorder::now_ns();
   std::vector<uint8_t> ok(f.keys.size(), 0);
   f.batch = fetch_client_->get(

@@ -142,6 +142,12 @@ class RemoteTier final : private core::IndexObserver {
   std::unique_ptr<RemoteFetch> plan_fetch(Namespace ns, std::span<const BlockHash> chain,
                                           uint32_t max);
   void fetch(RemoteFetch& f);  // the fetch worker
+  // A fetch's staging slots (up to `max`, batch_pages, the slots free) with no keys yet: its
+  // caller adds keys and hashes (at most one per slot, block_key's) before fetch(). Null as
+  // plan_fetch's.
+  std::unique_ptr<RemoteFetch> plan_fetch_slots(Namespace ns, uint32_t max);
+  // The key of `hash` in namespace `ns`, or "" while the namespace has no tenant name.
+  std::string block_key(Namespace ns, const BlockHash& hash) const { return key(ns, hash); }
   // The copies of f's first pages.size() blocks into `pages`, appended to `runs`.
   void plan_promote(const kernels::PagedKv& kv, const RemoteFetch& f, std::span<const PageId> pages,
                     std::vector<ByteRun>& runs) const;

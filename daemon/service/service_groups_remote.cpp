@@ -1,17 +1,19 @@
 // The Service: a hybrid model's remote tiers (docs/ARCHITECTURE.md, "Remote tier"). Every group
 // pool of the model has its own tier (the group's name is in its keys); a lookup_groups whose
-// groups serve locally less than the chain asks each group's tier, in one job on the remote
-// fetch worker, for the blocks a longer hit would need that the group lacks: a full group, those
-// missing before the end of the longest hit asked for (batch_pages past the local hit); a
-// sliding or chunked group, those missing in that hit's last two windows only. The hit rule is
-// lookup_groups' own (service_groups.cpp), with a block fetched counted as present: the answer is
-// the longest n every group can serve.
+// groups serve locally less than the chain asks the groups' tiers, in one job on the remote
+// fetch worker, for the blocks a longer hit would need that they lack. The full groups first:
+// each its missing blocks up to batch_pages past the local hit; the first that no tier holds
+// bounds the hit. Then each sliding or chunked group the blocks it lacks around the windows a
+// hit ending at that bound needs (first_needed_block applied twice: a block lost in the last
+// window shortens the hit instead of ending it). Each value is checked on its own. The hit rule
+// is lookup_groups' own (service_groups.cpp), with a block fetched counted as present and as a
+// copy: the answer is the longest n every group can serve.
 //
 // On the loop, once fetched: in each group, the fetched blocks that n needs are allocated, copied
-// up from the staging slots with the demotions that allocation caused, published and let go
-// (cached); then the answer is made as a local lookup_groups makes it, each such block's tier
-// being kTierRemote. A group with a tier job in flight copies nothing (its hit is then shorter),
-// as for promotions from its host tier.
+// up from the staging slots with the demotions that allocation caused, published and held until
+// the answer holds them; then the answer is made as a local lookup_groups makes it, each such
+// block's tier being kTierRemote. A group with a tier job in flight copies nothing (its hit is
+// then shorter), as for promotions from its host tier.
 #include <algorithm>
 
 #include "common/geometry.h"
@@ -26,32 +28,61 @@ namespace kvpool::daemon {
 struct GroupFetch {
   struct Part {
     RemoteTier* tier = nullptr;
+    Geometry geometry;
     bool full = false;                   // a full-attention group: its run bounds the hit
     std::shared_ptr<RemoteFetch> fetch;  // null: the group asks nothing
-    std::vector<uint32_t> positions;     // the chain position of each key fetched, ascending
+    // The chain position of each key fetched, ascending. A full group's keys are chosen on the
+    // loop; a window's group's on the worker, from its candidates, once the full groups' reads
+    // say where the hit can end.
+    std::vector<uint32_t> positions;
+    uint32_t unasked = 0;  // a full group: its first missing position past its keys (or upper)
+    std::vector<uint32_t> candidate_positions;
+    std::vector<BlockHash> candidate_hashes;
+    std::vector<std::string> candidate_keys;
   };
   std::vector<BlockHash> chain;
   std::vector<core::CallHints> hints;
   uint32_t local = 0;       // the hit the groups' local tiers serve
+  uint32_t upper = 0;       // the longest hit asked for
   std::vector<Part> parts;  // by group
 };
 
 namespace {
 
-// The worker's part: the full groups' batches first, and the others only while a hit longer than
-// the local one is still possible (a full group's first block that no tier holds ends it). A
-// batch not run keeps no `valid`.
+// The worker's part. The full groups' batches first: the first block one of them has in no tier
+// bounds the hit. Then, while a hit longer than the local one is still possible, each window
+// group's batch: its candidates in the windows that a hit ending at that bound needs (its last
+// two windows: a block lost in the last one shortens the hit to just before it), the nearest
+// the end when its slots are fewer. A batch not run keeps no `valid`.
 void run_group_fetch(GroupFetch& f) {
-  auto bound = static_cast<uint32_t>(f.chain.size());
-  for (const bool full : {true, false}) {
-    for (GroupFetch::Part& p : f.parts) {
-      if (!p.fetch || p.full != full || bound <= f.local) continue;
-      p.tier->fetch(*p.fetch);
-      if (!full) continue;
-      const std::vector<uint8_t>& valid = p.fetch->valid;
-      const auto k = static_cast<size_t>(std::find(valid.begin(), valid.end(), 0) - valid.begin());
-      if (k < p.positions.size()) bound = std::min(bound, p.positions[k]);
+  uint32_t bound = f.upper;
+  for (GroupFetch::Part& p : f.parts) {
+    if (!p.fetch || !p.full) continue;
+    p.tier->fetch(*p.fetch);
+    const std::vector<uint8_t>& valid = p.fetch->valid;
+    const auto k = static_cast<size_t>(std::find(valid.begin(), valid.end(), 0) - valid.begin());
+    bound = std::min(bound, k < p.positions.size() ? p.positions[k] : p.unasked);
+  }
+  if (bound <= f.local) return;
+  for (GroupFetch::Part& p : f.parts) {
+    if (!p.fetch || p.full) continue;
+    const uint64_t first = first_needed_block(p.geometry, first_needed_block(p.geometry, bound));
+    size_t end = 0;
+    while (end < p.candidate_positions.size() && p.candidate_positions[end] < bound)
+      ++end;
+    size_t begin = end;
+    while (begin > 0 && p.candidate_positions[begin - 1] >= first &&
+           end - begin < p.fetch->slots.size()) {
+      --begin;
     }
+    if (begin == end) continue;
+    RemoteFetch& rf = *p.fetch;
+    for (size_t i = begin; i < end; ++i) {
+      p.positions.push_back(p.candidate_positions[i]);
+      rf.hashes.push_back(p.candidate_hashes[i]);
+      rf.keys.push_back(std::move(p.candidate_keys[i]));
+    }
+    p.tier->fetch(rf);
   }
 }
 
@@ -66,47 +97,60 @@ bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>&
   const auto size = static_cast<uint32_t>(chain.size());
   const uint32_t local = group_hit(ns, chain, groups, size, kMaxGroupPromoteBytes);
   if (local == size) return false;
-  // The longest hit asked for: a fetch of batch_pages more blocks than the local hit.
-  const uint32_t upper = std::min(size, local + groups[0]->remote()->config().batch_pages);
   auto f = std::make_shared<GroupFetch>();
   f->local = local;
+  // The longest hit asked for: a fetch of batch_pages more blocks than the local hit.
+  f->upper = std::min(size, local + groups[0]->remote()->config().batch_pages);
   f->parts.resize(groups.size());
   bool asked = false;
   for (size_t g = 0; g < groups.size(); ++g) {
     PoolRuntime& pool = *groups[g];
     GroupFetch::Part& part = f->parts[g];
-    part.tier = pool.remote();
-    // Every block a hit of n in [first_needed_block(upper), upper] needs: for a sliding group
-    // a window before the last one too, so that a block the cluster lost in the last window
-    // shortens the hit to just before it instead of ending it (first_needed_block never falls
-    // as n grows).
-    const Geometry& geom = pool.config().geometry;
-    part.full = geom.window == 0;
-    const auto first =
-        static_cast<uint32_t>(first_needed_block(geom, first_needed_block(geom, upper)));
-    std::vector<BlockHash> wanted;
-    for (uint32_t i = first; i < upper; ++i) {
-      if (pool.pages().find(ns, chain[i]) != kNoPage || pool.host_can_promote(ns, chain[i])) {
-        continue;
-      }
-      part.positions.push_back(i);
-      wanted.push_back(chain[i]);
-    }
     SessionState& gs = *s.model->by_group[g];
+    part.tier = pool.remote();
+    part.geometry = pool.config().geometry;
+    part.full = part.geometry.window == 0;
+    part.tier->name_tenant(ns, access_.tenant_name(gs.tenant));
     const uint32_t cap = std::min({part.tier->config().batch_pages, access_.new_pages_allowed(gs),
                                    part.tier->free_fetch_slots()});
-    if (!part.full && wanted.size() > cap) {
-      // A window's group keeps the blocks nearest the end: the longest hit needs those.
-      const auto drop = static_cast<std::ptrdiff_t>(wanted.size() - cap);
-      wanted.erase(wanted.begin(), wanted.begin() + drop);
-      part.positions.erase(part.positions.begin(), part.positions.begin() + drop);
+    // A full group: every block it lacks before upper, from the first. A window's group: every
+    // block it lacks that a hit ending past the local one may need, chosen among on the worker.
+    const uint32_t first = part.full
+                               ? 0
+                               : static_cast<uint32_t>(first_needed_block(
+                                     part.geometry, first_needed_block(part.geometry, local + 1)));
+    std::vector<uint32_t> missing;
+    for (uint32_t i = first; i < f->upper; ++i) {
+      if (pool.pages().find(ns, chain[i]) == kNoPage && !pool.host_can_promote(ns, chain[i])) {
+        missing.push_back(i);
+      }
     }
-    if (wanted.empty()) continue;
-    part.tier->name_tenant(ns, access_.tenant_name(gs.tenant));
-    // Null: unreachable for now, or no slot or quota left; the group then asks nothing.
-    std::unique_ptr<RemoteFetch> fetch = part.tier->plan_fetch(ns, wanted, cap);
+    if (missing.empty() || cap == 0) continue;
+    std::unique_ptr<RemoteFetch> fetch;
+    if (part.full) {
+      std::vector<BlockHash> wanted;
+      for (const uint32_t i : missing)
+        wanted.push_back(chain[i]);
+      // Null: unreachable for now, or the tenant unnamed; the group then asks nothing.
+      fetch = part.tier->plan_fetch(ns, wanted, cap);
+      if (fetch) {
+        part.positions.assign(missing.begin(),
+                              missing.begin() + static_cast<std::ptrdiff_t>(fetch->keys.size()));
+        part.unasked = fetch->keys.size() < missing.size() ? missing[fetch->keys.size()] : f->upper;
+      }
+    } else {
+      fetch = part.tier->plan_fetch_slots(ns, cap);
+      if (fetch) {
+        for (const uint32_t i : missing) {
+          std::string key = part.tier->block_key(ns, chain[i]);
+          if (key.empty()) break;
+          part.candidate_positions.push_back(i);
+          part.candidate_hashes.push_back(chain[i]);
+          part.candidate_keys.push_back(std::move(key));
+        }
+      }
+    }
     if (!fetch) continue;
-    part.positions.resize(fetch->keys.size());
     part.fetch = std::move(fetch);
     asked = true;
   }

@@ -171,6 +171,31 @@ TEST_F(RemoteTierHybrid, EachGroupFetchesWhatTheHitNeedsFromAnotherDaemon) {
   EXPECT_EQ(pool_stats(m.value()->group(kLocal), kLocal).remote_lookups, sl.remote_lookups);
 }
 
+// The common case: the new prompt goes on past what any node computed. The hit ends where the
+// full group's run in the cluster ends, and the sliding group's window there (not at the end of
+// the chain) comes up with it.
+TEST_F(RemoteTierHybrid, AChainLongerThanAnyoneComputedHitsWhatTheClusterHolds) {
+  Daemon a(model_config(*cluster_, "longer"));
+  Daemon b(model_config(*cluster_, "longer"));
+  ASSERT_TRUE(a.start()) << a.log();
+  ASSERT_TRUE(b.start()) << b.log();
+  publish_on(a, "longer");
+  auto m = ModelConnection::attach(b.socket(), "reader", "m");
+  ASSERT_TRUE(m.ok()) << m.error().message;
+  std::vector<BlockHash> c = chain();
+  for (uint32_t i = kBlocks; i < 3 * kBlocks; ++i)
+    c.push_back(block(i));
+  auto hit = m.value()->lookup(c);
+  ASSERT_TRUE(hit.ok()) << hit.error().message;
+  const wire::LookupReply& local = hit.value().groups[kLocal];
+  ASSERT_EQ(hit.value().groups[kGlobal].pages.size(), kBlocks) << b.log();
+  ASSERT_EQ(local.pages.size(), kBlocks);
+  for (uint32_t i = kWindowFirst; i < kBlocks; ++i) {
+    EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
+    EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
+  }
+}
+
 // Deletes group `group`'s value of block i from the cluster.
 void lose(const RedisCluster& cluster, const std::string& ns, const std::string& group,
           uint32_t i) {
