@@ -72,6 +72,9 @@ void EvictionConverter::plan(TierCopy& c) {
     c.convert_src.push_back(todo[i].page);
     c.convert_dst.push_back(dst[k]);
     c.convert_keys.emplace_back(todo[i].ns, todo[i].hash);
+    if (const auto* d = from_.index_events().described_block(todo[i].ns, todo[i].hash)) {
+      chains_[BlockKey{todo[i].ns, todo[i].hash}] = *d;
+    }
   }
   describe(c);
 }
@@ -157,6 +160,9 @@ void EvictionConverter::finish(TierCopy& c) {
       PublishResult result;
       for (size_t i = 0; i < c.convert_dst.size(); ++i) {
         const auto& [ns, hash] = c.convert_keys[i];
+        if (const auto it = chains_.find(BlockKey{ns, hash}); it != chains_.end()) {
+          to_.index_events().carry(ns, hash, it->second);
+        }
         const PublishItem item{c.convert_dst[i], hash};
         KVPOOL_CHECK(older.publish(to_owner_, ns, std::span(&item, 1), std::span(&result, 1)).ok());
         if (result.kind == PublishResult::Kind::duplicate) {
@@ -171,6 +177,8 @@ void EvictionConverter::finish(TierCopy& c) {
     KVPOOL_CHECK(older.release(to_owner_, release).ok());
   }
   if (!c.held.empty()) KVPOOL_CHECK(from_.pages().release(from_owner_, c.held).ok());
+  for (const auto& [ns, hash] : c.convert_keys)
+    chains_.erase(BlockKey{ns, hash});
   c.convert_dst.clear();
   c.convert_src.clear();
   c.convert_keys.clear();
@@ -196,8 +204,13 @@ uint32_t EvictionConverter::finish_back(TierCopy& c, core::OwnerId owner, Namesp
     KVPOOL_CHECK(pool.release(owner, c.back_dst).ok());
   } else {
     std::vector<PublishItem> items(n);
-    for (uint32_t i = 0; i < n; ++i)
+    for (uint32_t i = 0; i < n; ++i) {
       items[i] = {c.back_dst[i], chain[i]};
+      // Its chain, as the 8-bit pool kept it, for its BlockStored back in 16 bits.
+      if (const auto* d = to_.index_events().described_block(ns, chain[i])) {
+        from_.index_events().carry(ns, chain[i], *d);
+      }
+    }
     std::vector<PublishResult> results(n);
     KVPOOL_CHECK(pool.publish(owner, ns, items, results).ok());
     std::vector<PageId> spare;

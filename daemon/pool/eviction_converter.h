@@ -26,6 +26,9 @@
 //      converted-back pages for the caller (or answers a hash published meanwhile with its page)
 //      and drops the 8-bit copies nobody else holds: the tiers are exclusive, as the host tier's
 //      are, so the two pools hold about the sum of their pages in blocks.
+// Each block keeps what its worker published it with (parent, token ids, adapter) across both
+// conversions, so the KV events of the 8-bit pool, and of the 16-bit pool once converted back,
+// carry it as a publish's would (PoolIndexEvents::carry).
 // Until step 3 nothing can read a converted page (unpublished, held), and the evicted 16-bit pages
 // are not written but by the conversion back planned after them: each belongs to the caller
 // whose reply waits, or (an operator's evict) to the converter's owner in the 16-bit pool.
@@ -41,11 +44,13 @@
 
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "daemon/core/index_observer.h"
 #include "daemon/core/page_pool.h"
 #include "daemon/memory/host_tier_store.h"
+#include "daemon/telemetry/index_events.h"
 
 namespace kvpool::daemon {
 
@@ -107,6 +112,16 @@ class EvictionConverter final : public core::IndexObserver {
   };
   // Points c's two argument blocks at its lists and the pools as they are now.
   void describe(TierCopy& c) const;
+  struct BlockKey {
+    Namespace ns = 0;
+    BlockHash hash;
+    friend bool operator==(const BlockKey&, const BlockKey&) = default;
+  };
+  struct BlockKeyHash {
+    size_t operator()(const BlockKey& k) const {
+      return k.hash.lo ^ (uint64_t{k.ns} * 0x9e3779b97f4a7c15);
+    }
+  };
 
   PoolRuntime& from_;
   PoolRuntime& to_;
@@ -114,6 +129,9 @@ class EvictionConverter final : public core::IndexObserver {
   core::OwnerId from_owner_;  // holds the pages an operator's evict took, until converted
   core::OwnerId to_owner_;    // holds 8-bit pages until published, or while converted back
   std::vector<Eviction> pending_;
+  // What the blocks being converted down were published with (the 16-bit pool forgets it at
+  // the eviction's turn), for their BlockStored in the 8-bit pool; until finish().
+  std::unordered_map<BlockKey, PoolIndexEvents::Described, BlockKeyHash> chains_;
   uint64_t flushes_ = 0;
   ConvertStats stats_;
 };

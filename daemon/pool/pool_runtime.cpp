@@ -219,6 +219,9 @@ wire::Result<bool> PoolRuntime::attach_converter() {
                                   ? static_cast<core::IndexObserver*>(group_evictions_.get())
                                   : index_events_.get();
   converter_ = std::make_unique<EvictionConverter>(*this, *to, next);
+  // Converted blocks' KV events carry what they were published with, both ways.
+  index_events_->set_keep_chains(true);
+  to->index_events().set_keep_chains(true);
   log_event(LogLevel::info, "eviction_converter_ready",
             {kv("pool", pc.name), kv("into", to->name()),
              kv("dtype", std::string(dtype_name(to->info().geometry.dtype)))});

@@ -98,6 +98,23 @@ void PoolIndexEvents::remote_removed(Namespace /*ns*/, const BlockHash& hash) {
   if (remote_live_ != 0) --remote_live_;
 }
 
+const PoolIndexEvents::Described* PoolIndexEvents::described_block(Namespace ns,
+                                                                   const BlockHash& hash) const {
+  const auto it = described_.find(Key{ns, hash});
+  return it == described_.end() ? nullptr : &it->second;
+}
+
+void PoolIndexEvents::carry(Namespace ns, const BlockHash& hash, const Described& chain) {
+  if (!keep_chains_ || kv_events_ == nullptr) return;
+  Described& d = described_[Key{ns, hash}];
+  d.parent = chain.parent;
+  if (keep_token_ids_) d.token_ids = chain.token_ids;
+  d.lora_name = chain.lora_name;
+  // A store that does not come (a hash the pool gained meanwhile keeps its own) leaves it
+  // with no tier: end_turn forgets it.
+  if (d.tiers == 0) gone_.push_back(Key{ns, hash});
+}
+
 void PoolIndexEvents::leave(Namespace ns, const BlockHash& hash, uint8_t tier) {
   if (!keep_chains_) return;  // every eviction passes here: no probe of an empty map
   const auto it = described_.find(Key{ns, hash});

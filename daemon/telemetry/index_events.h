@@ -19,7 +19,9 @@
 //
 // What a worker told of a block on publish (parent, token ids, adapter: wire::PublishRequest's
 // chain) is kept, in a pool with a host tier, while the block is in either tier, so that its
-// demotion and promotion events carry it too (about 100 bytes and 4 a token per block). Invariant:
+// demotion and promotion events carry it too (about 100 bytes and 4 a token per block), and in
+// both pools of a conversion between precisions (convert_evictions_to), whose BlockStored in the
+// other pool carries it (carry()). Invariant:
 // an entry of described_ is in a tier, or in gone_ until end_turn(); a demotion's host_stored()
 // comes in the turn of its eviction, so the entry survives the move. A promotion whose copy runs
 // off the loop ends in a later turn: its BlockStored then says nothing of the block (nil parent, no
@@ -81,6 +83,20 @@ class PoolIndexEvents final : public core::IndexObserver {
   // `index_empty`: the pool's index, and its host tier's, hold nothing after the flush.
   void end_flush(bool index_empty);
 
+  // What a block was published with, kept while a tier of this pool holds it (keep_chains).
+  struct Described {
+    std::optional<BlockHash> parent;
+    std::vector<uint32_t> token_ids;
+    std::string lora_name;
+    uint8_t tiers = 0;  // kDevice | kHost
+  };
+  // The chain kept for (ns, hash), or null.
+  const Described* described_block(Namespace ns, const BlockHash& hash) const;
+  // Another pool's chain for (ns, hash), which this pool is about to store without a publish
+  // of a worker (a conversion between precisions): its BlockStored carries it. Nothing when
+  // this pool keeps no chains; forgotten at the turn's end unless a tier took the block.
+  void carry(Namespace ns, const BlockHash& hash, const Described& chain);
+
   // After each turn of the event loop: forgets the chains of blocks that no tier holds.
   void end_turn();
   // Blocks whose chain is kept (for the stats and the tests).
@@ -99,12 +115,6 @@ class PoolIndexEvents final : public core::IndexObserver {
   };
   static constexpr uint8_t kDevice = 1;
   static constexpr uint8_t kHost = 2;
-  struct Described {
-    std::optional<BlockHash> parent;
-    std::vector<uint32_t> token_ids;
-    std::string lora_name;
-    uint8_t tiers = 0;  // kDevice | kHost
-  };
   void begin_publish(const wire::PublishRequest& r, uint32_t tokens_per_page);
   // The chain the publish under way gives `hash`, or an empty one.
   BlockChainInfo publish_chain(const BlockHash& hash);

@@ -11,6 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -354,6 +357,79 @@ events:
     ASSERT_NE(b.events, nullptr);
     EXPECT_EQ(str(array(b.events->ptr[0], 1).ptr[0]), "AllBlocksCleared");
   }
+}
+
+// The block events of the batches that arrive within `ms`, by topic (pool).
+std::map<std::string, std::vector<BlockEvent>> blocks_within(ZmqSocket& sub, int ms) {
+  std::map<std::string, std::vector<BlockEvent>> out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < deadline && sub.readable(50)) {
+    const std::vector<std::string> frames = sub.receive();
+    if (frames.size() != 3) continue;
+    const msgpack::object_handle oh = decode(frames[2]);
+    for (BlockEvent& b : blocks_of(array(oh.get(), 3).ptr[1].via.array))
+      out[frames[0]].push_back(std::move(b));
+  }
+  return out;
+}
+
+// A block stored in `medium` of the pool, for every block of `p`, with the tokens and parent
+// it was published with.
+void expect_stored_with_chain(const std::vector<BlockEvent>& got, const Prompt& p) {
+  for (size_t i = 0; i < p.chain.size(); ++i) {
+    const auto it = std::find_if(got.begin(), got.end(), [&](const BlockEvent& b) {
+      return b.type == "BlockStored" && b.hash == p.chain[i].lo;
+    });
+    ASSERT_NE(it, got.end()) << "block " << i << " was not stored";
+    EXPECT_EQ(it->tokens, widened(p.tokens_of(i, 1))) << "block " << i;
+    if (i == 0) {
+      EXPECT_FALSE(it->parent.has_value());
+    } else {
+      ASSERT_TRUE(it->parent.has_value()) << "block " << i;
+      EXPECT_EQ(*it->parent, p.chain[i - 1].lo) << "block " << i;
+    }
+  }
+}
+
+// Precision before eviction: the 16-bit pool's evictions are stored in the 8-bit pool, and a
+// lookup converts them back; both BlockStored events carry the chain the worker published.
+TEST(KvEventsChain, AConversionToEightBitsAndBackKeepsTheChain) {
+  TempDir dir;
+  const std::string endpoint = "ipc://" + dir.file("kv-events");
+  const std::string geometry =
+      "    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: ";
+  Daemon d("backend: host\npools:\n  - name: recent\n" + geometry +
+           "bf16}\n    capacity: 2 pages\n    convert_evictions_to: older\n"
+           "  - name: older\n" +
+           geometry +
+           "fp8_e4m3}\n    capacity: 8 pages\nevents:\n  zmq_block_hash: uint64\n"
+           "  zmq_endpoint: \"" +
+           endpoint + "\"\n");
+  ASSERT_TRUE(d.start()) << d.log();
+  ZmqSocket sub(ZMQ_SUB, endpoint);
+  let_subscription_arrive();
+  auto w = attach(d, "convert-feed", "recent");
+  ASSERT_NE(w, nullptr);
+  const Prompt p(2);
+  ASSERT_TRUE(w->release(publish_blocks(*w, p, 0, 2)).ok());
+  // Two new pages evict both blocks: converted into the 8-bit pool.
+  auto all = w->alloc(2);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  ASSERT_TRUE(w->release(all.value()).ok());
+  auto down = blocks_within(sub, 1500);
+  expect_stored_with_chain(down["older"], p);
+  // The lookup converts them back into 16-bit pages.
+  auto hit = w->lookup_with_tiers(p.chain);
+  ASSERT_TRUE(hit.ok()) << hit.error().message;
+  ASSERT_EQ(hit.value().pages.size(), 2u) << d.log();
+  EXPECT_EQ(hit.value().tiers[0], wire::kTierConverted);
+  auto back = blocks_within(sub, 1500);
+  std::vector<BlockEvent> stored_back;
+  for (const BlockEvent& b : back["recent"]) {
+    if (b.type == "BlockStored") stored_back.push_back(b);
+  }
+  expect_stored_with_chain(stored_back, p);
+  ASSERT_TRUE(w->release(hit.value().pages).ok());
 }
 
 TEST(KvEventsChain, ConnectModeReachesARouterThatBindsAndHearsTheStop) {
