@@ -485,36 +485,43 @@ class Parser : private NodeReader {
     return members;
   }
 
-  // A hybrid model's remote tier: a lookup fetches a sliding or chunked group's window in one
-  // batch, so batch_pages must hold the blocks one window spans (window / tokens_per_page + 1).
-  // Left at its default it is raised to that (and staging_pages with it); given, it is checked.
+  // A hybrid model's remote tier: a lookup fetches a sliding or chunked group's blocks in one
+  // batch. batch_pages must hold the blocks one window spans (window / tokens_per_page + 1);
+  // left at its default it is raised to two windows' (a block the cluster lost in the last
+  // window then shortens the hit instead of ending it), and staging_pages with it.
   void fit_remote_batches(const Value& at, std::vector<PoolConfig>& members) const {
-    uint32_t need = 0;
+    uint32_t window_blocks = 0;
     std::string group;
     for (const PoolConfig& m : members) {
       if (m.geometry.window == 0) continue;
       const uint32_t blocks = m.geometry.window / m.geometry.tokens_per_page + 1;
-      if (blocks > need) {
-        need = blocks;
+      if (blocks > window_blocks) {
+        window_blocks = blocks;
         group = m.model_groups[m.group];
       }
     }
     RemoteTierConfig& r = *members.front().remote_tier;
-    if (need <= r.batch_pages) return;
     const auto rf = fields(at, kRemoteTierKeys, /*null_ok=*/false);
-    const std::string why = "group " + quoted(group) + "'s window spans " + std::to_string(need) +
+    const std::string why = "group " + quoted(group) + "'s window spans " +
+                            std::to_string(window_blocks) +
                             " blocks, which one lookup fetches together";
     if (const Value* b = find(rf, "batch_pages")) {
-      fail(*b, "is " + std::to_string(r.batch_pages) + ": " + why + "; raise it to " +
-                   std::to_string(need));
+      if (r.batch_pages < window_blocks) {
+        fail(*b, "is " + std::to_string(r.batch_pages) + ": " + why + "; raise it to at least " +
+                     std::to_string(window_blocks));
+      }
+      return;
     }
-    if (const Value* st = find(rf, "staging_pages"); st != nullptr && r.staging_pages < need) {
-      fail(*st, "is " + std::to_string(r.staging_pages) + ": " + why + "; raise it to " +
-                    std::to_string(need));
+    const uint32_t want = 2 * window_blocks;
+    if (want <= r.batch_pages) return;
+    if (const Value* st = find(rf, "staging_pages"); st != nullptr && r.staging_pages < want) {
+      fail(*st, "is " + std::to_string(r.staging_pages) + ": " + why +
+                    " (two windows by default: batch_pages rises to " + std::to_string(want) +
+                    "); raise it to " + std::to_string(want) + " or give batch_pages");
     }
     for (PoolConfig& m : members) {
-      m.remote_tier->batch_pages = need;
-      m.remote_tier->staging_pages = std::max(m.remote_tier->staging_pages, need);
+      m.remote_tier->batch_pages = want;
+      m.remote_tier->staging_pages = std::max(m.remote_tier->staging_pages, want);
     }
   }
 

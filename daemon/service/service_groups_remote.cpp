@@ -103,44 +103,48 @@ bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>&
   f->upper = std::min(size, local + groups[0]->remote()->config().batch_pages);
   f->parts.resize(groups.size());
   bool asked = false;
-  for (size_t g = 0; g < groups.size(); ++g) {
-    PoolRuntime& pool = *groups[g];
-    GroupFetch::Part& part = f->parts[g];
-    SessionState& gs = *s.model->by_group[g];
-    part.tier = pool.remote();
-    part.geometry = pool.config().geometry;
-    part.full = part.geometry.window == 0;
-    part.tier->name_tenant(ns, access_.tenant_name(gs.tenant));
-    const uint32_t cap = std::min({part.tier->config().batch_pages, access_.new_pages_allowed(gs),
-                                   part.tier->free_fetch_slots()});
-    // A full group: every block it lacks before upper, from the first. A window's group: every
-    // block it lacks that a hit ending past the local one may need, chosen among on the worker.
-    const uint32_t first = part.full
-                               ? 0
-                               : static_cast<uint32_t>(first_needed_block(
-                                     part.geometry, first_needed_block(part.geometry, local + 1)));
-    std::vector<uint32_t> missing;
-    for (uint32_t i = first; i < f->upper; ++i) {
-      if (pool.pages().find(ns, chain[i]) == kNoPage && !pool.host_can_promote(ns, chain[i])) {
-        missing.push_back(i);
+  // The full groups first: one that lacks a block it cannot ask for bounds the hit there, and
+  // the window groups then look no further.
+  for (const bool full : {true, false}) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      PoolRuntime& pool = *groups[g];
+      GroupFetch::Part& part = f->parts[g];
+      part.geometry = pool.config().geometry;
+      part.full = part.geometry.window == 0;
+      if (part.full != full) continue;
+      if (f->upper <= local) break;
+      SessionState& gs = *s.model->by_group[g];
+      part.tier = pool.remote();
+      part.tier->name_tenant(ns, access_.tenant_name(gs.tenant));
+      const uint32_t cap = std::min({part.tier->config().batch_pages, access_.new_pages_allowed(gs),
+                                     part.tier->free_fetch_slots()});
+      // A full group: every block it lacks before upper, from the first. A window's group:
+      // every block it lacks that a hit ending past the local one may need, chosen among on
+      // the worker.
+      const uint32_t first =
+          full ? 0
+               : static_cast<uint32_t>(first_needed_block(
+                     part.geometry, first_needed_block(part.geometry, local + 1)));
+      std::vector<uint32_t> missing;
+      for (uint32_t i = first; i < f->upper; ++i) {
+        if (pool.pages().find(ns, chain[i]) == kNoPage && !pool.host_can_promote(ns, chain[i])) {
+          missing.push_back(i);
+        }
       }
-    }
-    if (missing.empty() || cap == 0) continue;
-    std::unique_ptr<RemoteFetch> fetch;
-    if (part.full) {
-      std::vector<BlockHash> wanted;
-      for (const uint32_t i : missing)
-        wanted.push_back(chain[i]);
-      // Null: unreachable for now, or the tenant unnamed; the group then asks nothing.
-      fetch = part.tier->plan_fetch(ns, wanted, cap);
-      if (fetch) {
+      if (missing.empty()) continue;
+      std::unique_ptr<RemoteFetch> fetch;
+      if (full) {
+        std::vector<BlockHash> wanted;
+        for (const uint32_t i : missing)
+          wanted.push_back(chain[i]);
+        // Null: unreachable for now, no slot or quota, or the tenant unnamed.
+        if (cap != 0) fetch = part.tier->plan_fetch(ns, wanted, cap);
+        const size_t asked_for = fetch ? fetch->keys.size() : 0;
         part.positions.assign(missing.begin(),
-                              missing.begin() + static_cast<std::ptrdiff_t>(fetch->keys.size()));
-        part.unasked = fetch->keys.size() < missing.size() ? missing[fetch->keys.size()] : f->upper;
-      }
-    } else {
-      fetch = part.tier->plan_fetch_slots(ns, cap);
-      if (fetch) {
+                              missing.begin() + static_cast<std::ptrdiff_t>(asked_for));
+        part.unasked = asked_for < missing.size() ? missing[asked_for] : f->upper;
+        f->upper = std::min(f->upper, part.unasked);
+      } else {
         for (const uint32_t i : missing) {
           std::string key = part.tier->block_key(ns, chain[i]);
           if (key.empty()) break;
@@ -148,11 +152,19 @@ bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>&
           part.candidate_hashes.push_back(chain[i]);
           part.candidate_keys.push_back(std::move(key));
         }
+        if (cap != 0 && !part.candidate_keys.empty()) fetch = part.tier->plan_fetch_slots(ns, cap);
       }
+      if (!fetch) continue;
+      part.fetch = std::move(fetch);
+      asked = true;
     }
-    if (!fetch) continue;
-    part.fetch = std::move(fetch);
-    asked = true;
+  }
+  // No hit past the local one is possible: nothing is asked.
+  if (asked && f->upper <= local) {
+    for (GroupFetch::Part& p : f->parts) {
+      if (p.fetch) p.tier->cancel_fetch(*p.fetch);
+    }
+    return false;
   }
   if (!asked) return false;
   f->chain.assign(chain.begin(), chain.end());
@@ -203,77 +215,95 @@ wire::Result<wire::Reply> Service::groups_fetched(SessionState& s, GroupFetch& f
       fetched[g][part.positions[k]] = part.fetch->valid[k];
   }
   uint64_t promote_left = kMaxGroupPromoteBytes;
-  const uint32_t n = group_hit(ns, f.chain, groups, size, promote_left, &fetched);
+  uint32_t n = group_hit(ns, f.chain, groups, size, promote_left, &fetched);
   GroupMarks came_from(groups.size());
   // The pages published here stay held until the answer holds them: nothing evicts them in
   // between (the answer's promotions, another group's growth).
   std::vector<std::vector<PageId>> held(groups.size());
-  for (size_t g = 0; g < groups.size(); ++g) {
-    GroupFetch::Part& part = f.parts[g];
-    if (!part.fetch) continue;
-    RemoteFetch& fetch = *part.fetch;
-    PoolRuntime& pool = *groups[g];
-    SessionState& gs = *s.model->by_group[g];
-    const Geometry& geom = pool.config().geometry;
-    // What the hit needs of this group's fetch: the valid keys in its part [first, n) that
-    // the group does not hold now (a block published or demoted meanwhile is served locally).
-    const auto first = first_needed_block(geom, n);
-    std::vector<uint32_t> keys;
-    for (size_t k = 0; k < fetch.valid.size(); ++k) {
-      const uint32_t at = part.positions[k];
-      if (fetch.valid[k] == 0 || at < first || at >= n) continue;
-      if (pool.pages().find(ns, f.chain[at]) != kNoPage) continue;
-      if (pool.host_can_promote(ns, f.chain[at])) continue;
-      keys.push_back(static_cast<uint32_t>(k));
+  // The full groups first: what they copy (fewer blocks than n needs under a quota, none with a
+  // job in flight) says how long the hit can be, and the window groups copy for that hit.
+  for (const bool full : {true, false}) {
+    if (!full) {
+      for (size_t g = 0; g < groups.size(); ++g) {
+        if (f.parts[g].full) fetched[g].clear();  // what they copied is on the device now
+      }
+      n = group_hit(ns, f.chain, groups, size, promote_left, &fetched);
     }
-    // Within the quota and what the loop may copy: a full group's hit shortens to the run
-    // copied; a window's group copies all it needs or nothing (its hit needs the window's end).
-    const uint64_t page_bytes = page_data_bytes(geom) + page_scale_bytes(geom);
-    const uint64_t fits =
-        std::min<uint64_t>(access_.new_pages_allowed(gs), promote_left / page_bytes);
-    if (keys.size() > fits) keys.resize(part.full ? fits : 0);
-    const auto count = static_cast<uint32_t>(keys.size());
-    std::vector<PageId> pages(count);
-    uint64_t growable = 0;
-    bool admitted = false;
-    if (count == 0 || pool.copies_in_flight() != 0 ||
-        !pool.alloc(gs.owner, pages, core::CallHints{}, &growable, &admitted).ok()) {
-      part.tier->finish_fetch(fetch, 0);
-      continue;
-    }
-    // The copies up, behind the demotions the allocation caused (a page they read may be one
-    // a value lands in).
-    TierCopy c;
-    pool.plan_demotions(c);
-    part.tier->plan_promote(pool.paged_kv(), fetch, keys, pages, c.remote_runs);
-    pool.run_tier(c);
-    pool.finish_demotions(c);
-    promote_left -= std::min(promote_left, uint64_t{count} * page_bytes);
-    std::vector<PublishItem> items(count);
-    std::vector<PublishResult> results(count);
-    for (uint32_t i = 0; i < count; ++i)
-      items[i] = PublishItem{pages[i], fetch.hashes[keys[i]]};
-    Status st;
-    if (c.remote_error.empty()) st = pool.pages().publish(gs.owner, ns, items, results);
-    if (!c.remote_error.empty() || !st.ok()) {
-      log_event(LogLevel::error, "remote_tier_promote_failed",
-                {kv("pool", pool.name()),
-                 kv("error", c.remote_error.empty() ? st.message() : c.remote_error)});
-      KVPOOL_CHECK(pool.pages().release(gs.owner, pages).ok());
+    for (size_t g = 0; g < groups.size(); ++g) {
+      GroupFetch::Part& part = f.parts[g];
+      if (!part.fetch || part.full != full) continue;
+      RemoteFetch& fetch = *part.fetch;
+      PoolRuntime& pool = *groups[g];
+      SessionState& gs = *s.model->by_group[g];
+      const Geometry& geom = pool.config().geometry;
+      // What the hit needs of this group's fetch: the valid keys in its part [first, n) that
+      // the group does not hold now (a block published or demoted meanwhile is served locally).
+      const auto first = first_needed_block(geom, n);
+      std::vector<uint32_t> keys;
+      for (size_t k = 0; k < fetch.valid.size(); ++k) {
+        const uint32_t at = part.positions[k];
+        if (fetch.valid[k] == 0 || at < first || at >= n) continue;
+        if (pool.pages().find(ns, f.chain[at]) != kNoPage) continue;
+        if (pool.host_can_promote(ns, f.chain[at])) continue;
+        keys.push_back(static_cast<uint32_t>(k));
+      }
+      // Within the quota and what the loop may copy: a full group's hit shortens to the run
+      // copied; a window's group copies all it needs or nothing (its hit needs the window's
+      // end).
+      const uint64_t page_bytes = page_data_bytes(geom) + page_scale_bytes(geom);
+      const uint64_t fits =
+          std::min<uint64_t>(access_.new_pages_allowed(gs), promote_left / page_bytes);
+      if (keys.size() > fits) keys.resize(full ? fits : 0);
+      const auto count = static_cast<uint32_t>(keys.size());
+      std::vector<PageId> pages(count);
+      uint64_t growable = 0;
+      bool admitted = false;
+      if (count == 0 || pool.copies_in_flight() != 0 ||
+          !pool.alloc(gs.owner, pages, core::CallHints{}, &growable, &admitted).ok()) {
+        part.tier->finish_fetch(fetch, 0);
+        continue;
+      }
+      // The copies up, behind the demotions the allocation caused (a page they read may be one
+      // a value lands in).
+      TierCopy c;
+      pool.plan_demotions(c);
+      part.tier->plan_promote(pool.paged_kv(), fetch, keys, pages, c.remote_runs);
+      pool.run_tier(c);
+      pool.finish_demotions(c);
+      promote_left -= std::min(promote_left, uint64_t{count} * page_bytes);
+      std::vector<PublishItem> items(count);
+      std::vector<PublishResult> results(count);
+      for (uint32_t i = 0; i < count; ++i)
+        items[i] = PublishItem{pages[i], fetch.hashes[keys[i]]};
+      Status st;
+      if (c.remote_error.empty()) st = pool.pages().publish(gs.owner, ns, items, results);
+      if (!c.remote_error.empty() || !st.ok()) {
+        log_event(LogLevel::error, "remote_tier_promote_failed",
+                  {kv("pool", pool.name()),
+                   kv("error", c.remote_error.empty() ? st.message() : c.remote_error)});
+        KVPOOL_CHECK(pool.pages().release(gs.owner, pages).ok());
+        access_.refresh_held(gs);
+        part.tier->finish_fetch(fetch, 0);
+        continue;
+      }
+      // A block published meanwhile (by another session, or twice in this chain): the session
+      // now also holds that page, until the answer holds it; ours goes back.
+      std::vector<PageId> spare;
+      std::vector<uint32_t> served;
+      came_from[g].assign(size, 0);
+      for (uint32_t i = 0; i < count; ++i) {
+        held[g].push_back(results[i].page);
+        if (results[i].kind == PublishResult::Kind::duplicate) {
+          spare.push_back(pages[i]);
+          continue;
+        }
+        served.push_back(keys[i]);
+        came_from[g][part.positions[keys[i]]] = wire::kTierRemote;
+      }
+      if (!spare.empty()) KVPOOL_CHECK(pool.pages().release(gs.owner, spare).ok());
       access_.refresh_held(gs);
-      part.tier->finish_fetch(fetch, 0);
-      continue;
+      part.tier->finish_fetch(fetch, served);
     }
-    // Another session published a block meanwhile: its page serves the answer, ours goes.
-    std::vector<PageId> spare;
-    for (uint32_t i = 0; i < count; ++i) {
-      (results[i].kind == PublishResult::Kind::duplicate ? spare : held[g]).push_back(pages[i]);
-    }
-    if (!spare.empty()) KVPOOL_CHECK(pool.pages().release(gs.owner, spare).ok());
-    part.tier->finish_fetch(fetch, keys);
-    came_from[g].assign(size, 0);
-    for (const uint32_t k : keys)
-      came_from[g][part.positions[k]] = wire::kTierRemote;
   }
   wire::Result<wire::Reply> reply =
       answer_groups(s, f.chain, f.hints, std::move(came_from), promote_left);

@@ -203,7 +203,8 @@ TEST(RemoteTierConfig, GroupsTakeItWrittenOnPublishOnly) {
 }
 
 // A sliding group's window is fetched in one batch: batch_pages left at its default rises to
-// the blocks a window spans (window 1024 / 16 tokens + 1 = 65); given smaller, it is refused.
+// the blocks two windows span (2 × (window 1024 / 16 tokens + 1) = 130); given smaller than one
+// window's 65, it is refused; given at least that, it is kept.
 TEST(RemoteTierConfig, AGroupsWindowFitsOneBatch) {
   const auto model = [](const std::string& extra) {
     return parse_config(
@@ -218,9 +219,12 @@ TEST(RemoteTierConfig, AGroupsWindowFitsOneBatch) {
   auto raised = model("");
   ASSERT_TRUE(raised.ok()) << raised.error().message;
   for (const PoolConfig& p : raised.value().pools) {
-    EXPECT_EQ(p.remote_tier->batch_pages, 65u) << p.name;
-    EXPECT_GE(p.remote_tier->staging_pages, 65u) << p.name;
+    EXPECT_EQ(p.remote_tier->batch_pages, 130u) << p.name;
+    EXPECT_GE(p.remote_tier->staging_pages, 130u) << p.name;
   }
+  auto kept = model(", batch_pages: 80");
+  ASSERT_TRUE(kept.ok()) << kept.error().message;
+  EXPECT_EQ(kept.value().pools[0].remote_tier->batch_pages, 80u);
   auto small = model(", batch_pages: 32");
   ASSERT_FALSE(small.ok());
   EXPECT_NE(small.error().message.find("pools[0].remote_tier.batch_pages"), std::string::npos)
