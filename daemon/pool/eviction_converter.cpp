@@ -43,9 +43,8 @@ void EvictionConverter::plan(TierCopy& c) {
   todo.reserve(pending_.size());
   for (const Eviction& e : pending_) {
     if (to_.pages().find(e.ns, e.hash) != kNoPage) {
-      // The 8-bit pool's device tier has it. One in its host tier is converted again: lookups
-      // of the 16-bit pool read only the 8-bit pool's device tier, and the fresh copy replaces
-      // the host tier's.
+      // The 8-bit pool's device tier has it. One in its host tier is converted again: the
+      // fresh copy replaces the host tier's, and a later lookup needs no promotion for it.
       ++stats_.duplicates;
     } else {
       todo.push_back(e);
@@ -85,12 +84,16 @@ bool EvictionConverter::plan_back(core::OwnerId owner, Namespace ns,
   KVPOOL_CHECK(c.back_src.empty());  // one lookup per call
   const auto want = static_cast<uint32_t>(std::min<size_t>(missing.size(), max));
   if (want == 0) return false;
-  // The 8-bit pool's run, retained so that nothing evicts it while it is read.
+  // The 8-bit pool's run, retained so that nothing evicts it while it is read; where its device
+  // tier ends, the run goes on in its host tier, promoted into 8-bit pages first (on the loop).
   std::vector<PageId> found(want);
   uint32_t hits = 0;
-  if (!to_.pages().lookup(to_owner_, ns, missing.first(want), found, hits).ok() || hits == 0) {
-    return false;
+  if (!to_.pages().lookup(to_owner_, ns, missing.first(want), found, hits).ok()) return false;
+  if (hits < want) {
+    hits += to_.promote_now(to_owner_, ns, missing.subspan(hits, want - hits),
+                            std::span(found).subspan(hits));
   }
+  if (hits == 0) return false;
   // As many 16-bit pages for the caller, fewer when the pool cannot give that many now.
   std::vector<PageId> pages(hits);
   uint32_t n = hits;

@@ -16,8 +16,10 @@
 //      writes them). No room (pins, held pages): the batch is halved down to one page, the
 //      warmest evictions kept; the rest is lost, as without a converter, and counted as skipped.
 //      plan_back(), in a lookup: the 8-bit pool's run at the start of the missing chain is
-//      retained by the converter and as many 16-bit pages allocated for the caller (whose
-//      evictions plan() then takes, so they are converted down before the pages are written).
+//      retained by the converter (where its device tier ends, the run goes on in its host tier:
+//      promoted into 8-bit pages at once, PoolRuntime::promote_now) and as many 16-bit pages
+//      allocated for the caller (whose evictions plan() then takes, so they are converted down
+//      before the pages are written).
 //   2. run(), on any thread: convert_pages down (16 → 8 bits), then back (8 → 16), on the 16-bit
 //      pool's copier (its CUDA stream, or the CPU), in that order.
 //   3. finish(), on the loop: the 8-bit pages are published under the evicted keys and released,

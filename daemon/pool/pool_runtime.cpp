@@ -304,6 +304,24 @@ uint32_t PoolRuntime::finish_promotion(TierCopy& tier, core::OwnerId owner, Name
   return host_tier_->finish_promote(tier, owner, ns, chain, out);
 }
 
+uint32_t PoolRuntime::promote_now(core::OwnerId owner, Namespace ns,
+                                  std::span<const BlockHash> chain, std::span<PageId> out) {
+  if (!host_tier_ || copies_in_flight_ != 0 || chain.empty()) return 0;
+  const uint64_t page_bytes =
+      page_data_bytes(config_.geometry) + page_scale_bytes(config_.geometry);
+  const auto max = static_cast<uint32_t>(
+      std::min<uint64_t>({chain.size(), out.size(), kMaxPromoteNowBytes / page_bytes}));
+  TierCopy c;
+  const bool promoting = plan_promotion(owner, ns, chain.first(max), max, core::CallHints{}, c);
+  if (c.empty()) return 0;
+  run_tier(c);
+  if (!promoting) {
+    finish_demotions(c);
+    return 0;
+  }
+  return finish_promotion(c, owner, ns, chain.first(max), out.first(max));
+}
+
 void PoolRuntime::plan_demotions(TierCopy& tier) {
   if (remote_) remote_->plan_demote(paged_kv(), tier);
   if (host_tier_) host_tier_->plan_demote(paged_kv(), tier);

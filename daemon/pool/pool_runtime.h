@@ -182,6 +182,13 @@ class PoolRuntime {
   // The pages this pool evicted since the last call, to copy down before the reply (nothing
   // without a host tier).
   void plan_demotions(TierCopy& tier);
+  // The run at the start of `chain` that this pool's host tier holds, promoted now, on the loop,
+  // into pages `owner` holds (written to out; at most kMaxPromoteNowBytes): how many. 0 without a
+  // host tier or with a job of this pool in flight. The 8-bit pool of a conversion, for a lookup
+  // of its 16-bit pool that goes on in this pool's host tier.
+  static constexpr uint64_t kMaxPromoteNowBytes = uint64_t{64} << 20;
+  uint32_t promote_now(core::OwnerId owner, Namespace ns, std::span<const BlockHash> chain,
+                       std::span<PageId> out);
   // This pool's evictions go down to its host tier (and, write: on_demote, its remote tier's
   // staging memory) now, on the loop (a converter into this pool evicted them; it writes the
   // pages next). Precondition: no job of this pool in flight.

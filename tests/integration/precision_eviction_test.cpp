@@ -314,6 +314,44 @@ TEST_P(PrecisionEviction, AFullEightBitPoolKeepsTheNewestAndItsHostTierTheRest) 
   EXPECT_EQ(held, 4u);
 }
 
+// A lookup of the bf16 pool whose run the fp8 pool keeps only in its host tier: promoted into
+// fp8 pages, then converted back (tier converted), bytes as fp8 and back make them.
+TEST_P(PrecisionEviction, ALookupReachesTheEightBitPoolsHostTier) {
+  Daemon d(yaml(2, 16), args());
+  ASSERT_TRUE(d.start()) << d.log();
+  const int writer = run_worker([&] {
+    auto c = attach(d, "writer", "recent");
+    if (!c) return 1;
+    for (uint64_t round = 0; round < 3; ++round) {
+      if (!cache_blocks(*c, 4 * round, 4).empty()) return 2;
+    }
+    return 0;
+  });
+  ASSERT_EQ(writer, 0);
+  auto recent = attach(d, "reader16", "recent");
+  auto older = attach(d, "reader8", "older");
+  ASSERT_TRUE(recent && older);
+  // The fp8 pool holds four of blocks 0..7: two on its device, two in its host tier. Its
+  // operator evict sends the two on the device down too.
+  auto evicted = older->evict(2);
+  ASSERT_TRUE(evicted.ok()) << evicted.error().message;
+  ASSERT_EQ(evicted.value(), 2u);
+  EXPECT_EQ(pool_stats(*recent, 1).host_demoted, 4u);
+  EXPECT_EQ(pool_stats(*recent, 1).cached, 0u);
+  uint32_t back = 0;
+  for (uint64_t i = 0; i < 8; ++i) {
+    auto r = recent->lookup_with_tiers(chain(i, 1));
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    if (r.value().pages.empty()) continue;
+    ++back;
+    EXPECT_EQ(r.value().tiers[0], wire::kTierConverted) << "block " << i;
+    EXPECT_EQ(wrong_back_bytes(*recent, *older, r.value().pages[0], i), 0u) << "block " << i;
+    ASSERT_TRUE(recent->release(r.value().pages).ok());
+  }
+  EXPECT_EQ(back, 4u) << d.log();
+  EXPECT_EQ(pool_stats(*recent, 0).converted_back, 4u);
+}
+
 TEST_P(PrecisionEviction, ABlockTheEightBitPoolHoldsIsNotConvertedAgain) {
   Daemon d(yaml(16), args());
   ASSERT_TRUE(d.start()) << d.log();
