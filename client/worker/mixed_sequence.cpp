@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "common/geometry.h"
+
 namespace kvpool::client {
 
 namespace {
@@ -36,11 +38,10 @@ Result<std::unique_ptr<MixedSequence>> MixedSequence::create(
                    ": the recent pool keeps 16 bits (bf16, fp16), the older one 8 (fp8_e4m3, "
                    "int8)");
   }
-  if (rg.kind == AttentionKind::sliding || rg.kind == AttentionKind::chunked) {
-    return invalid("pool " + recent.pool().pool_name + " is " +
-                   std::string(attention_kind_name(rg.kind)) +
-                   ": MixedSequence takes full and latent pools (a windowed pool's lookups leave "
-                   "holes it does not age yet)");
+  if (rg.kind == AttentionKind::chunked) {
+    return invalid("pool " + recent.pool().pool_name +
+                   " is chunked: MixedSequence takes full, latent and sliding pools (a chunked "
+                   "pool's lookup of the chain's recent part would place its chunks wrong)");
   }
   if (recent.base() == nullptr || older.base() == nullptr) {
     return invalid("pool " + (recent.base() == nullptr ? recent : older).pool().pool_name +
@@ -180,6 +181,25 @@ Result<uint32_t> MixedSequence::publish_full() {
 }
 
 Result<uint32_t> MixedSequence::age() {
+  // A sliding pool's blocks before the window of the sequence's last query are read by no
+  // query from now on: let go (published, they stay cached for other sequences), not converted.
+  const Geometry& g = recent_.pool().geometry;
+  const auto first = static_cast<uint32_t>(
+      tokens() == 0 ? 0 : first_visible_token(g, uint64_t{tokens()} - 1) / tpp_);
+  if (const uint32_t gone = std::min(first, published_); gone > 0) {
+    std::vector<PageId> older_pages, recent_pages;
+    for (uint32_t b = 0; b < gone; ++b) {
+      if (pages_[b] == kNoPage) continue;
+      (b < older_ ? older_pages : recent_pages).push_back(pages_[b]);
+      pages_[b] = kNoPage;
+    }
+    older_ = std::max(older_, gone);
+    // Head first, as they left the window: the oldest go first when the pools evict.
+    auto a = older_conn_.release(older_pages);
+    auto b = recent_.release(recent_pages);
+    if (!a.ok()) return a.error();
+    if (!b.ok()) return b.error();
+  }
   const uint32_t aged = tokens() > recent_tokens_ ? (tokens() - recent_tokens_) / tpp_ : 0;
   const uint32_t limit = std::min(aged, published_);
   if (limit <= older_) return 0u;

@@ -12,7 +12,10 @@
 //                   (blocks the older pool has no room for stay in 16 bits; no failure);
 //   append()        allocates in the recent pool as blocks fill;
 //   publish_full()  publishes the full blocks in the recent pool (adopting duplicates), then ages;
-//   age             every published block whose last token is recent_tokens or more behind the
+//   age             on a sliding pool, every published block before the window of the last
+//                   token's query is let go first (its entry becomes kNoPage: no later query
+//                   reads it; it stays cached for other sequences); then
+//                   every published block whose last token is recent_tokens or more behind the
 //                   head (blocks [0, (tokens − recent_tokens) / T)) moves to the older pool: it
 //                   is converted (PoolKernels::convert_to: a fresh older page only this worker
 //                   holds, written whole before it is published, so no reader ever sees it half
@@ -30,11 +33,14 @@
 // worker killed mid-conversion leaks nothing (its unpublished older pages go back with its
 // session). The daemon's part is the pools' budget and, under pressure, the cached blocks.
 //
-// Invariants: the cache holds one reference to every page in its table; blocks
-// [0, older_pages()) are published in the older pool, [older_pages(), published) in the recent
-// one; older_pages() only grows. Thread-safety: one thread at a time, like its Connections.
-// Errors: the daemon's or the kernel's; a failed step leaves the table consistent (a conversion
-// that failed leaves its blocks in the recent pool and returns the older pages it took).
+// Invariants: the cache holds one reference to every page in its table; entries
+// [0, older_pages()) are pages published in the older pool, or kNoPage (before a sliding
+// window: a begin() hit's holes, or let go by age), [older_pages(), published) pages published
+// in the recent one; older_pages() only grows. A sliding sequence's begin() finds the older
+// pool's blocks when that pool holds its hit's whole window there (lookups are per pool).
+// Thread-safety: one thread at a time, like its Connections. Errors: the daemon's or the kernel's;
+// a failed step leaves the table consistent (a conversion that failed leaves its blocks in the
+// recent pool and returns the older pages it took).
 #pragma once
 
 #include <cstdint>
@@ -58,8 +64,8 @@ class MixedSequence {
 
   // The two pools must be of one shape (layers, KV heads, head_dim, tokens per page, kind), the
   // recent one 16-bit and the older one 8-bit, both mapped in the same memory (host or one
-  // GPU), of kind full or latent (a sliding or chunked
-  // pool's lookups leave holes before the window, which aging does not handle yet);
+  // GPU), of kind full, latent or sliding (a chunked pool's lookup of the recent part would
+  // place its chunks wrong);
   // recent_tokens ≥ 1; recent_k and older_k the kernels of those two connections. The
   // connections, kernels and hasher must outlive the sequence. `root`: the recent pool's
   // BlockHasher::root().

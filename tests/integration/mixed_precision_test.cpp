@@ -46,14 +46,22 @@ pools:
   - name: other
     geometry: {layers: 2, kv_heads: 2, head_dim: 128, tokens_per_page: 16, dtype: fp8_e4m3}
     capacity: 4 pages
+  - name: chunk
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16,
+               kind: chunked, window: 64}
+    capacity: 4 pages
+  - name: chunk8
+    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3,
+               kind: chunked, window: 64}
+    capacity: 4 pages
   - name: slide
     geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16,
                kind: sliding, window: 64}
-    capacity: 4 pages
+    capacity: 32 pages
   - name: slide8
     geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3,
                kind: sliding, window: 64}
-    capacity: 4 pages
+    capacity: 32 pages
 )";
 
 // The older pool holds two pages: four aged blocks cannot all go down at once.
@@ -151,8 +159,9 @@ BlockHash root_of(BlockHasher& hasher) {
 
 // A worker's two connections, kernels and hasher.
 struct Worker {
-  explicit Worker(const Daemon& d, const std::string& name)
-      : recent(attach(d, name, "recent")), older(attach(d, name, "older")) {}
+  explicit Worker(const Daemon& d, const std::string& name, const char* recent_pool = "recent",
+                  const char* older_pool = "older")
+      : recent(attach(d, name, recent_pool)), older(attach(d, name, older_pool)) {}
   bool ok() const { return recent && older; }
   std::unique_ptr<MixedSequence> sequence() {
     rk = std::make_unique<PoolKernels>(*recent);
@@ -238,6 +247,61 @@ TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
   EXPECT_EQ(in_use(*probe_recent), 0u);
 }
 
+// A sliding window of 64 tokens: at 100 tokens the next query reads keys 36..99, blocks 2..6.
+// Publishing lets go of blocks 0 and 1 (before the window) and converts 2 and 3 (older than 32
+// tokens); a second worker finds the window's blocks, adopts the first's fp8 pages when it ages
+// its own, and decodes the same bits, within fp8's error of a bf16 decode.
+TEST(MixedPrecision, ASlidingSequenceLetsGoBeforeItsWindowAndAgesTheRest) {
+  Daemon d(kConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  TempDir dir;
+  const std::string first = dir.file("first"), bf16 = dir.file("bf16"), second = dir.file("second");
+  ASSERT_EQ(run_worker([&] {
+              Worker w(d, "a", "slide", "slide8");
+              if (!w.ok()) return 10;
+              auto s = w.sequence();
+              if (!s) return 11;
+              if (auto c = s->begin(prompt()); !c.ok() || c.value() != 0) return 12;
+              if (!write_tokens(*w.rk, *s, 0, kPrompt).empty()) return 13;
+              std::vector<float> out;
+              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(bf16, out)) return 14;
+              auto converted = s->publish_full();
+              if (!converted.ok() || converted.value() != 2 || s->older_pages() != 4) return 15;
+              const std::vector<PageId>& t = s->block_table();
+              if (t[0] != kNoPage || t[1] != kNoPage || t[2] == kNoPage) return 16;
+              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(first, out)) return 17;
+              s.reset();
+              if (held(*w.recent) != 0 || held(*w.older) != 0) return 18;
+              return 0;
+            }),
+            0);
+  ASSERT_EQ(run_worker([&] {
+              Worker w(d, "b", "slide", "slide8");
+              if (!w.ok()) return 20;
+              auto s = w.sequence();
+              if (!s) return 21;
+              auto cached = s->begin(prompt());
+              if (!cached.ok() || cached.value() != 96) return 22;
+              if (s->older_pages() != 4 || s->adopted() != 2 || s->converted() != 0) return 23;
+              if (!write_tokens(*w.rk, *s, 96, kPrompt).empty()) return 24;
+              std::vector<float> out;
+              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(second, out)) return 25;
+              s.reset();
+              if (held(*w.recent) != 0 || held(*w.older) != 0) return 26;
+              return 0;
+            }),
+            0);
+  const std::vector<float> a = load(first), b = load(second), ref = load(bf16);
+  EXPECT_EQ(a, b) << "two workers reading the same mixed pages decode differently";
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, double{std::fabs(a[i] - ref[i])});
+    norm = std::max(norm, double{std::fabs(ref[i])});
+  }
+  EXPECT_GT(err, 0.0) << "the aged blocks were not read in fp8";
+  EXPECT_LT(err, 0.05 * norm) << "fp8 blocks far from their bf16 source";
+}
+
 TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksNothing) {
   Daemon d(kConfig);
   ASSERT_TRUE(d.start()) << d.log();
@@ -320,16 +384,16 @@ TEST(MixedPrecision, PoolsThatCannotPairAreRefusedByName) {
                                       "keeps 16 bits"),
             std::string::npos)
       << same.error().message;
-  auto slide = attach(d, "w4", "slide");
-  auto slide8 = attach(d, "w4", "slide8");
-  ASSERT_TRUE(slide && slide8);
-  PoolKernels sk(*slide), s8k(*slide8);
-  auto windowed = MixedSequence::create(*slide, sk, *slide8, s8k, hasher, root, kRecent);
-  ASSERT_FALSE(windowed.ok());
-  EXPECT_NE(windowed.error().message.find("pool slide is sliding: MixedSequence takes full and "
-                                          "latent pools"),
+  auto chunk = attach(d, "w4", "chunk");
+  auto chunk8 = attach(d, "w4", "chunk8");
+  ASSERT_TRUE(chunk && chunk8);
+  PoolKernels ck(*chunk), c8k(*chunk8);
+  auto chunked = MixedSequence::create(*chunk, ck, *chunk8, c8k, hasher, root, kRecent);
+  ASSERT_FALSE(chunked.ok());
+  EXPECT_NE(chunked.error().message.find("pool chunk is chunked: MixedSequence takes full, latent "
+                                         "and sliding pools"),
             std::string::npos)
-      << windowed.error().message;
+      << chunked.error().message;
   auto older = attach(d, "w3", "older");
   ASSERT_TRUE(older);
   PoolKernels olk(*older);
