@@ -25,6 +25,12 @@
 // past the sequence's keys are zero-filled in shared memory and also past every position);
 // softmax_block_scores (online_softmax.h) per slot; then acc · corr + Σ p · v with the same keys'
 // V rows. At the end of a segment each active slot writes acc / l (l + e^{sink − m} with sinks).
+//
+// Mixed precision (ExtendArgs::mixed, a 16-bit pool over an 8-bit older one): the segment's keys
+// below edge = older_pages[seq] · T stream first, from the older pool (its dtype DO is a second
+// template parameter, so its tiles have their own size), then the rest from this pool, through
+// the same pipeline into the same softmax states: one pass, no workspace or merge. Each part
+// masks the keys past its own end (its zero-filled rows would otherwise score 0, not −inf).
 
 #include <cuda_runtime.h>
 
@@ -50,11 +56,13 @@ struct ExtendShape : TileShape<DT, D> {
   static_assert(S::kTile % kSub == 0 && kQueryVectors >= kMaxGroup);
 };
 
-template <KvDtype DT, int D>
+// DO: the older pool's dtype in a mixed call (ExtendArgs::mixed), DT otherwise.
+template <KvDtype DT, KvDtype DO, int D>
 __global__ void __launch_bounds__(kThreads, 2)
     extend_kernel(ExtendArgs a, uint32_t total_new, uint32_t rows_per_cta, uint32_t heads,
                   uint32_t slices) {
   using S = ExtendShape<DT, D>;
+  constexpr bool kMixed = DO != DT;
   extern __shared__ uint4 smem_u4[];
   auto* smem = reinterpret_cast<unsigned char*>(smem_u4);
 
@@ -113,44 +121,63 @@ __global__ void __launch_bounds__(kThreads, 2)
     const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
     const uint32_t keys = first_pos + (seg_end - q_begin);  // the segment's last row sees these
     const uint32_t seg_first = first_visible_key(a.mask, first_pos + (seg - q_begin));
-    stream_tiles<DT, D>(
-        smem, a.kv, table, a.layer, kvh, seg_first, keys,
-        [&](const unsigned char* tile, uint32_t tile_start) {
+    // One tile of keys [tile_start, tile_start + kTile of its dtype), those at or past part_end
+    // masked (zero rows): scores, the online softmax and P · V for every slot.
+    const auto consume = [&](auto dtype, const unsigned char* tile, uint32_t tile_start,
+                             uint32_t part_end) {
+      constexpr KvDtype kT = decltype(dtype)::value;
+      constexpr int kTile = TileShape<kT, D>::kTile;
 #pragma unroll 1
-          for (int k0 = 0; k0 < S::kTile; k0 += kSub) {
-            float s[kSlots][kSub];
+      for (int k0 = 0; k0 < kTile; k0 += kSub) {
+        float s[kSlots][kSub];
 #pragma unroll
-            for (int b = 0; b < kSub; ++b) {
-              float k[8];
-              tile_row8<DT, D>(tile, 0, k0 + b, col, k);
-              const uint32_t key = tile_start + static_cast<uint32_t>(k0 + b);
+        for (int b = 0; b < kSub; ++b) {
+          float k[8];
+          tile_row8<kT, D>(tile, 0, k0 + b, col, k);
+          const uint32_t key = tile_start + static_cast<uint32_t>(k0 + b);
 #pragma unroll
-              for (int slot = 0; slot < kSlots; ++slot) {
-                const float score = group_sum<S::kLanesPerRow>(dot8(q[slot], k));
-                s[slot][b] =
-                    active[slot] && key >= first_key[slot] && key <= pos[slot] ? score : -INFINITY;
-              }
-            }
-#pragma unroll
-            for (int slot = 0; slot < kSlots; ++slot) {
-              const float corr = softmax_block_scores(st[slot], s[slot], kSub);
-#pragma unroll
-              for (int e = 0; e < 8; ++e)
-                acc[slot][e] *= corr;
-            }
-#pragma unroll
-            for (int b = 0; b < kSub; ++b) {
-              float v[8];
-              tile_row8<DT, D>(tile, 1, k0 + b, col, v);
-#pragma unroll
-              for (int slot = 0; slot < kSlots; ++slot) {
-#pragma unroll
-                for (int e = 0; e < 8; ++e)
-                  acc[slot][e] = fmaf(s[slot][b], v[e], acc[slot][e]);
-              }
-            }
+          for (int slot = 0; slot < kSlots; ++slot) {
+            const float score = group_sum<S::kLanesPerRow>(dot8(q[slot], k));
+            s[slot][b] =
+                active[slot] && key >= first_key[slot] && key <= pos[slot] && key < part_end
+                    ? score
+                    : -INFINITY;
           }
-        });
+        }
+#pragma unroll
+        for (int slot = 0; slot < kSlots; ++slot) {
+          const float corr = softmax_block_scores(st[slot], s[slot], kSub);
+#pragma unroll
+          for (int e = 0; e < 8; ++e)
+            acc[slot][e] *= corr;
+        }
+#pragma unroll
+        for (int b = 0; b < kSub; ++b) {
+          float v[8];
+          tile_row8<kT, D>(tile, 1, k0 + b, col, v);
+#pragma unroll
+          for (int slot = 0; slot < kSlots; ++slot) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+              acc[slot][e] = fmaf(s[slot][b], v[e], acc[slot][e]);
+          }
+        }
+      }
+    };
+    // A mixed call: the keys of the sequence's leading older_pages[seq] entries come from the
+    // older pool, streamed first into the same states; the rest from this pool.
+    uint32_t edge = seg_first;
+    if constexpr (kMixed) {
+      edge = max(seg_first, min(keys, a.mixed.older_pages[seq] * a.kv.geometry.tokens_per_page));
+      stream_tiles<DO, D>(smem, a.mixed.older, table, a.layer, kvh, seg_first, edge,
+                          [&](const unsigned char* tile, uint32_t tile_start) {
+                            consume(std::integral_constant<KvDtype, DO>{}, tile, tile_start, edge);
+                          });
+    }
+    stream_tiles<DT, D>(smem, a.kv, table, a.layer, kvh, edge, keys,
+                        [&](const unsigned char* tile, uint32_t tile_start) {
+                          consume(std::integral_constant<KvDtype, DT>{}, tile, tile_start, keys);
+                        });
 
 #pragma unroll
     for (int slot = 0; slot < kSlots; ++slot) {
@@ -171,7 +198,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream) {
   const Geometry& g = a.kv.geometry;
-  if (mixed_in_use(a.mixed)) return std::string("extend: ") + kMixedNotOnGpu;
+  const bool mixed = mixed_in_use(a.mixed);
+  if (mixed && g.kind == AttentionKind::latent) {
+    return std::string("extend (latent): ") + kMixedNotOnGpu;
+  }
   if (g.kind == AttentionKind::latent) return latent_extend(a, total_new_tokens, stream);
   if (!validate(g).empty()) return "extend: " + validate(g);
   if (a.layer >= g.layers) return "extend: layer out of range";
@@ -189,6 +219,22 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   if (dtype_is_quantized(g.dtype) && a.kv.scales == nullptr) {
     return "extend: an 8-bit pool needs its scales";
   }
+  if (mixed) {
+    const PagedKv& o = a.mixed.older;
+    if (!same_shape(o.geometry, g)) {
+      return "extend: mixed.older is not of the pool's shape (layers, kv_heads, head_dim, "
+             "tokens_per_page, kind, window)";
+    }
+    if (dtype_is_quantized(g.dtype) || !dtype_is_quantized(o.geometry.dtype)) {
+      return "extend: a mixed call on the GPU reads a 16-bit pool (bf16, fp16) and an 8-bit "
+             "older pool (fp8_e4m3, int8)";
+    }
+    if (o.scales == nullptr) return "extend: mixed.older is an 8-bit pool without its scales";
+    if (a.num_seqs != 0 && a.mixed.older_pages == nullptr) {
+      return "extend: mixed.older_pages is null";
+    }
+    if (std::string e = check_tile_alignment(o, "extend (mixed.older)"); !e.empty()) return e;
+  }
   if (a.num_seqs == 0 || total_new_tokens == 0) return {};
   if (a.q == nullptr || a.out == nullptr || a.q_offsets == nullptr || a.block_tables == nullptr ||
       a.context_lens == nullptr || a.kv.base == nullptr) {
@@ -202,25 +248,49 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   }
   auto s = static_cast<cudaStream_t>(stream);
   cudaError_t err = cudaSuccess;
-  dispatch_dtype(g.dtype, [&](auto dt) {
+  // One kernel for DT (and DO, the older pool's, in a mixed call: each CTA streams both pools'
+  // tiles through the same pipeline, so its shared memory fits the larger stage).
+  const auto launch = [&](auto dt, auto dto, auto d) {
+    constexpr KvDtype kDt = decltype(dt)::value;
+    constexpr KvDtype kDo = decltype(dto)::value;
+    constexpr int kD = decltype(d)::value;
+    constexpr int kSmem = ExtendShape<kDt, kD>::kPipelineBytes > TileShape<kDo, kD>::kPipelineBytes
+                              ? ExtendShape<kDt, kD>::kPipelineBytes
+                              : TileShape<kDo, kD>::kPipelineBytes;
+    // Query heads per CTA: the group in as few slices of a CTA's query vectors as it takes,
+    // evened out (71 at 64 vectors: two slices of 36, not 64 + 7).
+    const uint32_t vectors = ExtendShape<kDt, kD>::kQueryVectors;
+    const uint32_t slices = (group + vectors - 1) / vectors;
+    const uint32_t heads = (group + slices - 1) / slices;
+    const uint32_t rows = vectors / heads;
+    const dim3 grid((total_new_tokens + rows - 1) / rows, g.kv_heads * slices);
+    err = allow_dynamic_smem<extend_kernel<kDt, kDo, kD>, kSmem>();
+    if (err == cudaSuccess) {
+      extend_kernel<kDt, kDo, kD>
+          <<<grid, kThreads, kSmem, s>>>(a, total_new_tokens, rows, heads, slices);
+    }
+  };
+  if (mixed) {
+    // 16-bit pools with 8-bit older ones only (checked above): four pairs, not sixteen.
+    const auto older = [&](auto dt, auto d) {
+      if (a.mixed.older.geometry.dtype == KvDtype::fp8_e4m3) {
+        launch(dt, std::integral_constant<KvDtype, KvDtype::fp8_e4m3>{}, d);
+      } else {
+        launch(dt, std::integral_constant<KvDtype, KvDtype::int8>{}, d);
+      }
+    };
     dispatch_head_dim(g.head_dim, [&](auto d) {
-      constexpr KvDtype kDt = decltype(dt)::value;
-      constexpr int kD = decltype(d)::value;
-      constexpr int kSmem = ExtendShape<kDt, kD>::kPipelineBytes;
-      // Query heads per CTA: the group in as few slices of a CTA's query vectors as it takes,
-      // evened out (71 at 64 vectors: two slices of 36, not 64 + 7).
-      const uint32_t vectors = ExtendShape<kDt, kD>::kQueryVectors;
-      const uint32_t slices = (group + vectors - 1) / vectors;
-      const uint32_t heads = (group + slices - 1) / slices;
-      const uint32_t rows = vectors / heads;
-      const dim3 grid((total_new_tokens + rows - 1) / rows, g.kv_heads * slices);
-      err = allow_dynamic_smem<extend_kernel<kDt, kD>, kSmem>();
-      if (err == cudaSuccess) {
-        extend_kernel<kDt, kD>
-            <<<grid, kThreads, kSmem, s>>>(a, total_new_tokens, rows, heads, slices);
+      if (g.dtype == KvDtype::bf16) {
+        older(std::integral_constant<KvDtype, KvDtype::bf16>{}, d);
+      } else {
+        older(std::integral_constant<KvDtype, KvDtype::fp16>{}, d);
       }
     });
-  });
+  } else {
+    dispatch_dtype(g.dtype, [&](auto dt) {
+      dispatch_head_dim(g.head_dim, [&](auto d) { launch(dt, dt, d); });
+    });
+  }
   if (err != cudaSuccess) return std::string("extend: ") + cudaGetErrorString(err);
   err = cudaGetLastError();
   if (err != cudaSuccess) return std::string("extend: launch failed: ") + cudaGetErrorString(err);

@@ -61,10 +61,11 @@ std::string latent_extend(const ExtendArgs& args, uint32_t total_new_tokens, voi
 std::string copy_pages(const CopyPagesArgs& args, void* stream);
 // One block per (pair, layer, KV head, K|V) tile; bit for bit the CPU kernel's encoding.
 std::string convert_pages(const ConvertPagesArgs& args, void* stream);
-// Mixed precision (DecodeArgs::mixed): decode reads a mixed block table (one launch per pool, the
-// states merged; decode.cu), for every kind but latent. ExtendArgs::mixed, and a latent pool's
-// mixed decode, are not in the CUDA kernels yet: such a call is refused with this message rather
-// than read the older pool's ids from the recent pool.
+// Mixed precision (DecodeArgs::mixed, ExtendArgs::mixed): decode reads a mixed block table in
+// one launch per pool, the states merged (decode.cu); extend in one kernel that streams the
+// older pool's tiles, then this pool's, into the same states (extend.cu: a 16-bit pool over an
+// 8-bit one). A latent pool's mixed calls are not in the CUDA kernels yet: such a call is refused
+// with this message rather than run wrong.
 inline constexpr const char* kMixedNotOnGpu =
     "mixed precision (mixed.older) is not in the CUDA kernels yet: the CPU kernels take it";
 

@@ -66,9 +66,9 @@ struct Case {
   uint32_t value_dim = 0;
   // layer_major only: pages per segment of a segmented pool; 0 for one plane per layer.
   uint32_t segment_pages = 0;
-  // Mixed precision (DecodeArgs::mixed; 16-bit dtypes): each sequence's first half of its blocks
-  // (rounded up) lives in an 8-bit pool of the other layout (fp8 under bf16, int8 under fp16).
-  // Decode only: the CUDA extend refuses a mixed call.
+  // Mixed precision (DecodeArgs::mixed, ExtendArgs::mixed; 16-bit dtypes): each sequence's first
+  // half of its blocks (rounded up) lives in an 8-bit pool of the other layout (fp8 under bf16,
+  // int8 under fp16).
   bool mixed = false;
   bool latent() const { return value_dim != 0; }
 };
@@ -350,8 +350,6 @@ void Matrix::run_case(const Case& c) {
     expect_close("decode", c, split, err, got, want);
   }
 
-  if (c.mixed) return;  // the CUDA extend refuses mixed calls: nothing to compare yet
-
   // Extend over the same pool.
   for (const bool with_prefix : {true, false}) {
     std::vector<uint32_t> offsets{0};
@@ -369,7 +367,7 @@ void Matrix::run_case(const Case& c) {
     std::vector<float> egot(ewant.size(), std::nanf(""));
     ExtendArgs e{p.view(),     layer,          nseq,          q_heads, eq.data(),
                  ewant.data(), offsets.data(), tables.data(), blocks,  c.contexts.data(),
-                 a.scale,      a.mask,         c.value_dim,   {}};
+                 a.scale,      a.mask,         c.value_dim,   a.mixed};
     if (const std::string err = cpu::extend(e, p.num_pages); !err.empty())
       return error("reference extend " + describe(c), err);
     TargetBuffers run(t_);
@@ -381,6 +379,7 @@ void Matrix::run_case(const Case& c) {
     ed.block_tables = d.block_tables;
     ed.context_lens = d.context_lens;
     ed.mask.sinks = d.mask.sinks;
+    ed.mixed = d.mixed;
     std::string err = run.error();
     if (err.empty()) err = t_.extend(ed, offsets.back(), p.num_pages);
     if (err.empty()) err = t_.synchronize();
