@@ -15,6 +15,7 @@
 #include "client/connection/model_connection.h"
 #include "kernels/pool_view.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/page_bytes.h"
 #include "tests/integration/test_attach.h"
 
 namespace kvpool::testing {
@@ -47,28 +48,6 @@ BlockHash block(uint32_t i) {
 
 uint8_t tag(size_t group, uint32_t i) {
   return static_cast<uint8_t>(0x40 + group * 16 + i);
-}
-
-// Calls fn(run, bytes) for each run of page p's bytes, in either layout.
-template <typename Fn>
-void for_each_run(const Connection& c, PageId p, Fn&& fn) {
-  const kernels::PageChunks ch = kernels::page_chunks(kernels::paged_kv_of(c.pool(), c.base()));
-  for (uint32_t k = 0; k < ch.chunks; ++k)
-    fn(c.base() + ch.at(p) + uint64_t{k} * ch.chunk, ch.chunk_bytes);
-}
-
-void set_page(const Connection& c, PageId p, uint8_t v) {
-  for_each_run(c, p, [&](std::byte* run, uint64_t n) { std::memset(run, v, n); });
-}
-
-// How many of page p's bytes are not v.
-uint64_t wrong_bytes(const Connection& c, PageId p, uint8_t v) {
-  uint64_t wrong = 0;
-  for_each_run(c, p, [&](const std::byte* run, uint64_t n) {
-    for (uint64_t i = 0; i < n; ++i)
-      wrong += run[i] != std::byte{v};
-  });
-  return wrong;
 }
 
 // Publishes blocks [from, kBlocks) in `group`, each page filled with its tag, and releases them

@@ -185,6 +185,21 @@ uint32_t held(Connection& c) {
   return st.ok() ? st.value().session_held_pages : UINT32_MAX;
 }
 
+// Two workers' mixed decodes (saved in files `first` and `second`) are the same bits, and within
+// fp8's error of the all-bf16 decode saved in `bf16`, but not equal to it.
+void expect_same_mixed_decode(const std::string& first, const std::string& second,
+                              const std::string& bf16) {
+  const std::vector<float> a = load(first), b = load(second), ref = load(bf16);
+  EXPECT_EQ(a, b) << "two workers reading the same mixed pages decode differently";
+  double err = 0.0, norm = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    err = std::max(err, double{std::fabs(a[i] - ref[i])});
+    norm = std::max(norm, double{std::fabs(ref[i])});
+  }
+  EXPECT_GT(err, 0.0) << "the aged blocks were not read in fp8";
+  EXPECT_LT(err, 0.05 * norm) << "fp8 blocks far from their bf16 source";
+}
+
 TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
   Daemon d(kConfig);
   ASSERT_TRUE(d.start()) << d.log();
@@ -229,15 +244,7 @@ TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
               return 0;
             }),
             0);
-  const std::vector<float> a = load(first), b = load(second), ref = load(bf16);
-  EXPECT_EQ(a, b) << "two workers reading the same mixed pages decode differently";
-  double err = 0.0, norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, double{std::fabs(a[i] - ref[i])});
-    norm = std::max(norm, double{std::fabs(ref[i])});
-  }
-  EXPECT_GT(err, 0.0) << "the aged blocks were not read in fp8";
-  EXPECT_LT(err, 0.05 * norm) << "fp8 blocks far from their bf16 source";
+  expect_same_mixed_decode(first, second, bf16);
 
   // Nothing is held once both workers are gone; the blocks stay cached in their pools.
   auto probe = attach(d, "probe", "older");
@@ -291,15 +298,7 @@ TEST(MixedPrecision, ASlidingSequenceLetsGoBeforeItsWindowAndAgesTheRest) {
               return 0;
             }),
             0);
-  const std::vector<float> a = load(first), b = load(second), ref = load(bf16);
-  EXPECT_EQ(a, b) << "two workers reading the same mixed pages decode differently";
-  double err = 0.0, norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, double{std::fabs(a[i] - ref[i])});
-    norm = std::max(norm, double{std::fabs(ref[i])});
-  }
-  EXPECT_GT(err, 0.0) << "the aged blocks were not read in fp8";
-  EXPECT_LT(err, 0.05 * norm) << "fp8 blocks far from their bf16 source";
+  expect_same_mixed_decode(first, second, bf16);
 }
 
 TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksNothing) {

@@ -108,6 +108,19 @@ std::string cache_blocks(Connection& c, uint64_t first, uint64_t n) {
   return rel.ok() ? "" : "release: " + rel.error().message;
 }
 
+// A worker process caches `rounds` rounds of 4 blocks in the bf16 pool (blocks 4r .. 4r + 3); its
+// exit status (0: every round cached).
+int cache_rounds(const Daemon& d, uint64_t rounds) {
+  return run_worker([&] {
+    auto c = attach(d, "writer", "recent");
+    if (!c) return 1;
+    for (uint64_t round = 0; round < rounds; ++round) {
+      if (!cache_blocks(*c, 4 * round, 4).empty()) return 2;
+    }
+    return 0;
+  });
+}
+
 // What convert_pages makes of block `id`'s bf16 page: a one-page bf16 pool shaped as `recent`
 // converted into a one-page pool shaped as `older`, in local memory.
 struct Expected {
@@ -283,15 +296,7 @@ TEST_P(PrecisionEviction, AFullEightBitPoolKeepsTheNewestAndItsHostTierTheRest) 
   // The fp8 pool holds 2 pages: of each 4 evictions 2 fit; its host tier takes what it evicts.
   Daemon d(yaml(2, 16), args());
   ASSERT_TRUE(d.start()) << d.log();
-  const int writer = run_worker([&] {
-    auto c = attach(d, "writer", "recent");
-    if (!c) return 1;
-    for (uint64_t round = 0; round < 3; ++round) {
-      if (!cache_blocks(*c, 4 * round, 4).empty()) return 2;
-    }
-    return 0;
-  });
-  ASSERT_EQ(writer, 0);
+  ASSERT_EQ(cache_rounds(d, 3), 0);
   auto recent = attach(d, "reader16", "recent");
   auto older = attach(d, "reader8", "older");
   ASSERT_TRUE(recent && older);
@@ -319,15 +324,7 @@ TEST_P(PrecisionEviction, AFullEightBitPoolKeepsTheNewestAndItsHostTierTheRest) 
 TEST_P(PrecisionEviction, ALookupReachesTheEightBitPoolsHostTier) {
   Daemon d(yaml(2, 16), args());
   ASSERT_TRUE(d.start()) << d.log();
-  const int writer = run_worker([&] {
-    auto c = attach(d, "writer", "recent");
-    if (!c) return 1;
-    for (uint64_t round = 0; round < 3; ++round) {
-      if (!cache_blocks(*c, 4 * round, 4).empty()) return 2;
-    }
-    return 0;
-  });
-  ASSERT_EQ(writer, 0);
+  ASSERT_EQ(cache_rounds(d, 3), 0);
   auto recent = attach(d, "reader16", "recent");
   auto older = attach(d, "reader8", "older");
   ASSERT_TRUE(recent && older);

@@ -18,6 +18,7 @@
 #include "common/block_hash.h"
 #include "kernels/pool_view.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/page_bytes.h"
 #include "tests/integration/redis_cluster.h"
 #include "tests/integration/test_attach.h"
 
@@ -61,23 +62,6 @@ uint8_t tag(size_t group, uint32_t i) {
   return static_cast<uint8_t>(0x20 + group * 16 + i);
 }
 
-template <typename Fn>
-void for_each_run(const Connection& c, PageId p, Fn&& fn) {
-  const kernels::PageChunks ch = kernels::page_chunks(kernels::paged_kv_of(c.pool(), c.base()));
-  for (uint32_t k = 0; k < ch.chunks; ++k)
-    fn(c.base() + ch.at(p) + uint64_t{k} * ch.chunk, ch.chunk_bytes);
-}
-
-// How many of page p's bytes are not v.
-uint64_t wrong_bytes(const Connection& c, PageId p, uint8_t v) {
-  uint64_t wrong = 0;
-  for_each_run(c, p, [&](const std::byte* run, uint64_t n) {
-    for (uint64_t i = 0; i < n; ++i)
-      wrong += run[i] != std::byte{v};
-  });
-  return wrong;
-}
-
 // Publishes every block of the chain in `group`, each page filled with its tag, and lets go.
 std::string publish_all(Connection& c, size_t group) {
   auto pages = c.alloc(kBlocks);
@@ -85,115 +69,12 @@ std::string publish_all(Connection& c, size_t group) {
   std::vector<PublishItem> items;
   for (uint32_t i = 0; i < kBlocks; ++i) {
     const PageId p = pages.value()[i];
-    for_each_run(c, p, [&](std::byte* run, uint64_t n) { std::memset(run, tag(group, i), n); });
+    set_page(c, p, tag(group, i));
     items.push_back({p, block(i)});
   }
   if (auto pub = c.publish(items); !pub.ok()) return "publish: " + pub.error().message;
   auto rel = c.release(pages.value());
   return rel.ok() ? "" : "release: " + rel.error().message;
-}
-
-class RemoteTierHybrid : public ::testing::Test {
- protected:
-  void SetUp() override {
-    cluster_ = std::make_unique<RedisCluster>(cluster_base_port(0));
-    ASSERT_TRUE(cluster_->started()) << cluster_->output();
-  }
-  // Waits (up to 10 s) until the cluster holds n keys that start with `prefix`.
-  bool wait_keys(const std::string& prefix, size_t n) const {
-    const auto deadline = Clock::now() + std::chrono::seconds(10);
-    while (cluster_->keys(prefix).size() < n && Clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    return cluster_->keys(prefix).size() >= n;
-  }
-  // Daemon A publishes the whole chain in both groups and the cluster holds it.
-  void publish_on(Daemon& a, const std::string& ns) {
-    auto m = ModelConnection::attach(a.socket(), "writer", "m");
-    ASSERT_TRUE(m.ok()) << m.error().message;
-    for (size_t g = 0; g < 2; ++g)
-      ASSERT_EQ(publish_all(m.value()->group(g), g), "");
-    ASSERT_TRUE(wait_keys(ns + ":default:local:", kBlocks)) << a.log();
-    ASSERT_TRUE(wait_keys(ns + ":default:global:", kBlocks)) << a.log();
-  }
-  std::unique_ptr<RedisCluster> cluster_;
-};
-
-TEST_F(RemoteTierHybrid, EachGroupFetchesWhatTheHitNeedsFromAnotherDaemon) {
-  Daemon a(model_config(*cluster_, "hyb"));
-  Daemon b(model_config(*cluster_, "hyb"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  publish_on(a, "hyb");
-  EXPECT_EQ(cluster_->keys("hyb:default:").size(), 2 * kBlocks);
-
-  auto m = ModelConnection::attach(b.socket(), "reader", "m");
-  ASSERT_TRUE(m.ok()) << m.error().message;
-  const std::vector<BlockHash> c = chain();
-  auto hit = m.value()->lookup(c);
-  ASSERT_TRUE(hit.ok()) << hit.error().message;
-  const wire::LookupReply& local = hit.value().groups[kLocal];
-  const wire::LookupReply& global = hit.value().groups[kGlobal];
-  ASSERT_EQ(global.pages.size(), kBlocks) << b.log();
-  ASSERT_EQ(local.pages.size(), kBlocks) << b.log();
-  for (uint32_t i = 0; i < kBlocks; ++i) {
-    EXPECT_EQ(global.tiers[i], wire::kTierRemote) << i;
-    EXPECT_EQ(wrong_bytes(m.value()->group(kGlobal), global.pages[i], tag(kGlobal, i)), 0u) << i;
-    if (i < kWindowFirst) {  // before the window: not fetched, not held
-      EXPECT_EQ(local.pages[i], kNoPage) << i;
-      EXPECT_EQ(local.tiers[i], wire::kTierNone) << i;
-      continue;
-    }
-    EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
-    EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
-  }
-  // The local group copied up its window's blocks only.
-  const stats::PoolStats sl = pool_stats(m.value()->group(kLocal), kLocal);
-  const stats::PoolStats sg = pool_stats(m.value()->group(kGlobal), kGlobal);
-  EXPECT_EQ(sl.remote_hits, kBlocks - kWindowFirst);
-  EXPECT_EQ(sg.remote_hits, kBlocks);
-  for (size_t g = 0; g < 2; ++g) {
-    std::vector<PageId> held;
-    for (const PageId p : hit.value().groups[g].pages) {
-      if (p != kNoPage) held.push_back(p);
-    }
-    ASSERT_TRUE(m.value()->group(g).release(held).ok());
-  }
-  // Promoted and published: the next lookup hits B's own device tier in both groups.
-  auto again = m.value()->lookup(c);
-  ASSERT_TRUE(again.ok()) << again.error().message;
-  ASSERT_EQ(again.value().groups[kGlobal].pages.size(), kBlocks);
-  for (uint32_t i = 0; i < kBlocks; ++i) {
-    EXPECT_EQ(again.value().groups[kGlobal].tiers[i], wire::kTierDevice) << i;
-    if (i >= kWindowFirst) {
-      EXPECT_EQ(again.value().groups[kLocal].tiers[i], wire::kTierDevice) << i;
-    }
-  }
-  EXPECT_EQ(pool_stats(m.value()->group(kLocal), kLocal).remote_lookups, sl.remote_lookups);
-}
-
-// The common case: the new prompt goes on past what any node computed. The hit ends where the
-// full group's run in the cluster ends, and the sliding group's window there (not at the end of
-// the chain) comes up with it.
-TEST_F(RemoteTierHybrid, AChainLongerThanAnyoneComputedHitsWhatTheClusterHolds) {
-  Daemon a(model_config(*cluster_, "longer"));
-  Daemon b(model_config(*cluster_, "longer"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  publish_on(a, "longer");
-  auto m = ModelConnection::attach(b.socket(), "reader", "m");
-  ASSERT_TRUE(m.ok()) << m.error().message;
-  std::vector<BlockHash> c = chain();
-  for (uint32_t i = kBlocks; i < 3 * kBlocks; ++i)
-    c.push_back(block(i));
-  auto hit = m.value()->lookup(c);
-  ASSERT_TRUE(hit.ok()) << hit.error().message;
-  const wire::LookupReply& local = hit.value().groups[kLocal];
-  ASSERT_EQ(hit.value().groups[kGlobal].pages.size(), kBlocks) << b.log();
-  ASSERT_EQ(local.pages.size(), kBlocks);
-  for (uint32_t i = kWindowFirst; i < kBlocks; ++i) {
-    EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
-    EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
-  }
 }
 
 // Deletes group `group`'s value of block i from the cluster.
@@ -210,79 +91,143 @@ void lose(const RedisCluster& cluster, const std::string& ns, const std::string&
   EXPECT_NE(cluster.cli(0, "DEL " + victim).find('1'), std::string::npos);
 }
 
+class RemoteTierHybrid : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<RedisCluster>(cluster_base_port(0));
+    ASSERT_TRUE(cluster_->started()) << cluster_->output();
+  }
+  // Waits (up to 10 s) until the cluster holds n keys that start with `prefix`.
+  bool wait_keys(const std::string& prefix, size_t n) const {
+    const auto deadline = Clock::now() + std::chrono::seconds(10);
+    while (cluster_->keys(prefix).size() < n && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return cluster_->keys(prefix).size() >= n;
+  }
+  // Daemons A and B under namespace `ns`; A publishes the whole chain in both groups and the
+  // cluster holds it; then B's reader attaches (reader_). ns_ names the keys.
+  void share(const std::string& ns) {
+    ns_ = ns;
+    a_ = std::make_unique<Daemon>(model_config(*cluster_, ns));
+    b_ = std::make_unique<Daemon>(model_config(*cluster_, ns));
+    ASSERT_TRUE(a_->start()) << a_->log();
+    ASSERT_TRUE(b_->start()) << b_->log();
+    {
+      auto w = ModelConnection::attach(a_->socket(), "writer", "m");
+      ASSERT_TRUE(w.ok()) << w.error().message;
+      for (size_t g = 0; g < 2; ++g)
+        ASSERT_EQ(publish_all(w.value()->group(g), g), "");
+    }
+    ASSERT_TRUE(wait_keys(ns + ":default:local:", kBlocks)) << a_->log();
+    ASSERT_TRUE(wait_keys(ns + ":default:global:", kBlocks)) << a_->log();
+    auto r = ModelConnection::attach(b_->socket(), "reader", "m");
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    reader_ = std::move(r.value());
+  }
+  // The reader's lookup of `c`, expected to hit n blocks (a test failure otherwise).
+  wire::GroupLookupReply lookup(const std::vector<BlockHash>& c, uint32_t n) {
+    auto hit = reader_->lookup(c);
+    EXPECT_TRUE(hit.ok()) << (hit.ok() ? "" : hit.error().message);
+    if (!hit.ok()) return {};
+    EXPECT_EQ(hit.value().groups[kGlobal].pages.size(), n) << b_->log();
+    EXPECT_EQ(hit.value().groups[kLocal].pages.size(), n);
+    return hit.value();
+  }
+  // Group g's blocks [from, to) of `hit` came from the cluster, bytes equal.
+  void expect_remote(const wire::GroupLookupReply& hit, size_t g, uint32_t from, uint32_t to) {
+    const wire::LookupReply& l = hit.groups[g];
+    for (uint32_t i = from; i < to && i < l.pages.size(); ++i) {
+      EXPECT_EQ(l.tiers[i], wire::kTierRemote) << "group " << g << " block " << i;
+      EXPECT_EQ(wrong_bytes(reader_->group(g), l.pages[i], tag(g, i)), 0u)
+          << "group " << g << " block " << i;
+    }
+  }
+  stats::PoolStats group_stats(size_t g) { return pool_stats(reader_->group(g), g); }
+
+  std::unique_ptr<RedisCluster> cluster_;
+  std::string ns_;
+  std::unique_ptr<Daemon> a_, b_;
+  std::unique_ptr<ModelConnection> reader_;
+};
+
+TEST_F(RemoteTierHybrid, EachGroupFetchesWhatTheHitNeedsFromAnotherDaemon) {
+  share("hyb");
+  EXPECT_EQ(cluster_->keys("hyb:default:").size(), 2 * kBlocks);
+  const std::vector<BlockHash> c = chain();
+  const wire::GroupLookupReply hit = lookup(c, kBlocks);
+  ASSERT_EQ(hit.groups[kLocal].pages.size(), kBlocks);
+  expect_remote(hit, kGlobal, 0, kBlocks);
+  expect_remote(hit, kLocal, kWindowFirst, kBlocks);
+  for (uint32_t i = 0; i < kWindowFirst; ++i) {  // before the window: not fetched, not held
+    EXPECT_EQ(hit.groups[kLocal].pages[i], kNoPage) << i;
+    EXPECT_EQ(hit.groups[kLocal].tiers[i], wire::kTierNone) << i;
+  }
+  // The local group copied up its window's blocks only.
+  const stats::PoolStats sl = group_stats(kLocal);
+  EXPECT_EQ(sl.remote_hits, kBlocks - kWindowFirst);
+  EXPECT_EQ(group_stats(kGlobal).remote_hits, kBlocks);
+  for (size_t g = 0; g < 2; ++g) {
+    std::vector<PageId> held;
+    for (const PageId p : hit.groups[g].pages) {
+      if (p != kNoPage) held.push_back(p);
+    }
+    ASSERT_TRUE(reader_->group(g).release(held).ok());
+  }
+  // Promoted and published: the next lookup hits B's own device tier in both groups.
+  const wire::GroupLookupReply again = lookup(c, kBlocks);
+  ASSERT_EQ(again.groups[kGlobal].pages.size(), kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i) {
+    EXPECT_EQ(again.groups[kGlobal].tiers[i], wire::kTierDevice) << i;
+    if (i >= kWindowFirst) {
+      EXPECT_EQ(again.groups[kLocal].tiers[i], wire::kTierDevice) << i;
+    }
+  }
+  EXPECT_EQ(group_stats(kLocal).remote_lookups, sl.remote_lookups);
+}
+
+// The common case: the new prompt goes on past what any node computed. The hit ends where the
+// full group's run in the cluster ends, and the sliding group's window there (not at the end of
+// the chain) comes up with it.
+TEST_F(RemoteTierHybrid, AChainLongerThanAnyoneComputedHitsWhatTheClusterHolds) {
+  share("longer");
+  std::vector<BlockHash> c = chain();
+  for (uint32_t i = kBlocks; i < 3 * kBlocks; ++i)
+    c.push_back(block(i));
+  const wire::GroupLookupReply hit = lookup(c, kBlocks);
+  expect_remote(hit, kGlobal, 0, kBlocks);
+  expect_remote(hit, kLocal, kWindowFirst, kBlocks);
+}
+
 TEST_F(RemoteTierHybrid, ABlockTheWindowNeedsThatTheClusterLostShortensTheHit) {
-  Daemon a(model_config(*cluster_, "lost"));
-  Daemon b(model_config(*cluster_, "lost"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  publish_on(a, "lost");
+  share("lost");
   // The local group's last block goes: a hit of 8 lacks it, a hit of 7 (window 3..6) does not.
   lose(*cluster_, "lost", "local", kBlocks - 1);
-
-  auto m = ModelConnection::attach(b.socket(), "reader", "m");
-  ASSERT_TRUE(m.ok()) << m.error().message;
-  auto hit = m.value()->lookup(chain());
-  ASSERT_TRUE(hit.ok()) << hit.error().message;
-  const wire::LookupReply& local = hit.value().groups[kLocal];
-  const wire::LookupReply& global = hit.value().groups[kGlobal];
-  ASSERT_EQ(global.pages.size(), kBlocks - 1) << b.log();
-  ASSERT_EQ(local.pages.size(), kBlocks - 1);
-  for (uint32_t i = 0; i < kBlocks - 1; ++i) {
-    EXPECT_EQ(global.tiers[i], wire::kTierRemote) << i;
-    EXPECT_EQ(wrong_bytes(m.value()->group(kGlobal), global.pages[i], tag(kGlobal, i)), 0u) << i;
-    if (i < kWindowFirst - 1) continue;
-    EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
-    EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
-  }
+  const wire::GroupLookupReply hit = lookup(chain(), kBlocks - 1);
+  expect_remote(hit, kGlobal, 0, kBlocks - 1);
+  expect_remote(hit, kLocal, kWindowFirst - 1, kBlocks - 1);
 }
 
 // A sliding group's block before the window of the whole chain is lost: the hit of 8 does not
 // need it (each value is checked on its own, not as a run from the first).
 TEST_F(RemoteTierHybrid, ABlockBeforeTheWindowThatTheClusterLostCostsNothing) {
-  Daemon a(model_config(*cluster_, "early"));
-  Daemon b(model_config(*cluster_, "early"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  publish_on(a, "early");
+  share("early");
   lose(*cluster_, "early", "local", 1);
-  auto m = ModelConnection::attach(b.socket(), "reader", "m");
-  ASSERT_TRUE(m.ok()) << m.error().message;
-  auto hit = m.value()->lookup(chain());
-  ASSERT_TRUE(hit.ok()) << hit.error().message;
-  const wire::LookupReply& local = hit.value().groups[kLocal];
-  ASSERT_EQ(hit.value().groups[kGlobal].pages.size(), kBlocks) << b.log();
-  ASSERT_EQ(local.pages.size(), kBlocks);
-  for (uint32_t i = kWindowFirst; i < kBlocks; ++i) {
-    EXPECT_EQ(local.tiers[i], wire::kTierRemote) << i;
-    EXPECT_EQ(wrong_bytes(m.value()->group(kLocal), local.pages[i], tag(kLocal, i)), 0u) << i;
-  }
-  EXPECT_EQ(pool_stats(m.value()->group(kLocal), kLocal).remote_hits, kBlocks - kWindowFirst);
+  const wire::GroupLookupReply hit = lookup(chain(), kBlocks);
+  expect_remote(hit, kLocal, kWindowFirst, kBlocks);
+  EXPECT_EQ(group_stats(kLocal).remote_hits, kBlocks - kWindowFirst);
 }
 
 TEST_F(RemoteTierHybrid, AGroupThatHoldsItsPartLocallyAsksNothing) {
-  Daemon a(model_config(*cluster_, "part"));
-  Daemon b(model_config(*cluster_, "part"));
-  ASSERT_TRUE(a.start()) << a.log();
-  ASSERT_TRUE(b.start()) << b.log();
-  publish_on(a, "part");
-  auto m = ModelConnection::attach(b.socket(), "reader", "m");
-  ASSERT_TRUE(m.ok()) << m.error().message;
+  share("part");
   // B computed the global group's blocks itself; the local group's come from the cluster.
-  ASSERT_EQ(publish_all(m.value()->group(kGlobal), kGlobal), "");
-  auto hit = m.value()->lookup(chain());
-  ASSERT_TRUE(hit.ok()) << hit.error().message;
-  ASSERT_EQ(hit.value().groups[kGlobal].pages.size(), kBlocks) << b.log();
-  for (uint32_t i = 0; i < kBlocks; ++i) {
-    EXPECT_EQ(hit.value().groups[kGlobal].tiers[i], wire::kTierDevice) << i;
-    if (i < kWindowFirst) continue;
-    EXPECT_EQ(hit.value().groups[kLocal].tiers[i], wire::kTierRemote) << i;
-    EXPECT_EQ(
-        wrong_bytes(m.value()->group(kLocal), hit.value().groups[kLocal].pages[i], tag(kLocal, i)),
-        0u)
-        << i;
-  }
-  EXPECT_EQ(pool_stats(m.value()->group(kGlobal), kGlobal).remote_lookups, 0u);
-  EXPECT_EQ(pool_stats(m.value()->group(kLocal), kLocal).remote_lookups, 1u);
+  ASSERT_EQ(publish_all(reader_->group(kGlobal), kGlobal), "");
+  const wire::GroupLookupReply hit = lookup(chain(), kBlocks);
+  ASSERT_EQ(hit.groups[kGlobal].tiers.size(), kBlocks);
+  for (uint32_t i = 0; i < kBlocks; ++i)
+    EXPECT_EQ(hit.groups[kGlobal].tiers[i], wire::kTierDevice) << i;
+  expect_remote(hit, kLocal, kWindowFirst, kBlocks);
+  EXPECT_EQ(group_stats(kGlobal).remote_lookups, 0u);
+  EXPECT_EQ(group_stats(kLocal).remote_lookups, 1u);
 }
 
 }  // namespace

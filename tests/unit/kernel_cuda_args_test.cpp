@@ -104,9 +104,10 @@ TEST(CudaKernelArgs, BadMaskFieldsAndLatentShapesAreRefused) {
 }
 
 // A mixed-precision decode checks its older pool (shape, scales, the older_pages array) and needs
-// a workspace entry per chunk and pool even for one chunk; a mixed extend, or a mixed decode of a
-// latent pool, is refused by name rather than run with the older pool's page ids read from the
-// recent pool; a conversion between pools of different shapes, or within one pool, too.
+// a workspace entry per chunk and pool even for one chunk, and a mixed extend checks the same; a
+// latent pool's mixed calls are refused by name rather than run with the older pool's page ids
+// read from the recent pool; a conversion between pools of different shapes, or within one pool,
+// too.
 TEST(CudaKernelArgs, MixedPrecisionIsCheckedAndConversionsAreChecked) {
   const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
   auto* base = reinterpret_cast<void*>(uintptr_t{0x10000});
@@ -149,10 +150,27 @@ TEST(CudaKernelArgs, MixedPrecisionIsCheckedAndConversionsAreChecked) {
   latent.mixed.older.geometry.dtype = KvDtype::fp8_e4m3;
   EXPECT_EQ(cuda::decode(latent, 1, 132, nullptr, 0, nullptr),
             std::string("decode (latent): ") + cuda::kMixedNotOnGpu);
+  // A mixed extend checks its older pool as the decode does, and takes a 16-bit pool over an
+  // 8-bit one only; a latent one is refused by name.
   d.mixed.older.scales = nullptr;
   ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}, 0, {}};
   e.mixed = d.mixed;
-  EXPECT_EQ(cuda::extend(e, 1, nullptr), std::string("extend: ") + cuda::kMixedNotOnGpu);
+  EXPECT_EQ(cuda::extend(e, 1, nullptr), "extend: mixed.older is an 8-bit pool without its scales");
+  e.mixed.older.scales = scales;
+  e.mixed.older.geometry.head_dim = 64;
+  EXPECT_NE(cuda::extend(e, 1, nullptr).find("not of the pool's shape"), std::string::npos);
+  e.mixed.older.geometry.head_dim = 128;
+  e.mixed.older_pages = nullptr;
+  EXPECT_EQ(cuda::extend(e, 1, nullptr), "extend: mixed.older_pages is null");
+  e.mixed.older_pages = &older;
+  e.mixed.older.geometry.dtype = KvDtype::fp16;
+  EXPECT_NE(cuda::extend(e, 1, nullptr).find("a 16-bit pool (bf16, fp16) and an 8-bit older pool"),
+            std::string::npos);
+  ExtendArgs latent_extend = e;
+  latent_extend.kv.geometry = latent.kv.geometry;
+  latent_extend.mixed.older.geometry = latent.mixed.older.geometry;
+  EXPECT_EQ(cuda::extend(latent_extend, 1, nullptr),
+            std::string("extend (latent): ") + cuda::kMixedNotOnGpu);
 
   ConvertPagesArgs c{d.kv, d.mixed.older, 1, &table, &table};
   c.dst.geometry.head_dim = 64;
