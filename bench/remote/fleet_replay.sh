@@ -21,15 +21,8 @@ port=${PORT:-7500}
 write=${WRITE:-on_publish}
 trace_flag=()
 [ -n "${TRACE:-}" ] && trace_flag=(--trace "$TRACE")
-work=$(mktemp -d /tmp/kvpool-fleet.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  bash scripts/redis-cluster.sh stop "$work/cluster" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-bash scripts/redis-cluster.sh start "$work/cluster" "$port" | tail -1
+source bench/remote/common.sh
+remote_bench_begin fleet "$port" "$kvpoold" "$replay"
 
 # n daemons; remote: 0 or 1. Prints kvpool-replay's JSON line.
 run() {
@@ -50,17 +43,10 @@ run() {
         echo "    remote_tier: {cluster: [\"127.0.0.1:$port\"], namespace: fleet-$n, write: $write}"
       fi
     } >"$dir/k.yaml"
-    "$kvpoold" --config "$dir/k.yaml" 2>"$dir/log" &
-    run_pids+=($!)
-    pids+=($!)
+    start_daemon "$dir"
     sockets+=${sockets:+,}$dir/s.sock
   done
-  for ((d = 0; d < n; ++d)); do
-    for _ in $(seq 100); do
-      [ -S "$work/run-$n-$remote-$d/s.sock" ] && break
-      sleep 0.05
-    done
-  done
+  wait_sockets ${sockets//,/ }
   "$replay" "${trace_flag[@]}" --daemon "$sockets" --workers "$n" --limit "$limit" --json
   for p in "${run_pids[@]}"; do kill "$p" 2>/dev/null || true; done
   wait "${run_pids[@]}" 2>/dev/null || true

@@ -27,21 +27,8 @@ daemons=${DAEMONS:-2}
 port=${PORT:-7600}
 trace_flag=()
 [ -n "${TRACE:-}" ] && trace_flag=(--trace "$TRACE")
-for b in "$kvpoold" "$replay"; do
-  [[ -x $b ]] || {
-    echo "hybrid_fleet: $b not built (cmake --build $build)" >&2
-    exit 1
-  }
-done
-work=$(mktemp -d /tmp/kvpool-hybrid-fleet.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  bash scripts/redis-cluster.sh stop "$work/cluster" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-bash scripts/redis-cluster.sh start "$work/cluster" "$port" | tail -1
+source bench/remote/common.sh
+remote_bench_begin hybrid-fleet "$port" "$kvpoold" "$replay"
 
 layers=4                                    # all-full; the hybrid: 2 sliding + 2 full
 tpp=${PAGE_TOKENS:-16}
@@ -75,17 +62,10 @@ run() {
         echo "      - {name: global, layers: $((layers / 2))}"
       fi
     } >"$dir/k.yaml"
-    "$kvpoold" --config "$dir/k.yaml" 2>"$dir/log" &
-    run_pids+=($!)
-    pids+=($!)
+    start_daemon "$dir"
     sockets+=${sockets:+,}$dir/s.sock
   done
-  for ((d = 0; d < daemons; ++d)); do
-    for _ in $(seq 100); do
-      [ -S "$work/run-$model-$remote-$d/s.sock" ] && break
-      sleep 0.05
-    done
-  done
+  wait_sockets ${sockets//,/ }
   "$replay" "${trace_flag[@]}" --model "$sockets" --page-tokens "$tpp" \
     --pace-us-per-page "$pace" --limit "$limit" --json ||
     tail -3 "$work/run-$model-$remote-0/log" >&2

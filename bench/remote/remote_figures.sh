@@ -20,21 +20,8 @@ port=${PORT:-7400}
 sizes=${SIZES:-65536 524288 2097152}
 bench=$build/bench/kvpool-remote-bench
 kvpoold=$build/daemon/kvpoold
-for b in "$bench" "$kvpoold"; do
-  [[ -x $b ]] || {
-    echo "remote_figures: $b not built (cmake --build $build)" >&2
-    exit 1
-  }
-done
-work=$(mktemp -d /tmp/kvpool-remote-figures.XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  bash scripts/redis-cluster.sh stop "$work/cluster" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-bash scripts/redis-cluster.sh start "$work/cluster" "$port" | tail -1
+source bench/remote/common.sh
+remote_bench_begin remote-figures "$port" "$bench" "$kvpoold"
 
 echo "== ClusterClient against redis-benchmark, same cluster, same value sizes (best of 2, alternating)"
 echo "| value | op | redis-benchmark MB/s | kvpool MB/s | kvpool / redis-benchmark |"
@@ -68,9 +55,10 @@ echo "== kvpool-remote-bench client, batches of 16, in full"
 echo
 echo "== promote: a lookup on daemon B of blocks daemon A published (256 KiB pages)"
 for d in a b; do
-  cat >"$work/$d.yaml" <<EOF
+  mkdir -p "$work/$d"
+  cat >"$work/$d/k.yaml" <<EOF
 backend: host
-socket: {path: $work/$d.sock}
+socket: {path: $work/$d/s.sock}
 metrics: {stats_segment: false}
 pools:
   - name: chat
@@ -78,13 +66,7 @@ pools:
     capacity: 1024 pages
     remote_tier: {cluster: ["127.0.0.1:$port"], namespace: figures}
 EOF
-  "$kvpoold" --config "$work/$d.yaml" 2>"$work/$d.log" &
-  pids+=($!)
+  start_daemon "$work/$d"
 done
-for d in a b; do
-  for _ in $(seq 100); do
-    [[ -S $work/$d.sock ]] && break
-    sleep 0.05
-  done
-done
-"$bench" promote --socket-a "$work/a.sock" --socket-b "$work/b.sock" --batch 16 --rounds 100
+wait_sockets "$work/a/s.sock" "$work/b/s.sock"
+"$bench" promote --socket-a "$work/a/s.sock" --socket-b "$work/b/s.sock" --batch 16 --rounds 100

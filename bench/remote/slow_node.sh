@@ -18,26 +18,14 @@ seconds=${SECONDS_EACH:-5}
 bench=$build/bench/kvpool-remote-bench
 kvpoold=$build/daemon/kvpoold
 kvpoolctl=$build/client/kvpoolctl
-for b in "$bench" "$kvpoold" "$kvpoolctl"; do
-  [[ -x $b ]] || {
-    echo "slow_node: $b not built (cmake --build $build)" >&2
-    exit 1
-  }
-done
-work=$(mktemp -d /tmp/kvpool-slow-node.XXXXXX)
-pid=
-cleanup() {
-  [[ -n $pid ]] && kill "$pid" 2>/dev/null || true
-  bash scripts/redis-cluster.sh stop "$work/cluster" >/dev/null 2>&1 || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-bash scripts/redis-cluster.sh start "$work/cluster" "$port" | tail -1
+source bench/remote/common.sh
+remote_bench_begin slow-node "$port" "$bench" "$kvpoold" "$kvpoolctl"
 # The first master the cluster lists: the node made slow.
 slow_port=$(redis-cli -p "$port" cluster nodes | awk '/master/ && !/fail/ { split($2, a, "[:@]"); print a[2]; exit }')
-cat >"$work/d.yaml" <<EOF
+mkdir -p "$work/d"
+cat >"$work/d/k.yaml" <<EOF
 backend: host
-socket: {path: $work/d.sock}
+socket: {path: $work/d/s.sock}
 metrics: {stats_segment: false}
 pools:
   - name: chat
@@ -45,15 +33,11 @@ pools:
     capacity: 1024 pages
     remote_tier: {cluster: ["127.0.0.1:$port"], namespace: slow, timeout_ms: 100}
 EOF
-"$kvpoold" --config "$work/d.yaml" 2>"$work/d.log" &
-pid=$!
-for _ in $(seq 100); do
-  [[ -S $work/d.sock ]] && break
-  sleep 0.05
-done
+start_daemon "$work/d"
+wait_sockets "$work/d/s.sock"
 pause_ms=$(awk -v s="$seconds" 'BEGIN { printf "%d", (s + 2) * 1000 }')
 echo "== $clients workers alloc/publish/release, one looks up misses; ${seconds} s quiet, then ${seconds} s with master :$slow_port paused (256 KiB pages)"
-"$bench" slow --socket "$work/d.sock" --clients "$clients" --seconds "$seconds" \
+"$bench" slow --socket "$work/d/s.sock" --clients "$clients" --seconds "$seconds" \
   --make-slow "redis-cli -p $slow_port CLIENT PAUSE $pause_ms ALL >/dev/null"
 echo
-"$kvpoolctl" --socket "$work/d.sock" status | grep -E '^  remote'
+"$kvpoolctl" --socket "$work/d/s.sock" status | grep -E '^  remote'

@@ -564,33 +564,51 @@ std::vector<std::string> events_of(ZmqSocket& sub, const std::string& type,
   return events_within(sub, ms)[type + " " + medium];
 }
 
+// A daemon with KV events on (namespace `ns`, `extra` remote_tier keys), a subscriber, and a
+// worker that published blocks 0..2 (want: their hashes as events give them, sorted).
+struct EventsFeed {
+  EventsFeed(const RedisCluster& cluster, const std::string& ns, const std::string& extra)
+      : endpoint("ipc://" + dir.file("kv-events")),
+        daemon(config(cluster, ns, kGeometry, extra) + "events:\n  zmq_endpoint: \"" + endpoint +
+               "\"\n") {
+    if (!daemon.start()) {
+      ADD_FAILURE() << daemon.log();
+      return;
+    }
+    sub = std::make_unique<ZmqSocket>(ZMQ_SUB, endpoint);
+    let_subscription_arrive();
+    ca = attach(daemon, "writer");
+    if (!ca) return;
+    EXPECT_EQ(publish_blocks(*ca, 0, 3), "");
+    for (uint64_t i = 0; i < 3; ++i)
+      want.push_back(bin_of(block(i)));
+    std::sort(want.begin(), want.end());
+  }
+  TempDir dir;
+  std::string endpoint;
+  Daemon daemon;
+  std::unique_ptr<ZmqSocket> sub;
+  std::unique_ptr<Connection> ca;
+  std::vector<std::string> want;
+};
+
 // KV events say medium REMOTE for the blocks this daemon wrote to the cluster, and remove them
 // when their expiry has passed: a router learns that any node may fetch them, for as long as
 // they can be there.
 TEST_F(RemoteTier, KvEventsSayWhatThisDaemonWroteAndWhenItExpires) {
-  TempDir dir;
-  const std::string endpoint = "ipc://" + dir.file("kv-events");
-  Daemon a(config(*cluster_, "events", kGeometry, ", ttl_s: 2") + "events:\n  zmq_endpoint: \"" +
-           endpoint + "\"\n");
-  ASSERT_TRUE(a.start()) << a.log();
-  ZmqSocket sub(ZMQ_SUB, endpoint);
-  let_subscription_arrive();
-  auto ca = attach(a, "writer");
-  ASSERT_TRUE(ca);
-  ASSERT_EQ(publish_blocks(*ca, 0, 3), "");
-  std::vector<std::string> want;
-  for (uint64_t i = 0; i < 3; ++i)
-    want.push_back(bin_of(block(i)));
-  std::vector<std::string> stored = events_of(sub, "BlockStored", "REMOTE", 3000);
+  EventsFeed f(*cluster_, "events", ", ttl_s: 2");
+  ASSERT_TRUE(f.ca);
+  auto& ca = f.ca;
+  const std::vector<std::string> want = f.want;
+  std::vector<std::string> stored = events_of(*f.sub, "BlockStored", "REMOTE", 3000);
   std::sort(stored.begin(), stored.end());
-  std::sort(want.begin(), want.end());
   EXPECT_EQ(stored, want);
   // Two seconds on, the values are gone from the cluster; the next event-making call (a
   // publish, whose write finishes after the expiry) says so.
   std::this_thread::sleep_for(std::chrono::milliseconds(2100));
   EXPECT_TRUE(cluster_->keys("events:").empty());
   ASSERT_EQ(publish_blocks(*ca, 10, 1), "");
-  std::vector<std::string> removed = events_of(sub, "BlockRemoved", "REMOTE", 3000);
+  std::vector<std::string> removed = events_of(*f.sub, "BlockRemoved", "REMOTE", 3000);
   std::sort(removed.begin(), removed.end());
   EXPECT_EQ(removed, want);
 }
@@ -599,20 +617,11 @@ TEST_F(RemoteTier, KvEventsSayWhatThisDaemonWroteAndWhenItExpires) {
 // a router hears a removal per block of the pool's own medium, not AllBlocksCleared (which
 // would make it forget the REMOTE blocks too).
 TEST_F(RemoteTier, AFlushLeavesARoutersRemoteBlocks) {
-  TempDir dir;
-  const std::string endpoint = "ipc://" + dir.file("kv-events");
-  Daemon a(config(*cluster_, "flush") + "events:\n  zmq_endpoint: \"" + endpoint + "\"\n");
-  ASSERT_TRUE(a.start()) << a.log();
-  ZmqSocket sub(ZMQ_SUB, endpoint);
-  let_subscription_arrive();
-  auto ca = attach(a, "writer");
-  ASSERT_TRUE(ca);
-  ASSERT_EQ(publish_blocks(*ca, 0, 3), "");
-  std::vector<std::string> want;
-  for (uint64_t i = 0; i < 3; ++i)
-    want.push_back(bin_of(block(i)));
-  std::sort(want.begin(), want.end());
-  auto before = events_within(sub, 3000);
+  EventsFeed f(*cluster_, "flush", "");
+  ASSERT_TRUE(f.ca);
+  auto& ca = f.ca;
+  const std::vector<std::string> want = f.want;
+  auto before = events_within(*f.sub, 3000);
   EXPECT_EQ(before["BlockStored REMOTE"], want);
   std::string pool_medium;
   for (const auto& [key, hashes] : before) {
@@ -623,7 +632,7 @@ TEST_F(RemoteTier, AFlushLeavesARoutersRemoteBlocks) {
   auto flushed = ca->flush();
   ASSERT_TRUE(flushed.ok()) << flushed.error().message;
   EXPECT_EQ(flushed.value(), 3u);
-  auto after = events_within(sub, 1500);
+  auto after = events_within(*f.sub, 1500);
   EXPECT_EQ(after.count("AllBlocksCleared"), 0u);
   EXPECT_EQ(after["BlockRemoved " + pool_medium], want);
   EXPECT_TRUE(after["BlockRemoved REMOTE"].empty());
