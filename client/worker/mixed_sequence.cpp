@@ -122,7 +122,9 @@ Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
   // Blocks the older pool has no room for stay in 16 bits (age() takes that as no failure); any
   // other failure (the daemon gone, a conversion error) is the call's.
   const uint32_t cached = published_ * tpp_;
-  auto aged = age();
+  // The prompt's first token not cached is computed next: its query reads keys from its own
+  // window on, which may reach blocks before the window of the prompt's last token.
+  auto aged = age(std::min(cached, tokens() - 1));
   if (!aged.ok()) {
     (void)release();
     return aged.error();
@@ -177,28 +179,36 @@ Result<uint32_t> MixedSequence::publish_full() {
       return rel.error();
     }
   }
-  return age();
+  return age(tokens() - 1);
 }
 
-Result<uint32_t> MixedSequence::age() {
-  // A sliding pool's blocks before the window of the sequence's last query are read by no
+Result<uint32_t> MixedSequence::age(uint32_t first_query) {
+  // A sliding pool's blocks before the window of the first query still to run are read by no
   // query from now on: let go (published, they stay cached for other sequences), not converted.
+  // A hit's holes just past them (a lookup keeps the window of the next token's query, one
+  // position on) go too: the table keeps no hole after a page.
   const Geometry& g = recent_.pool().geometry;
-  const auto first = static_cast<uint32_t>(
-      tokens() == 0 ? 0 : first_visible_token(g, uint64_t{tokens()} - 1) / tpp_);
-  if (const uint32_t gone = std::min(first, published_); gone > 0) {
+  const auto first =
+      static_cast<uint32_t>(tokens() == 0 ? 0 : first_visible_token(g, first_query) / tpp_);
+  uint32_t gone = std::min(first, published_);
+  while (gone < published_ && pages_[gone] == kNoPage)
+    ++gone;
+  if (gone > let_go_) {
     std::vector<PageId> older_pages, recent_pages;
-    for (uint32_t b = 0; b < gone; ++b) {
+    for (uint32_t b = let_go_; b < gone; ++b) {
       if (pages_[b] == kNoPage) continue;
       (b < older_ ? older_pages : recent_pages).push_back(pages_[b]);
       pages_[b] = kNoPage;
     }
+    let_go_ = gone;
     older_ = std::max(older_, gone);
     // Head first, as they left the window: the oldest go first when the pools evict.
-    auto a = older_conn_.release(older_pages);
-    auto b = recent_.release(recent_pages);
-    if (!a.ok()) return a.error();
-    if (!b.ok()) return b.error();
+    if (!older_pages.empty()) {
+      if (auto r = older_conn_.release(older_pages); !r.ok()) return r.error();
+    }
+    if (!recent_pages.empty()) {
+      if (auto r = recent_.release(recent_pages); !r.ok()) return r.error();
+    }
   }
   const uint32_t aged = tokens() > recent_tokens_ ? (tokens() - recent_tokens_) / tpp_ : 0;
   const uint32_t limit = std::min(aged, published_);
@@ -268,6 +278,7 @@ Result<Ok> MixedSequence::release() {
   hashes_.clear();
   older_ = 0;
   published_ = 0;
+  let_go_ = 0;
   auto a = release_tail_first(recent_, std::move(recent_pages));
   auto b = release_tail_first(older_conn_, std::move(older_pages));
   if (!a.ok()) return a.error();

@@ -12,9 +12,10 @@
 //                   (blocks the older pool has no room for stay in 16 bits; no failure);
 //   append()        allocates in the recent pool as blocks fill;
 //   publish_full()  publishes the full blocks in the recent pool (adopting duplicates), then ages;
-//   age             on a sliding pool, every published block before the window of the last
-//                   token's query is let go first (its entry becomes kNoPage: no later query
-//                   reads it; it stays cached for other sequences); then
+//   age             on a sliding pool, every published block before the window of the first
+//                   query still to run (begin: the first token not cached; then the last
+//                   token) is let go first (its entry becomes kNoPage: no later query reads
+//                   it; it stays cached for other sequences); then
 //                   every published block whose last token is recent_tokens or more behind the
 //                   head (blocks [0, (tokens − recent_tokens) / T)) moves to the older pool: it
 //                   is converted (PoolKernels::convert_to: a fresh older page only this worker
@@ -104,9 +105,10 @@ class MixedSequence {
                 BlockHasher& hasher, const BlockHash& root, uint32_t recent_tokens);
   uint32_t full_blocks() const { return tokens() / tpp_; }
   void hash_new_full_blocks();
-  // Moves the published blocks older than recent_tokens into the older pool; returns how many
-  // were converted.
-  Result<uint32_t> age();
+  // On a sliding pool, lets go of the blocks before the window of the query at `first_query`
+  // (the first still to run); then moves the published blocks older than recent_tokens into the
+  // older pool; returns how many were converted.
+  Result<uint32_t> age(uint32_t first_query);
   // Publishes `pages` as blocks [first, first + pages.size()) in `conn` with their chain (parent,
   // tokens); a block already published there is answered with that page (retained for us): it
   // replaces ours in `pages`, and ours goes to own_copies for the caller to release.
@@ -129,6 +131,7 @@ class MixedSequence {
   std::vector<BlockHash> hashes_;
   uint32_t older_ = 0;      // blocks [0, older_) are older-pool pages
   uint32_t published_ = 0;  // blocks [0, published_) are published (in one pool or the other)
+  uint32_t let_go_ = 0;     // entries [0, let_go_) are kNoPage: before a sliding window
   uint64_t converted_ = 0;
   uint64_t adopted_ = 0;
   std::function<void()> after_convert_;

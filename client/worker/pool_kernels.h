@@ -52,8 +52,9 @@ class PoolKernels {
   // Mixed precision (kernels/paged_kv.h, MixedPrecision; MixedSequence): decode and extend over
   // block tables whose leading older_pages[s] entries are pages of `older`'s pool (same shape,
   // usually 8-bit), the rest of this one's. Both pools must live in the same memory (host, or
-  // one GPU; there older_pages is a device array). The CUDA decode reads a mixed table (but for a
-  // latent pool); the CUDA extend refuses mixed calls for now (kernels_cuda.h, kMixedNotOnGpu).
+  // one GPU; there older_pages is a device array). The CUDA decode reads a mixed table but for a
+  // latent pool's; the CUDA extend reads one of a 16-bit pool over an 8-bit one, not a latent
+  // pool's (kernels_cuda.h, kMixedNotOnGpu).
   std::string decode_mixed(kernels::DecodeArgs args, const PoolKernels& older,
                            const uint32_t* older_pages, uint32_t max_context,
                            void* stream = nullptr);

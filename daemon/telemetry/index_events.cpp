@@ -107,12 +107,12 @@ const PoolIndexEvents::Described* PoolIndexEvents::described_block(Namespace ns,
 void PoolIndexEvents::carry(Namespace ns, const BlockHash& hash, const Described& chain) {
   if (!keep_chains_ || kv_events_ == nullptr) return;
   Described& d = described_[Key{ns, hash}];
+  if (d.tiers != 0) return;  // a tier of this pool holds the block: it keeps its own chain
   d.parent = chain.parent;
   if (keep_token_ids_) d.token_ids = chain.token_ids;
   d.lora_name = chain.lora_name;
-  // A store that does not come (a hash the pool gained meanwhile keeps its own) leaves it
-  // with no tier: end_turn forgets it.
-  if (d.tiers == 0) gone_.push_back(Key{ns, hash});
+  // A store that does not come leaves it with no tier: end_turn forgets it.
+  gone_.push_back(Key{ns, hash});
 }
 
 void PoolIndexEvents::leave(Namespace ns, const BlockHash& hash, uint8_t tier) {

@@ -301,6 +301,55 @@ TEST(MixedPrecision, ASlidingSequenceLetsGoBeforeItsWindowAndAgesTheRest) {
   expect_same_mixed_decode(first, second, bf16);
 }
 
+// A sliding sequence that resumes from a short hit keeps what its prompt's new tokens still
+// read: the first new token (32) sees keys 0..32, so blocks 0 and 1 stay (in 8 bits: older than
+// recent_tokens), though the prompt's last token sees only keys 68 on; an extend over the new
+// tokens reads them.
+TEST(MixedPrecision, ASlidingSequenceKeepsWhatItsPromptsNewTokensRead) {
+  Daemon d(kConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  ASSERT_EQ(run_worker([&] {
+              Worker w(d, "a", "slide", "slide8");
+              if (!w.ok()) return 10;
+              auto s = w.sequence();
+              if (!s || !s->begin(prompt()).ok()) return 11;
+              if (!write_tokens(*w.rk, *s, 0, kPrompt).empty()) return 12;
+              return s->publish_full().ok() ? 0 : 13;
+            }),
+            0);
+  Worker w(d, "b", "slide", "slide8");
+  ASSERT_TRUE(w.ok());
+  auto s = w.sequence();
+  ASSERT_TRUE(s);
+  std::vector<uint32_t> p = prompt();
+  p.resize(2 * kT);  // A's first two blocks, then 100 tokens of its own
+  for (uint32_t i = 0; i < 100; ++i)
+    p.push_back(50000 + i);
+  auto cached = s->begin(p);
+  ASSERT_TRUE(cached.ok()) << cached.error().message;
+  ASSERT_EQ(cached.value(), 2 * kT);
+  ASSERT_EQ(s->older_pages(), 2u);
+  EXPECT_NE(s->block_table()[0], kNoPage);
+  EXPECT_NE(s->block_table()[1], kNoPage);
+  ASSERT_EQ(write_tokens(*w.rk, *s, 2 * kT, s->tokens()), "");
+  const uint32_t n_new = s->tokens() - 2 * kT;
+  std::vector<float> q(size_t{n_new} * kQHeads * kDim, 0.5f), out(q.size());
+  const uint32_t ctx = s->tokens(), older = s->older_pages();
+  const uint32_t offsets[2] = {0, n_new};
+  kernels::ExtendArgs e;
+  e.layer = 1;
+  e.num_seqs = 1;
+  e.num_q_heads = kQHeads;
+  e.q = q.data();
+  e.out = out.data();
+  e.q_offsets = offsets;
+  e.block_tables = s->block_table().data();
+  e.block_table_stride = static_cast<uint32_t>(s->block_table().size());
+  e.context_lens = &ctx;
+  e.scale = 0.125f;
+  EXPECT_EQ(w.rk->extend_mixed(e, *w.ok_, &older, n_new), "");
+}
+
 TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksNothing) {
   Daemon d(kConfig);
   ASSERT_TRUE(d.start()) << d.log();
