@@ -68,14 +68,15 @@ struct Case {
   uint32_t segment_pages = 0;
   // Mixed precision (DecodeArgs::mixed, ExtendArgs::mixed; 16-bit dtypes): each sequence's first
   // half of its blocks (rounded up) lives in an 8-bit pool of the other layout (fp8 under bf16,
-  // int8 under fp16).
+  // int8 under fp16; the other way round with other_older, so that every pair is compared).
   bool mixed = false;
+  bool other_older = false;
   bool latent() const { return value_dim != 0; }
 };
 
 // The 8-bit pool under a mixed case's 16-bit one.
 KvDtype older_dtype(const Case& c) {
-  return c.dtype == KvDtype::bf16 ? KvDtype::fp8_e4m3 : KvDtype::int8;
+  return (c.dtype == KvDtype::bf16) != c.other_older ? KvDtype::fp8_e4m3 : KvDtype::int8;
 }
 
 // Elements of one output row.
@@ -615,9 +616,10 @@ std::vector<Case> matrix_cases() {
         {dt, 256, 1, 32, {33, 500}, {0, kNoSplit}},
         {dt, 128, 16, 16, {40, 700}, {0, 64}, KvLayout::layer_major},
         {dt, 64, 4, 16, {3000, 5}, {0, 256}, KvLayout::page_major, -1, 64, true}};
-    for (Case& c : mixed) {
-      c.mixed = true;
-      cases.push_back(std::move(c));
+    for (size_t i = 0; i < mixed.size(); ++i) {
+      mixed[i].mixed = true;
+      mixed[i].other_older = i % 2 == 1;
+      cases.push_back(std::move(mixed[i]));
     }
   }
   return cases;
