@@ -72,7 +72,7 @@ void EvictionConverter::plan(TierCopy& c) {
     c.convert_dst.push_back(dst[k]);
     c.convert_keys.emplace_back(todo[i].ns, todo[i].hash);
     if (const auto* d = from_.index_events().described_block(todo[i].ns, todo[i].hash)) {
-      chains_[BlockKey{todo[i].ns, todo[i].hash}] = *d;
+      chains_[PoolIndexEvents::Key{todo[i].ns, todo[i].hash}] = *d;
     }
   }
   describe(c);
@@ -163,7 +163,7 @@ void EvictionConverter::finish(TierCopy& c) {
       PublishResult result;
       for (size_t i = 0; i < c.convert_dst.size(); ++i) {
         const auto& [ns, hash] = c.convert_keys[i];
-        if (const auto it = chains_.find(BlockKey{ns, hash}); it != chains_.end()) {
+        if (const auto it = chains_.find(PoolIndexEvents::Key{ns, hash}); it != chains_.end()) {
           to_.index_events().carry(ns, hash, it->second);
         }
         const PublishItem item{c.convert_dst[i], hash};
@@ -181,7 +181,7 @@ void EvictionConverter::finish(TierCopy& c) {
   }
   if (!c.held.empty()) KVPOOL_CHECK(from_.pages().release(from_owner_, c.held).ok());
   for (const auto& [ns, hash] : c.convert_keys)
-    chains_.erase(BlockKey{ns, hash});
+    chains_.erase(PoolIndexEvents::Key{ns, hash});
   c.convert_dst.clear();
   c.convert_src.clear();
   c.convert_keys.clear();

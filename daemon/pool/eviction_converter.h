@@ -114,16 +114,6 @@ class EvictionConverter final : public core::IndexObserver {
   };
   // Points c's two argument blocks at its lists and the pools as they are now.
   void describe(TierCopy& c) const;
-  struct BlockKey {
-    Namespace ns = 0;
-    BlockHash hash;
-    friend bool operator==(const BlockKey&, const BlockKey&) = default;
-  };
-  struct BlockKeyHash {
-    size_t operator()(const BlockKey& k) const {
-      return k.hash.lo ^ (uint64_t{k.ns} * 0x9e3779b97f4a7c15);
-    }
-  };
 
   PoolRuntime& from_;
   PoolRuntime& to_;
@@ -133,7 +123,8 @@ class EvictionConverter final : public core::IndexObserver {
   std::vector<Eviction> pending_;
   // What the blocks being converted down were published with (the 16-bit pool forgets it at
   // the eviction's turn), for their BlockStored in the 8-bit pool; until finish().
-  std::unordered_map<BlockKey, PoolIndexEvents::Described, BlockKeyHash> chains_;
+  std::unordered_map<PoolIndexEvents::Key, PoolIndexEvents::Described, PoolIndexEvents::KeyHash>
+      chains_;
   uint64_t flushes_ = 0;
   ConvertStats stats_;
 };

@@ -193,16 +193,19 @@ class Service {
                                           const std::vector<PoolRuntime*>& groups) const;
   // lookup_groups' answer from the groups' device and host tiers (hints: per group), copying
   // up at most promote_left bytes; came_from[g][i], when not 0, is the tier block i of group g
-  // came up from before the call (kTierRemote).
+  // came up from before the call (kTierRemote); first_hit: group_hit's answer for the whole
+  // chain and promote_left when the caller has it, else kHitUnknown.
+  static constexpr uint32_t kHitUnknown = UINT32_MAX;
   wire::Result<wire::Reply> answer_groups(SessionState& s, std::span<const BlockHash> chain,
                                           const std::vector<core::CallHints>& hints,
-                                          GroupMarks came_from, uint64_t promote_left);
+                                          GroupMarks came_from, uint64_t promote_left,
+                                          uint32_t first_hit = kHitUnknown);
   // A hybrid model's remote tiers (service_groups_remote.cpp). When the groups' local tiers
-  // serve less than the chain, each group's fetch of the blocks a longer hit would need that it
-  // lacks, made the call's job (call_job_); false when nothing is asked.
+  // serve `local` blocks, fewer than the chain, each group's fetch of the blocks a longer hit
+  // would need that it lacks, made the call's job (call_job_); false when nothing is asked.
   bool plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>& groups,
-                        std::span<const BlockHash> chain,
-                        const std::vector<core::CallHints>& hints);
+                        std::span<const BlockHash> chain, const std::vector<core::CallHints>& hints,
+                        uint32_t local);
   // Once fetched, on the loop: the blocks the longest hit needs copied up into each group's
   // pool and published, then answer_groups.
   wire::Result<wire::Reply> groups_fetched(SessionState& s, GroupFetch& f);

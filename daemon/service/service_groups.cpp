@@ -201,17 +201,21 @@ wire::Result<wire::Reply> Service::lookup_groups(SessionState& s, const wire::Gr
     if (!h.ok()) return h.error();
     hints.push_back(h.value());
   }
-  // The groups' remote tiers may serve more than their device and host tiers: the answer
-  // waits for their fetch (off the loop) and the copies up (service_groups_remote.cpp).
-  if (plan_group_fetch(s, groups, r.chain, hints)) {
+  // The hit the groups' device and host tiers serve: the answer's first attempt, and where the
+  // groups' remote tiers, when they may serve more, go on from (the answer then waits for their
+  // fetch, off the loop, and the copies up: service_groups_remote.cpp).
+  const uint32_t local = group_hit(s.tenant + 1, r.chain, groups,
+                                   static_cast<uint32_t>(r.chain.size()), kMaxGroupPromoteBytes);
+  if (local < r.chain.size() && plan_group_fetch(s, groups, r.chain, hints, local)) {
     return wire::Reply(wire::GroupLookupReply{});  // call_job_'s takes its place
   }
-  return answer_groups(s, r.chain, hints, GroupMarks(groups.size()), kMaxGroupPromoteBytes);
+  return answer_groups(s, r.chain, hints, GroupMarks(groups.size()), kMaxGroupPromoteBytes, local);
 }
 
 wire::Result<wire::Reply> Service::answer_groups(SessionState& s, std::span<const BlockHash> chain,
                                                  const std::vector<core::CallHints>& hints,
-                                                 GroupMarks came_from, uint64_t promote_left) {
+                                                 GroupMarks came_from, uint64_t promote_left,
+                                                 uint32_t first_hit) {
   const std::vector<PoolRuntime*> groups = pools_->group_pools(*s.pool);
   const Namespace ns = s.tenant + 1;
   wire::GroupLookupReply reply;
@@ -221,7 +225,9 @@ wire::Result<wire::Reply> Service::answer_groups(SessionState& s, std::span<cons
   // names the tier a block came up from (kept across attempts: a block promoted by one is a
   // device block to the next, but its answer says where it came from); 0: none, the device's.
   for (int attempt = 0; attempt < kMaxGroupAttempts && upper > 0; ++attempt) {
-    const uint32_t n = group_hit(ns, chain, groups, upper, promote_left);
+    const uint32_t n = attempt == 0 && first_hit != kHitUnknown
+                           ? first_hit
+                           : group_hit(ns, chain, groups, upper, promote_left);
     if (n == 0) break;
     size_t taken = 0;  // groups whose pages this attempt holds
     for (; taken < groups.size(); ++taken) {

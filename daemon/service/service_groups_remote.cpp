@@ -90,13 +90,11 @@ void run_group_fetch(GroupFetch& f) {
 
 bool Service::plan_group_fetch(SessionState& s, const std::vector<PoolRuntime*>& groups,
                                std::span<const BlockHash> chain,
-                               const std::vector<core::CallHints>& hints) {
+                               const std::vector<core::CallHints>& hints, uint32_t local) {
   // Every group of a model has the model's remote_tier (config: expand_groups).
-  if (groups.empty() || groups[0]->remote() == nullptr || chain.empty()) return false;
+  if (groups.empty() || groups[0]->remote() == nullptr || local >= chain.size()) return false;
   const Namespace ns = s.tenant + 1;
   const auto size = static_cast<uint32_t>(chain.size());
-  const uint32_t local = group_hit(ns, chain, groups, size, kMaxGroupPromoteBytes);
-  if (local == size) return false;
   auto f = std::make_shared<GroupFetch>();
   f->local = local;
   // The longest hit asked for: a fetch of batch_pages more blocks than the local hit.

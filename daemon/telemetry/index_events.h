@@ -83,6 +83,17 @@ class PoolIndexEvents final : public core::IndexObserver {
   // `index_empty`: the pool's index, and its host tier's, hold nothing after the flush.
   void end_flush(bool index_empty);
 
+  // A block of a namespace, as the chains kept here (and the converter's in flight) are keyed.
+  struct Key {
+    Namespace ns = 0;
+    BlockHash hash;
+    friend bool operator==(const Key&, const Key&) = default;
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return k.hash.lo ^ (uint64_t{k.ns} * 0x9e3779b97f4a7c15);
+    }
+  };
   // What a block was published with, kept while a tier of this pool holds it (keep_chains).
   struct Described {
     std::optional<BlockHash> parent;
@@ -103,16 +114,6 @@ class PoolIndexEvents final : public core::IndexObserver {
   size_t described() const { return described_.size(); }
 
  private:
-  struct Key {
-    Namespace ns = 0;
-    BlockHash hash;
-    friend bool operator==(const Key&, const Key&) = default;
-  };
-  struct KeyHash {
-    size_t operator()(const Key& k) const {
-      return k.hash.lo ^ (uint64_t{k.ns} * 0x9e3779b97f4a7c15);
-    }
-  };
   static constexpr uint8_t kDevice = 1;
   static constexpr uint8_t kHost = 2;
   void begin_publish(const wire::PublishRequest& r, uint32_t tokens_per_page);
