@@ -68,12 +68,21 @@ def test_the_fleets_remote_blocks_count_for_every_node(tmp_path, cluster):
             conn = kvpool.attach(a.socket, worker="router-remote")
             hasher = kvpool.BlockHasher()
             root = hasher.root("router-remote", conn.pool.geometry)
+            # Wait out ZeroMQ's slow joiner: serve a block of its own until A's batches arrive,
+            # so that the router hears the prompt's device blocks, not only their later writes.
+            for attempt in range(50):
+                with kvpool.SequenceCache(conn, hasher, root) as seq:
+                    seq.begin([10**6 + attempt] * TPP)
+                    seq.publish_full()
+                router.poll(200)
+                if router.nodes["a"].batches:
+                    break
             prompt = list(range(1000, 1000 + 6 * TPP))
             with kvpool.SequenceCache(conn, hasher, root) as seq:
                 seq.begin(prompt)
                 seq.publish_full()
             chain = [bytes(h) for h in hasher.chain(root, prompt, TPP)]
-            assert wait_for(router, lambda: len(router.cached("a", medium=REMOTE)) == 6)
+            assert wait_for(router, lambda: set(chain) <= router.cached("a", medium=REMOTE))
             assert router.cached("b", medium=REMOTE) == set()
             prefixes = router.longest_prefix(chain)
             assert prefixes["a"].local == 6 and prefixes["a"].blocks == 6
