@@ -16,7 +16,11 @@ targets=()
 case "$kind" in
   release) flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVPOOL_WERROR=ON) ;;
   # The sanitizer trees skip CUDA: nvcc code is not instrumented, and the release tree compiles it.
-  asan) flags=(-DCMAKE_BUILD_TYPE=Debug -DKVPOOL_SANITIZE=ON -DKVPOOL_WERROR=ON -DKVPOOL_CUDA=OFF) ;;
+  # Nor the benchmark programs, which no test runs (kvpool-replay, which tests start, stays).
+  asan)
+    flags=(-DCMAKE_BUILD_TYPE=Debug -DKVPOOL_SANITIZE=ON -DKVPOOL_WERROR=ON -DKVPOOL_CUDA=OFF
+      -DKVPOOL_BENCH_PROGRAMS=OFF)
+    ;;
   # clang's warnings differ from GCC's, which is what the other trees hold to -Werror; here they
   # stay warnings. -O1 with assertions (no NDEBUG): fast enough to fuzz, every KVPOOL_DCHECK on.
   fuzz)
