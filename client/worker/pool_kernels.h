@@ -13,8 +13,8 @@
 // sliding or chunked pool a caller's mask with no window and no chunk gets the pool's, one that
 // names the pool's own is accepted, and one that names another is refused; sinks are the
 // caller's to give. On a latent (MLA) pool append takes k only and decode and extend take the
-// caller's value_dim (the latent width). The CUDA kernels take no latent pool yet, so on a GPU
-// pool of kind latent decode and extend are refused (with the CUDA kernels' message).
+// caller's value_dim (the latent width); on a GPU they run the CUDA latent kernel
+// (kernels/cuda/latent.cu).
 //
 // Error policy: each call returns "" or a message naming the bad argument or the failed launch;
 // a pool on a GPU in a build without CUDA is refused. Thread-safety: one thread at a time.
@@ -52,9 +52,8 @@ class PoolKernels {
   // Mixed precision (kernels/paged_kv.h, MixedPrecision; MixedSequence): decode and extend over
   // block tables whose leading older_pages[s] entries are pages of `older`'s pool (same shape,
   // usually 8-bit), the rest of this one's. Both pools must live in the same memory (host, or
-  // one GPU; there older_pages is a device array). The CUDA decode reads a mixed table but for a
-  // latent pool's; the CUDA extend reads one of a 16-bit pool over an 8-bit one, not a latent
-  // pool's (kernels_cuda.h, kMixedNotOnGpu).
+  // one GPU; there older_pages is a device array). The CUDA decode reads any mixed table; the CUDA
+  // extend reads a 16-bit pool over an 8-bit one, or a latent pool's of any pair (kernels_cuda.h).
   std::string decode_mixed(kernels::DecodeArgs args, const PoolKernels& older,
                            const uint32_t* older_pages, uint32_t max_context,
                            void* stream = nullptr);

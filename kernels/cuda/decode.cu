@@ -305,10 +305,7 @@ size_t decode_workspace_bytes(const DecodeArgs& a, uint32_t max_context, int sm_
 
 std::string decode(const DecodeArgs& a, uint32_t max_context, int sm_count, void* workspace,
                    size_t workspace_bytes, void* stream) {
-  if (a.kv.geometry.kind == AttentionKind::latent) {
-    if (mixed_in_use(a.mixed)) return std::string("decode (latent): ") + kMixedNotOnGpu;
-    return latent_decode(a, stream);
-  }
+  if (a.kv.geometry.kind == AttentionKind::latent) return latent_decode(a, stream);
   if (std::string e = check_args(a); !e.empty()) return e;
   if (a.num_seqs == 0) return {};
   if (max_context == 0) return "decode: max_context must be at least 1";

@@ -199,9 +199,6 @@ __global__ void __launch_bounds__(kThreads, 2)
 std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream) {
   const Geometry& g = a.kv.geometry;
   const bool mixed = mixed_in_use(a.mixed);
-  if (mixed && g.kind == AttentionKind::latent) {
-    return std::string("extend (latent): ") + kMixedNotOnGpu;
-  }
   if (g.kind == AttentionKind::latent) return latent_extend(a, total_new_tokens, stream);
   if (!validate(g).empty()) return "extend: " + validate(g);
   if (a.layer >= g.layers) return "extend: layer out of range";

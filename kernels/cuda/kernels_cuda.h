@@ -64,9 +64,7 @@ std::string convert_pages(const ConvertPagesArgs& args, void* stream);
 // Mixed precision (DecodeArgs::mixed, ExtendArgs::mixed): decode reads a mixed block table in
 // one launch per pool, the states merged (decode.cu); extend in one kernel that streams the
 // older pool's tiles, then this pool's, into the same states (extend.cu: a 16-bit pool over an
-// 8-bit one). A latent pool's mixed calls are not in the CUDA kernels yet: such a call is refused
-// with this message rather than run wrong.
-inline constexpr const char* kMixedNotOnGpu =
-    "mixed precision (mixed.older) is not in the CUDA kernels yet: the CPU kernels take it";
+// 8-bit one); a latent pool's decode and extend pick each key's pool as they load it (latent.cu:
+// any pair of dtypes).
 
 }  // namespace kvpool::kernels::cuda

@@ -13,6 +13,11 @@
 // memory, then 16 threads per head accumulate p · value into registers, each owning every 16th
 // element of its head's value row. At the end acc / (l + e^{sink − m}) is written.
 //
+// Mixed precision (DecodeArgs::mixed, ExtendArgs::mixed): block-table entry i of sequence s names
+// a page of mixed.older when i < older_pages[s]. The tile load of step 1 picks each key's pool,
+// and so its dtype, strides and scales, from its entry; everything after the conversion is the
+// plain kernel, so any pair of dtypes is read (the CPU kernels' rule, kernels/paged_kv.h).
+//
 // This is the plain form: every CTA reads its keys once per query token and head slice (no split
 // across SMs, no tensor cores), right for the GPU check and for short contexts; a FlashMLA-class
 // kernel (wgmma tiles over 64-token pages, split-KV) is the next step. Not run on a GPU yet.
@@ -79,6 +84,8 @@ struct LatentCall {
   float scale;
   AttentionMask mask;
   uint32_t value_dim;
+  PagedKv older;                // older.base null: no mixed call
+  const uint32_t* older_pages;  // [num_seqs]: each sequence's leading entries in `older`
 };
 
 __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
@@ -137,10 +144,17 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
     acc[i] = 0.0f;
 
   const PageId* table = a.block_tables + uint64_t(seq) * a.block_table_stride;
-  const KvStrides st = kv_strides(a.kv);
-  const auto* base = static_cast<const unsigned char*>(a.kv.base);
-  const uint32_t elem = dtype_bytes(g.dtype);
-  const bool quantized = dtype_is_quantized(g.dtype);
+  // The key's pool: this one, or the older one for the sequence's first `older` entries (the two
+  // share every geometry field but dtype, so scale_index is the same for both). Chosen field by
+  // field with selects: no array or pointer into the kernel's parameters, which would put them in
+  // local memory.
+  const bool mixed = a.older.base != nullptr;
+  const uint32_t older = mixed ? a.older_pages[seq] : 0;
+  const KvStrides recent_st = kv_strides(a.kv);
+  const KvStrides older_st = mixed ? kv_strides(a.older) : recent_st;
+  const auto* recent_base = static_cast<const unsigned char*>(a.kv.base);
+  const auto* older_base = static_cast<const unsigned char*>(a.older.base);
+  const KvDtype older_dtype = a.older.geometry.dtype;
   const uint32_t first = first_visible_key(a.mask, pos);
   __syncthreads();
 
@@ -149,10 +163,17 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
     // 1. The tile's keys, converted.
     for (uint32_t i = threadIdx.x; i < uint32_t(n) * d; i += kLatentThreads) {
       const auto t = static_cast<uint32_t>(t0 + i / d);
-      const PageId page = table[t / g.tokens_per_page];
-      const float scale = quantized ? a.kv.scales[scale_index(g, page, a.layer, 0, false)] : 1.0f;
-      const uint64_t at = st.row(page, a.layer, 0, t % g.tokens_per_page, 0) + (i % d) * elem;
-      k_s[(i / d) * ks + i % d] = load_elem(g.dtype, base + at, scale);
+      const uint32_t entry = t / g.tokens_per_page;
+      const bool in_older = entry < older;
+      const KvDtype dt = in_older ? older_dtype : g.dtype;
+      const float* scales = in_older ? a.older.scales : a.kv.scales;
+      const PageId page = table[entry];
+      const float scale =
+          dtype_is_quantized(dt) ? scales[scale_index(g, page, a.layer, 0, false)] : 1.0f;
+      const KvStrides& st = in_older ? older_st : recent_st;
+      const uint64_t at =
+          st.row(page, a.layer, 0, t % g.tokens_per_page, 0) + (i % d) * dtype_bytes(dt);
+      k_s[(i / d) * ks + i % d] = load_elem(dt, (in_older ? older_base : recent_base) + at, scale);
     }
     __syncthreads();
     // 2. Scores of every (head, key) pair.
@@ -216,22 +237,10 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
   }
 }
 
-std::string check_latent(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads,
-                         uint32_t value_dim, const AttentionMask& mask, const char* kernel) {
+// What the key loads assume of one pool (the call's, or a mixed call's older one): its scales,
+// aligned elements, pages that do not overlap, a layout it names. k: the message's prefix.
+std::string check_latent_pool(const PagedKv& kv, const std::string& k) {
   const Geometry& g = kv.geometry;
-  const std::string k = kernel;
-  if (std::string e = validate(g); !e.empty()) return k + ": " + e;
-  if (layer >= g.layers) return k + ": layer out of range";
-  if (num_q_heads == 0) return k + ": num_q_heads must be at least 1";
-  if (g.head_dim > kMaxLatentDim) {
-    return k + ": a latent vector of head_dim " + std::to_string(g.head_dim) + " exceeds the " +
-           std::to_string(kMaxLatentDim) + " the CUDA kernel holds";
-  }
-  if (value_dim > g.head_dim) {
-    return k + ": value_dim " + std::to_string(value_dim) +
-           " exceeds the latent vector's head_dim " + std::to_string(g.head_dim);
-  }
-  if (mask.window_left < -1) return k + ": mask.window_left is below -1";
   if (dtype_is_quantized(g.dtype) && kv.scales == nullptr) {
     return k + ": an 8-bit pool needs its scales";
   }
@@ -240,8 +249,6 @@ std::string check_latent(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads
   }
   if (!segments_fit(kv))
     return k + ": kv.segment_pages and kv.segment_stride do not fit the layout";
-  if ((uint64_t{num_q_heads} + kHeads - 1) / kHeads > 65535) return k + ": too many query heads";
-  // What the element loads assume: aligned elements and scales, pages that do not overlap.
   const uint32_t b = dtype_bytes(g.dtype);
   if (reinterpret_cast<uintptr_t>(kv.base) % b != 0 ||
       reinterpret_cast<uintptr_t>(kv.scales) % sizeof(float) != 0) {
@@ -255,6 +262,42 @@ std::string check_latent(const PagedKv& kv, uint32_t layer, uint32_t num_q_heads
   }
   if (kv.layout != KvLayout::page_major && kv.layout != KvLayout::layer_major) {
     return k + ": kv.layout is not a KvLayout";
+  }
+  return {};
+}
+
+template <typename Args>
+std::string check_latent(const Args& a, const char* kernel) {
+  const Geometry& g = a.kv.geometry;
+  const std::string k = kernel;
+  if (std::string e = validate(g); !e.empty()) return k + ": " + e;
+  if (a.layer >= g.layers) return k + ": layer out of range";
+  if (a.num_q_heads == 0) return k + ": num_q_heads must be at least 1";
+  if (g.head_dim > kMaxLatentDim) {
+    return k + ": a latent vector of head_dim " + std::to_string(g.head_dim) + " exceeds the " +
+           std::to_string(kMaxLatentDim) + " the CUDA kernel holds";
+  }
+  if (a.value_dim > g.head_dim) {
+    return k + ": value_dim " + std::to_string(a.value_dim) +
+           " exceeds the latent vector's head_dim " + std::to_string(g.head_dim);
+  }
+  if (a.mask.window_left < -1) return k + ": mask.window_left is below -1";
+  if ((uint64_t{a.num_q_heads} + kHeads - 1) / kHeads > 65535) {
+    return k + ": too many query heads";
+  }
+  if (std::string e = check_latent_pool(a.kv, k); !e.empty()) return e;
+  if (mixed_in_use(a.mixed)) {
+    if (!same_shape(a.mixed.older.geometry, g)) {
+      return k +
+             ": mixed.older is not of the pool's shape (layers, kv_heads, head_dim, "
+             "tokens_per_page, kind, window)";
+    }
+    if (a.num_seqs != 0 && a.mixed.older_pages == nullptr) {
+      return k + ": mixed.older_pages is null";
+    }
+    if (std::string e = check_latent_pool(a.mixed.older, k + " (mixed.older)"); !e.empty()) {
+      return e;
+    }
   }
   return {};
 }
@@ -274,7 +317,9 @@ LatentCall call_of(const Args& a, const uint32_t* q_offsets) {
                     a.context_lens,
                     a.scale,
                     a.mask,
-                    value_width(a.kv.geometry, a.value_dim)};
+                    value_width(a.kv.geometry, a.value_dim),
+                    a.mixed.older,
+                    a.mixed.older_pages};
 }
 
 std::string launch(const LatentCall& c, uint32_t query_tokens, void* stream, const char* kernel) {
@@ -297,10 +342,7 @@ std::string launch(const LatentCall& c, uint32_t query_tokens, void* stream, con
 }  // namespace
 
 std::string latent_decode(const DecodeArgs& a, void* stream) {
-  if (std::string e = check_latent(a.kv, a.layer, a.num_q_heads, a.value_dim, a.mask, "decode");
-      !e.empty()) {
-    return e;
-  }
+  if (std::string e = check_latent(a, "decode"); !e.empty()) return e;
   if (a.num_seqs == 0) return {};
   if (a.q == nullptr || a.out == nullptr || a.block_tables == nullptr ||
       a.context_lens == nullptr || a.kv.base == nullptr) {
@@ -310,10 +352,7 @@ std::string latent_decode(const DecodeArgs& a, void* stream) {
 }
 
 std::string latent_extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream) {
-  if (std::string e = check_latent(a.kv, a.layer, a.num_q_heads, a.value_dim, a.mask, "extend");
-      !e.empty()) {
-    return e;
-  }
+  if (std::string e = check_latent(a, "extend"); !e.empty()) return e;
   if (a.num_seqs == 0 || total_new_tokens == 0) return {};
   if (a.q == nullptr || a.out == nullptr || a.q_offsets == nullptr || a.block_tables == nullptr ||
       a.context_lens == nullptr || a.kv.base == nullptr) {

@@ -608,14 +608,19 @@ std::vector<Case> matrix_cases() {
   }
   // Mixed precision: older halves in 8 bits of the other layout; one-page splits (a chunk per
   // page, so chunks fall on both sides of the boundary), straddling splits, planned and none; a
-  // window with sinks; a wide group; a sequence shorter than a page (its one block older).
+  // window with sinks; a wide group; a sequence shorter than a page (its one block older); latent
+  // pools.
   for (KvDtype dt : {KvDtype::bf16, KvDtype::fp16}) {
     std::vector<Case> mixed{
         {dt, 128, 4, 16, {1, 17, 300, 1000}, {16, 40, 0, kNoSplit}},
         {dt, 64, 8, 8, {9, 2049}, {8, 0}, KvLayout::layer_major, 127, 0, true},
         {dt, 256, 1, 32, {33, 500}, {0, kNoSplit}},
         {dt, 128, 16, 16, {40, 700}, {0, 64}, KvLayout::layer_major},
-        {dt, 64, 4, 16, {3000, 5}, {0, 256}, KvLayout::page_major, -1, 64, true}};
+        {dt, 64, 4, 16, {3000, 5}, {0, 256}, KvLayout::page_major, -1, 64, true},
+        // Latent (MLA) pools: DeepSeek-V3's vector on 64-token pages, and a small one with a
+        // window and sinks.
+        {dt, 576, 16, 64, {1, 65, 700}, {0}, KvLayout::page_major, -1, 0, false, 512},
+        {dt, 64, 3, 16, {9, 200}, {0}, KvLayout::layer_major, 20, 0, true, 48}};
     for (size_t i = 0; i < mixed.size(); ++i) {
       mixed[i].mixed = true;
       mixed[i].other_older = i % 2 == 1;

@@ -104,10 +104,9 @@ TEST(CudaKernelArgs, BadMaskFieldsAndLatentShapesAreRefused) {
 }
 
 // A mixed-precision decode checks its older pool (shape, scales, the older_pages array) and needs
-// a workspace entry per chunk and pool even for one chunk, and a mixed extend checks the same; a
-// latent pool's mixed calls are refused by name rather than run with the older pool's page ids
-// read from the recent pool; a conversion between pools of different shapes, or within one pool,
-// too.
+// a workspace entry per chunk and pool even for one chunk, and a mixed extend checks the same; so
+// do a latent pool's mixed calls, whose kernel reads any pair of dtypes; a conversion between
+// pools of different shapes, or within one pool, is refused too.
 TEST(CudaKernelArgs, MixedPrecisionIsCheckedAndConversionsAreChecked) {
   const uint64_t stride = page_data_bytes(Geometry{2, 2, 128, 16, KvDtype::bf16});
   auto* base = reinterpret_cast<void*>(uintptr_t{0x10000});
@@ -144,14 +143,31 @@ TEST(CudaKernelArgs, MixedPrecisionIsCheckedAndConversionsAreChecked) {
   EXPECT_EQ(ws, 2u * 2 * (128 * sizeof(float) + 2 * sizeof(float)));
   EXPECT_EQ(cuda::decode(d, 1, 132, nullptr, 0, nullptr),
             "decode: workspace of 0 bytes, " + std::to_string(ws) + " needed");
+  // A latent pool's mixed decode checks its older pool the same way, and that pool's layout.
   DecodeArgs latent = d;
   latent.kv.geometry = Geometry{2, 1, 576, 64, KvDtype::bf16, AttentionKind::latent, 0};
+  latent.kv.page_stride = page_data_bytes(latent.kv.geometry);
   latent.mixed.older.geometry = latent.kv.geometry;
   latent.mixed.older.geometry.dtype = KvDtype::fp8_e4m3;
+  latent.mixed.older.page_stride = page_data_bytes(latent.mixed.older.geometry);
+  latent.mixed.older.scales = nullptr;
   EXPECT_EQ(cuda::decode(latent, 1, 132, nullptr, 0, nullptr),
-            std::string("decode (latent): ") + cuda::kMixedNotOnGpu);
+            "decode (mixed.older): an 8-bit pool needs its scales");
+  latent.mixed.older.scales = scales;
+  latent.mixed.older.page_stride = 64;
+  EXPECT_NE(cuda::decode(latent, 1, 132, nullptr, 0, nullptr)
+                .find("decode (mixed.older): kv.page_stride 64 is below the page's data bytes"),
+            std::string::npos);
+  latent.mixed.older.page_stride = page_data_bytes(latent.mixed.older.geometry);
+  latent.mixed.older.geometry.tokens_per_page = 16;
+  EXPECT_NE(cuda::decode(latent, 1, 132, nullptr, 0, nullptr).find("not of the pool's shape"),
+            std::string::npos);
+  latent.mixed.older.geometry.tokens_per_page = 64;
+  latent.mixed.older_pages = nullptr;
+  EXPECT_EQ(cuda::decode(latent, 1, 132, nullptr, 0, nullptr), "decode: mixed.older_pages is null");
+  EXPECT_EQ(cuda::decode_workspace_bytes(latent, 1000, 132), 0u);  // latent.cu splits nothing
   // A mixed extend checks its older pool as the decode does, and takes a 16-bit pool over an
-  // 8-bit one only; a latent one is refused by name.
+  // 8-bit one only, but for a latent pool, whose keys are loaded one by one in either dtype.
   d.mixed.older.scales = nullptr;
   ExtendArgs e{d.kv, 0, 1, 2, &q, &out, offsets, &table, 1, &len, 1.0f, {}, 0, {}};
   e.mixed = d.mixed;
@@ -167,10 +183,20 @@ TEST(CudaKernelArgs, MixedPrecisionIsCheckedAndConversionsAreChecked) {
   EXPECT_NE(cuda::extend(e, 1, nullptr).find("a 16-bit pool (bf16, fp16) and an 8-bit older pool"),
             std::string::npos);
   ExtendArgs latent_extend = e;
-  latent_extend.kv.geometry = latent.kv.geometry;
-  latent_extend.mixed.older.geometry = latent.mixed.older.geometry;
+  latent_extend.kv = latent.kv;
+  latent_extend.mixed = latent.mixed;
+  latent_extend.mixed.older.layout = KvLayout::layer_major;
+  latent_extend.mixed.older.num_pages = 0;
+  latent_extend.mixed.older_pages = &older;
   EXPECT_EQ(cuda::extend(latent_extend, 1, nullptr),
-            std::string("extend (latent): ") + cuda::kMixedNotOnGpu);
+            "extend (mixed.older): a layer_major pool needs kv.num_pages");
+  latent_extend.mixed.older.num_pages = 8;
+  latent_extend.mixed.older.geometry.head_dim = 512;
+  EXPECT_NE(cuda::extend(latent_extend, 1, nullptr).find("not of the pool's shape"),
+            std::string::npos);
+  latent_extend.mixed.older.geometry.head_dim = 576;
+  latent_extend.mixed.older_pages = nullptr;
+  EXPECT_EQ(cuda::extend(latent_extend, 1, nullptr), "extend: mixed.older_pages is null");
 
   ConvertPagesArgs c{d.kv, d.mixed.older, 1, &table, &table};
   c.dst.geometry.head_dim = 64;
