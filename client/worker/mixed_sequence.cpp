@@ -38,11 +38,6 @@ Result<std::unique_ptr<MixedSequence>> MixedSequence::create(
                    ": the recent pool keeps 16 bits (bf16, fp16), the older one 8 (fp8_e4m3, "
                    "int8)");
   }
-  if (rg.kind == AttentionKind::chunked) {
-    return invalid("pool " + recent.pool().pool_name +
-                   " is chunked: MixedSequence takes full, latent and sliding pools (a chunked "
-                   "pool's lookup of the chain's recent part would place its chunks wrong)");
-  }
   if (recent.base() == nullptr || older.base() == nullptr) {
     return invalid("pool " + (recent.base() == nullptr ? recent : older).pool().pool_name +
                    " is attached without a mapping: a conversion reads and writes the pages");
@@ -110,6 +105,10 @@ Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
   }
   pages_.insert(pages_.end(), new_hits.value().begin(), new_hits.value().end());
   published_ = static_cast<uint32_t>(pages_.size());
+  if (auto trimmed = trim_hit(); !trimmed.ok()) {
+    (void)release();
+    return trimmed.error();
+  }
   const uint32_t blocks = (tokens() + tpp_ - 1) / tpp_;
   if (blocks > pages_.size()) {
     auto fresh = recent_.alloc(blocks - static_cast<uint32_t>(pages_.size()));
@@ -130,6 +129,35 @@ Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
     return aged.error();
   }
   return cached;
+}
+
+Result<Ok> MixedSequence::trim_hit() {
+  if (published_ == 0) return Ok{};
+  const Geometry& g = recent_.pool().geometry;
+  // Whether the first query after a hit of n blocks (at n · T, or the prompt's last token when
+  // the prompt is all cached) finds every block it reads in the table.
+  const auto readable = [&](uint32_t n) {
+    const uint64_t query = std::min<uint64_t>(uint64_t{n} * tpp_, tokens() - 1);
+    for (uint64_t b = first_visible_token(g, query) / tpp_; b < n; ++b) {
+      if (pages_[b] == kNoPage) return false;
+    }
+    return true;
+  };
+  uint32_t n = published_;
+  while (n > 0 && !readable(n))
+    --n;
+  if (n == published_) return Ok{};
+  std::vector<PageId> older_pages, recent_pages;
+  for (uint32_t b = n; b < published_; ++b) {
+    if (pages_[b] != kNoPage) (b < older_ ? older_pages : recent_pages).push_back(pages_[b]);
+  }
+  pages_.resize(n);
+  published_ = n;
+  older_ = std::min(older_, n);
+  auto a = release_tail_first(older_conn_, std::move(older_pages));
+  auto b = release_tail_first(recent_, std::move(recent_pages));
+  if (!a.ok()) return a.error();
+  return b;
 }
 
 Result<MixedSequence::Slot> MixedSequence::append(uint32_t token) {
@@ -183,8 +211,9 @@ Result<uint32_t> MixedSequence::publish_full() {
 }
 
 Result<uint32_t> MixedSequence::age(uint32_t first_query) {
-  // A sliding pool's blocks before the window of the first query still to run are read by no
-  // query from now on: let go (published, they stay cached for other sequences), not converted.
+  // A sliding or chunked pool's blocks before the window (chunk) of the first query still to
+  // run are read by no query from now on: let go (published, they stay cached for other
+  // sequences), not converted.
   // A hit's holes just past them (a lookup keeps the window of the next token's query, one
   // position on) go too: the table keeps no hole after a page.
   const Geometry& g = recent_.pool().geometry;

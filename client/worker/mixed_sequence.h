@@ -8,14 +8,15 @@
 // kernels/paged_kv.h, MixedPrecision): entries [0, older_pages()) are pages of the older pool.
 //   begin(prompt)   looks the prompt's full blocks up in the older pool, then the rest of the chain
 //                   in the recent pool (a block converted by another worker is found in 8 bits,
-//                   the newer ones in 16), allocates recent pages for the rest, and ages
-//                   (blocks the older pool has no room for stay in 16 bits; no failure);
+//                   the newer ones in 16), keeps the longest part of that hit whose first query
+//                   finds every block it reads (trim_hit), allocates recent pages for the rest,
+//                   and ages (blocks the older pool has no room for stay in 16 bits; no failure);
 //   append()        allocates in the recent pool as blocks fill;
 //   publish_full()  publishes the full blocks in the recent pool (adopting duplicates), then ages;
-//   age             on a sliding pool, every published block before the window of the first
-//                   query still to run (begin: the first token not cached; then the last
-//                   token) is let go first (its entry becomes kNoPage: no later query reads
-//                   it; it stays cached for other sequences); then
+//   age             on a sliding or chunked pool, every published block before the window (or
+//                   the attention chunk) of the first query still to run (begin: the first
+//                   token not cached; then the last token) is let go first (its entry becomes
+//                   kNoPage: no later query reads it; it stays cached for other sequences); then
 //                   every published block whose last token is recent_tokens or more behind the
 //                   head (blocks [0, (tokens − recent_tokens) / T)) moves to the older pool: it
 //                   is converted (PoolKernels::convert_to: a fresh older page only this worker
@@ -37,8 +38,15 @@
 // Invariants: the cache holds one reference to every page in its table; entries
 // [0, older_pages()) are pages published in the older pool, or kNoPage (before a sliding
 // window: a begin() hit's holes, or let go by age), [older_pages(), published) pages published
-// in the recent one; older_pages() only grows. A sliding sequence's begin() finds the older
-// pool's blocks when that pool holds its hit's whole window there (lookups are per pool).
+// in the recent one; older_pages() only grows after begin(); after begin() the first query
+// reads no kNoPage entry.
+// Windowed pools: each lookup judges its own pool's blocks, so a sliding or chunked sequence's
+// begin() finds the older pool's blocks when that pool holds its hit's whole window there. The
+// recent pool's lookup counts positions from the first block the older pool lacks, which is a
+// chunk boundary of the sequence only by chance: on a chunked pool its answer may leave holes
+// where the sequence's own chunk needs pages (or stop short). trim_hit() keeps the longest hit
+// whose first query's keys are all in the table, so a hit may come out shorter than what the two
+// pools hold together, never wrong.
 // Thread-safety: one thread at a time, like its Connections. Errors: the daemon's or the kernel's;
 // a failed step leaves the table consistent (a conversion that failed leaves its blocks in the
 // recent pool and returns the older pages it took).
@@ -65,11 +73,9 @@ class MixedSequence {
 
   // The two pools must be of one shape (layers, KV heads, head_dim, tokens per page, kind), the
   // recent one 16-bit and the older one 8-bit, both mapped in the same memory (host or one
-  // GPU), of kind full, latent or sliding (a chunked pool's lookup of the recent part would
-  // place its chunks wrong);
-  // recent_tokens ≥ 1; recent_k and older_k the kernels of those two connections. The
-  // connections, kernels and hasher must outlive the sequence. `root`: the recent pool's
-  // BlockHasher::root().
+  // GPU), of any kind (full, latent, sliding, chunked); recent_tokens ≥ 1; recent_k and older_k the
+  // kernels of those two connections. The connections, kernels and hasher must outlive the
+  // sequence. `root`: the recent pool's BlockHasher::root().
   static Result<std::unique_ptr<MixedSequence>> create(Connection& recent, PoolKernels& recent_k,
                                                        Connection& older, PoolKernels& older_k,
                                                        BlockHasher& hasher, const BlockHash& root,
@@ -105,6 +111,9 @@ class MixedSequence {
                 BlockHasher& hasher, const BlockHash& root, uint32_t recent_tokens);
   uint32_t full_blocks() const { return tokens() / tpp_; }
   void hash_new_full_blocks();
+  // begin()'s hit cut to the longest n ≤ published blocks whose first query (at n · T, or the
+  // prompt's last token) finds a page at every block it reads; the cut pages are released.
+  Result<Ok> trim_hit();
   // On a sliding pool, lets go of the blocks before the window of the query at `first_query`
   // (the first still to run); then moves the published blocks older than recent_tokens into the
   // older pool; returns how many were converted.

@@ -5,7 +5,8 @@
 // bit for bit what the first one decoded, within fp8's error of an all-bf16 decode. While a
 // worker converts, others find only the bf16 block (the fp8 page is published whole or not at
 // all); a worker killed mid-conversion leaves no page held and no block in the fp8 index. Pools
-// that cannot pair are refused by name.
+// that cannot pair are refused by name. Sliding and chunked pools:
+// mixed_precision_window_test.cpp.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -21,48 +22,11 @@
 #include "client/worker/pool_kernels.h"
 #include "common/block_hash.h"
 #include "tests/integration/daemon_harness.h"
+#include "tests/integration/mixed_precision_util.h"
 #include "tests/integration/test_attach.h"
 
-namespace kvpool::testing {
+namespace kvpool::testing::mixed {
 namespace {
-
-using client::Connection;
-using client::MixedSequence;
-using client::PoolKernels;
-
-constexpr uint32_t kT = 16, kHeads = 2, kDim = 64, kQHeads = 8;
-constexpr uint32_t kPrompt = 100;  // 6 full blocks and 4 tokens
-constexpr uint32_t kRecent = 32;   // blocks [0, (100 − 32) / 16) = [0, 4) age
-
-constexpr const char* kConfig = R"(
-backend: host
-pools:
-  - name: recent
-    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16}
-    capacity: 32 pages
-  - name: older
-    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3}
-    capacity: 32 pages
-  - name: other
-    geometry: {layers: 2, kv_heads: 2, head_dim: 128, tokens_per_page: 16, dtype: fp8_e4m3}
-    capacity: 4 pages
-  - name: chunk
-    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16,
-               kind: chunked, window: 64}
-    capacity: 4 pages
-  - name: chunk8
-    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3,
-               kind: chunked, window: 64}
-    capacity: 4 pages
-  - name: slide
-    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: bf16,
-               kind: sliding, window: 64}
-    capacity: 32 pages
-  - name: slide8
-    geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3,
-               kind: sliding, window: 64}
-    capacity: 32 pages
-)";
 
 // The older pool holds two pages: four aged blocks cannot all go down at once.
 constexpr const char* kSmallOlderConfig = R"(
@@ -75,130 +39,6 @@ pools:
     geometry: {layers: 2, kv_heads: 2, head_dim: 64, tokens_per_page: 16, dtype: fp8_e4m3}
     capacity: 2 pages
 )";
-
-std::vector<uint32_t> prompt() {
-  std::vector<uint32_t> p(kPrompt);
-  for (uint32_t i = 0; i < kPrompt; ++i)
-    p[i] = 1000 + 7 * i;
-  return p;
-}
-
-// Token t's K and V rows (every head), the same in every worker: [kHeads][kDim] each.
-void kv_of(uint32_t t, std::vector<float>& k, std::vector<float>& v) {
-  k.resize(size_t{kHeads} * kDim);
-  v.resize(k.size());
-  for (size_t i = 0; i < k.size(); ++i) {
-    k[i] = std::sin(0.37f * float(t) + 0.11f * float(i));
-    v[i] = std::cos(0.23f * float(t) - 0.07f * float(i));
-  }
-}
-
-// Writes tokens [from, to) of the sequence into its recent pages, every layer.
-std::string write_tokens(PoolKernels& k, const MixedSequence& s, uint32_t from, uint32_t to) {
-  std::vector<float> kr, vr, ks, vs;
-  std::vector<int64_t> slots;
-  for (uint32_t t = from; t < to; ++t) {
-    kv_of(t, kr, vr);
-    ks.insert(ks.end(), kr.begin(), kr.end());
-    vs.insert(vs.end(), vr.begin(), vr.end());
-    slots.push_back(int64_t{s.block_table()[t / kT]} * kT + t % kT);
-  }
-  for (uint32_t layer = 0; layer < 2; ++layer) {
-    kernels::AppendArgs a;
-    a.layer = layer;
-    a.num_tokens = to - from;
-    a.k = ks.data();
-    a.v = vs.data();
-    a.slots = slots.data();
-    if (std::string e = k.append_kv(a); !e.empty()) return e;
-  }
-  return {};
-}
-
-// Layer 1's decode of the sequence's next query: mixed when it has older pages.
-std::string decode(PoolKernels& recent, PoolKernels& older, const MixedSequence& s,
-                   std::vector<float>& out) {
-  std::vector<float> q(size_t{kQHeads} * kDim);
-  for (size_t i = 0; i < q.size(); ++i)
-    q[i] = std::cos(0.05f * float(i));
-  out.assign(q.size(), 0.0f);
-  const uint32_t ctx = s.tokens();
-  const uint32_t older_pages = s.older_pages();
-  kernels::DecodeArgs a;
-  a.layer = 1;
-  a.num_seqs = 1;
-  a.num_q_heads = kQHeads;
-  a.q = q.data();
-  a.out = out.data();
-  a.block_tables = s.block_table().data();
-  a.block_table_stride = static_cast<uint32_t>(s.block_table().size());
-  a.context_lens = &ctx;
-  a.scale = 0.125f;
-  if (older_pages == 0) return recent.decode(a, ctx);
-  return recent.decode_mixed(a, older, &older_pages, ctx);
-}
-
-bool save(const std::string& path, const std::vector<float>& v) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(reinterpret_cast<const char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-  return bool(f);
-}
-
-std::vector<float> load(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::vector<float> v(size_t{kQHeads} * kDim);
-  f.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * sizeof(float)));
-  return v;
-}
-
-// The chain's root: the recent pool's model (both pools name blocks by it).
-BlockHash root_of(BlockHasher& hasher) {
-  Geometry g{2, kHeads, kDim, kT, KvDtype::bf16};
-  return hasher.root({"mixed-test", g, "", ""});
-}
-
-// A worker's two connections, kernels and hasher.
-struct Worker {
-  explicit Worker(const Daemon& d, const std::string& name, const char* recent_pool = "recent",
-                  const char* older_pool = "older")
-      : recent(attach(d, name, recent_pool)), older(attach(d, name, older_pool)) {}
-  bool ok() const { return recent && older; }
-  std::unique_ptr<MixedSequence> sequence() {
-    rk = std::make_unique<PoolKernels>(*recent);
-    ok_ = std::make_unique<PoolKernels>(*older);
-    auto s = MixedSequence::create(*recent, *rk, *older, *ok_, hasher, root_of(hasher), kRecent);
-    return s.ok() ? std::move(s.value()) : nullptr;
-  }
-  std::unique_ptr<Connection> recent, older;
-  std::unique_ptr<PoolKernels> rk, ok_;
-  BlockHasher hasher;
-};
-
-uint32_t in_use(Connection& c) {
-  auto st = c.stats();
-  return st.ok() ? st.value().in_use : UINT32_MAX;
-}
-
-// Pages this connection's session holds.
-uint32_t held(Connection& c) {
-  auto st = c.stats();
-  return st.ok() ? st.value().session_held_pages : UINT32_MAX;
-}
-
-// Two workers' mixed decodes (saved in files `first` and `second`) are the same bits, and within
-// fp8's error of the all-bf16 decode saved in `bf16`, but not equal to it.
-void expect_same_mixed_decode(const std::string& first, const std::string& second,
-                              const std::string& bf16) {
-  const std::vector<float> a = load(first), b = load(second), ref = load(bf16);
-  EXPECT_EQ(a, b) << "two workers reading the same mixed pages decode differently";
-  double err = 0.0, norm = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    err = std::max(err, double{std::fabs(a[i] - ref[i])});
-    norm = std::max(norm, double{std::fabs(ref[i])});
-  }
-  EXPECT_GT(err, 0.0) << "the aged blocks were not read in fp8";
-  EXPECT_LT(err, 0.05 * norm) << "fp8 blocks far from their bf16 source";
-}
 
 TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
   Daemon d(kConfig);
@@ -252,102 +92,6 @@ TEST(MixedPrecision, AgedBlocksGoToFp8AndAnotherWorkerDecodesTheSameBits) {
   ASSERT_TRUE(probe && probe_recent);
   EXPECT_EQ(in_use(*probe), 0u);
   EXPECT_EQ(in_use(*probe_recent), 0u);
-}
-
-// A sliding window of 64 tokens: at 100 tokens the next query reads keys 36..99, blocks 2..6.
-// Publishing lets go of blocks 0 and 1 (before the window) and converts 2 and 3 (older than 32
-// tokens); a second worker finds the window's blocks, adopts the first's fp8 pages when it ages
-// its own, and decodes the same bits, within fp8's error of a bf16 decode.
-TEST(MixedPrecision, ASlidingSequenceLetsGoBeforeItsWindowAndAgesTheRest) {
-  Daemon d(kConfig);
-  ASSERT_TRUE(d.start()) << d.log();
-  TempDir dir;
-  const std::string first = dir.file("first"), bf16 = dir.file("bf16"), second = dir.file("second");
-  ASSERT_EQ(run_worker([&] {
-              Worker w(d, "a", "slide", "slide8");
-              if (!w.ok()) return 10;
-              auto s = w.sequence();
-              if (!s) return 11;
-              if (auto c = s->begin(prompt()); !c.ok() || c.value() != 0) return 12;
-              if (!write_tokens(*w.rk, *s, 0, kPrompt).empty()) return 13;
-              std::vector<float> out;
-              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(bf16, out)) return 14;
-              auto converted = s->publish_full();
-              if (!converted.ok() || converted.value() != 2 || s->older_pages() != 4) return 15;
-              const std::vector<PageId>& t = s->block_table();
-              if (t[0] != kNoPage || t[1] != kNoPage || t[2] == kNoPage) return 16;
-              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(first, out)) return 17;
-              s.reset();
-              if (held(*w.recent) != 0 || held(*w.older) != 0) return 18;
-              return 0;
-            }),
-            0);
-  ASSERT_EQ(run_worker([&] {
-              Worker w(d, "b", "slide", "slide8");
-              if (!w.ok()) return 20;
-              auto s = w.sequence();
-              if (!s) return 21;
-              auto cached = s->begin(prompt());
-              if (!cached.ok() || cached.value() != 96) return 22;
-              if (s->older_pages() != 4 || s->adopted() != 2 || s->converted() != 0) return 23;
-              if (!write_tokens(*w.rk, *s, 96, kPrompt).empty()) return 24;
-              std::vector<float> out;
-              if (!decode(*w.rk, *w.ok_, *s, out).empty() || !save(second, out)) return 25;
-              s.reset();
-              if (held(*w.recent) != 0 || held(*w.older) != 0) return 26;
-              return 0;
-            }),
-            0);
-  expect_same_mixed_decode(first, second, bf16);
-}
-
-// A sliding sequence that resumes from a short hit keeps what its prompt's new tokens still
-// read: the first new token (32) sees keys 0..32, so blocks 0 and 1 stay (in 8 bits: older than
-// recent_tokens), though the prompt's last token sees only keys 68 on; an extend over the new
-// tokens reads them.
-TEST(MixedPrecision, ASlidingSequenceKeepsWhatItsPromptsNewTokensRead) {
-  Daemon d(kConfig);
-  ASSERT_TRUE(d.start()) << d.log();
-  ASSERT_EQ(run_worker([&] {
-              Worker w(d, "a", "slide", "slide8");
-              if (!w.ok()) return 10;
-              auto s = w.sequence();
-              if (!s || !s->begin(prompt()).ok()) return 11;
-              if (!write_tokens(*w.rk, *s, 0, kPrompt).empty()) return 12;
-              return s->publish_full().ok() ? 0 : 13;
-            }),
-            0);
-  Worker w(d, "b", "slide", "slide8");
-  ASSERT_TRUE(w.ok());
-  auto s = w.sequence();
-  ASSERT_TRUE(s);
-  std::vector<uint32_t> p = prompt();
-  p.resize(2 * kT);  // A's first two blocks, then 100 tokens of its own
-  for (uint32_t i = 0; i < 100; ++i)
-    p.push_back(50000 + i);
-  auto cached = s->begin(p);
-  ASSERT_TRUE(cached.ok()) << cached.error().message;
-  ASSERT_EQ(cached.value(), 2 * kT);
-  ASSERT_EQ(s->older_pages(), 2u);
-  EXPECT_NE(s->block_table()[0], kNoPage);
-  EXPECT_NE(s->block_table()[1], kNoPage);
-  ASSERT_EQ(write_tokens(*w.rk, *s, 2 * kT, s->tokens()), "");
-  const uint32_t n_new = s->tokens() - 2 * kT;
-  std::vector<float> q(size_t{n_new} * kQHeads * kDim, 0.5f), out(q.size());
-  const uint32_t ctx = s->tokens(), older = s->older_pages();
-  const uint32_t offsets[2] = {0, n_new};
-  kernels::ExtendArgs e;
-  e.layer = 1;
-  e.num_seqs = 1;
-  e.num_q_heads = kQHeads;
-  e.q = q.data();
-  e.out = out.data();
-  e.q_offsets = offsets;
-  e.block_tables = s->block_table().data();
-  e.block_table_stride = static_cast<uint32_t>(s->block_table().size());
-  e.context_lens = &ctx;
-  e.scale = 0.125f;
-  EXPECT_EQ(w.rk->extend_mixed(e, *w.ok_, &older, n_new), "");
 }
 
 TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksNothing) {
@@ -432,16 +176,14 @@ TEST(MixedPrecision, PoolsThatCannotPairAreRefusedByName) {
                                       "keeps 16 bits"),
             std::string::npos)
       << same.error().message;
-  auto chunk = attach(d, "w4", "chunk");
-  auto chunk8 = attach(d, "w4", "chunk8");
-  ASSERT_TRUE(chunk && chunk8);
-  PoolKernels ck(*chunk), c8k(*chunk8);
-  auto chunked = MixedSequence::create(*chunk, ck, *chunk8, c8k, hasher, root, kRecent);
-  ASSERT_FALSE(chunked.ok());
-  EXPECT_NE(chunked.error().message.find("pool chunk is chunked: MixedSequence takes full, latent "
-                                         "and sliding pools"),
+  auto slide8 = attach(d, "w4", "slide8");
+  ASSERT_TRUE(slide8);
+  PoolKernels s8k(*slide8);
+  auto kinds = MixedSequence::create(*recent, rk, *slide8, s8k, hasher, root, kRecent);
+  ASSERT_FALSE(kinds.ok());
+  EXPECT_NE(kinds.error().message.find("pool recent and pool slide8 are not of one shape"),
             std::string::npos)
-      << chunked.error().message;
+      << kinds.error().message;
   auto older = attach(d, "w3", "older");
   ASSERT_TRUE(older);
   PoolKernels olk(*older);
@@ -572,4 +314,4 @@ TEST(MixedPrecision, BlocksTheOlderPoolCannotTakeStayInSixteenBits) {
 }
 
 }  // namespace
-}  // namespace kvpool::testing
+}  // namespace kvpool::testing::mixed
