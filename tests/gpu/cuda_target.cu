@@ -147,9 +147,11 @@ int run_cuda_bench() {
   // One decode call's best time of 5 (ms) over batch sequences of ctx tokens, 32 query heads over
   // 8 KV heads of dim 128, 16 tokens a page, pages in a random order; layer_major pools segmented
   // when segment_pages > 0 (an elastic pool's layout: a block of slack after each segment).
+  // recent > 0: a mixed call (DecodeArgs::mixed), each sequence's full blocks before its last
+  // `recent` tokens read from an fp8_e4m3 pool of the same page count (MixedSequence's table).
   std::mt19937 rng(7);
   auto measure = [&](KvDtype dt, KvLayout layout, uint32_t segment_pages, uint32_t batch,
-                     uint32_t ctx) -> float {
+                     uint32_t ctx, uint32_t recent = 0) -> float {
     const Geometry g{1, 8, 128, 16, dt};
     const uint32_t blocks = ctx / 16;
     const uint32_t pages = batch * blocks;
@@ -185,6 +187,20 @@ int run_cuda_bench() {
     a.block_table_stride = blocks;
     a.context_lens = d_lens;
     a.scale = 0.088f;
+    void* older_base = nullptr;
+    float* older_scales = nullptr;
+    uint32_t* d_older = nullptr;
+    if (recent != 0) {
+      const Geometry og{1, 8, 128, 16, KvDtype::fp8_e4m3};
+      const uint64_t older_stride = page_data_bytes(og);
+      CHECK_CUDA(cudaMalloc(&older_base, uint64_t(pages) * older_stride));
+      CHECK_CUDA(cudaMemset(older_base, 0x3c, uint64_t(pages) * older_stride));
+      older_scales = to_device(std::vector<float>(size_t(pages) * 16, 0.01f));
+      d_older = to_device(std::vector<uint32_t>(batch, ctx > recent ? (ctx - recent) / 16 : 0));
+      a.mixed = MixedPrecision{
+          PagedKv{older_base, older_stride, older_scales, og, KvLayout::page_major, pages}, d_older,
+          pages};
+    }
     const size_t ws_bytes = cuda::decode_workspace_bytes(a, ctx, sm_count);
     void* ws = nullptr;
     if (ws_bytes) CHECK_CUDA(cudaMalloc(&ws, ws_bytes));
@@ -203,8 +219,9 @@ int run_cuda_bench() {
       t = std::min(t, time_ms(e0, e1));
     }
     for (void* ptr :
-         {base, static_cast<void*>(scales), static_cast<void*>(d_table),
-          static_cast<void*>(d_lens), static_cast<void*>(d_q), static_cast<void*>(d_out), ws}) {
+         {base, static_cast<void*>(scales), static_cast<void*>(d_table), static_cast<void*>(d_lens),
+          static_cast<void*>(d_q), static_cast<void*>(d_out), ws, older_base,
+          static_cast<void*>(older_scales), static_cast<void*>(d_older)}) {
       if (ptr) cudaFree(ptr);
     }
     return t;
@@ -246,6 +263,78 @@ int run_cuda_bench() {
       std::printf("%-9s %5u %7u %11.0f %12.0f %10.0f %9.2fx\n", "bf16", batch, ctx, gbs[0], gbs[1],
                   gbs[2], gbs[2] / gbs[1]);
     }
+  }
+  // Mixed precision (issue 25): the last 1,024 tokens of each sequence in bf16, the full blocks
+  // before them in fp8_e4m3, against all-bf16 and all-fp8 in the same run. "speed" is all-bf16's
+  // time over the call's (tokens per second, the same tokens); GB/s counts the bytes read.
+  constexpr uint32_t kRecent = 1024;
+  std::printf("\nmixed decode: bf16 for the last %u tokens, fp8_e4m3 before them\n", kRecent);
+  std::printf("%5s %7s %9s %9s %9s %11s %10s\n", "batch", "context", "bf16 us", "fp8 us",
+              "mixed us", "mixed GB/s", "speed/bf16");
+  for (uint32_t batch : {16u, 64u}) {
+    for (uint32_t ctx : {4096u, 32768u}) {
+      const float t16 = measure(KvDtype::bf16, KvLayout::page_major, 0, batch, ctx);
+      const float t8 = measure(KvDtype::fp8_e4m3, KvLayout::page_major, 0, batch, ctx);
+      const float tm = measure(KvDtype::bf16, KvLayout::page_major, 0, batch, ctx, kRecent);
+      if (t16 < 0 || t8 < 0 || tm < 0) return 1;
+      const uint32_t older_tokens = (ctx - kRecent) / 16 * 16;
+      const double bytes =
+          double(batch) * 2.0 * 8 * 128 * (older_tokens * 1.0 + (ctx - older_tokens) * 2.0);
+      std::printf("%5u %7u %9.1f %9.1f %9.1f %11.0f %9.2fx\n", batch, ctx, t16 * 1e3, t8 * 1e3,
+                  tm * 1e3, bytes / (tm * 1e-3) / 1e9, t16 / tm);
+    }
+  }
+
+  // Conversion cost (convert_pages, issue 25): whole pages of a Llama-3.1-8B geometry (32 layers,
+  // 8 KV heads, head_dim 128, 16 tokens: 2 MiB in bf16) into fp8_e4m3 and int8, best of 5.
+  {
+    constexpr uint32_t kPages = 512;
+    const Geometry src_g{32, 8, 128, 16, KvDtype::bf16};
+    const uint64_t src_stride = page_data_bytes(src_g);
+    void* src_base = nullptr;
+    CHECK_CUDA(cudaMalloc(&src_base, uint64_t(kPages) * src_stride));
+    CHECK_CUDA(cudaMemset(src_base, 0x3c, uint64_t(kPages) * src_stride));
+    std::vector<PageId> ids(kPages);
+    std::iota(ids.begin(), ids.end(), 0u);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    PageId* d_src_ids = to_device(ids);
+    std::iota(ids.begin(), ids.end(), 0u);
+    PageId* d_dst_ids = to_device(ids);
+    std::printf("\nconvert_pages: %u pages of 2 MiB bf16 (32 layers, 8 KV heads, head_dim 128)\n",
+                kPages);
+    std::printf("%-9s %12s %14s\n", "to", "us per page", "GB/s of bf16");
+    for (KvDtype to : {KvDtype::fp8_e4m3, KvDtype::int8}) {
+      Geometry dst_g = src_g;
+      dst_g.dtype = to;
+      const uint64_t dst_stride = page_data_bytes(dst_g);
+      void* dst_base = nullptr;
+      CHECK_CUDA(cudaMalloc(&dst_base, uint64_t(kPages) * dst_stride));
+      float* dst_scales = to_device(std::vector<float>(kPages * page_scale_bytes(dst_g) / 4));
+      ConvertPagesArgs c{
+          PagedKv{src_base, src_stride, nullptr, src_g, KvLayout::page_major, kPages},
+          PagedKv{dst_base, dst_stride, dst_scales, dst_g, KvLayout::page_major, kPages}, kPages,
+          d_src_ids, d_dst_ids};
+      float t = 1e30f;
+      for (int r = 0; r < 5; ++r) {
+        cold();
+        CHECK_CUDA(cudaEventRecord(e0));
+        const std::string err = cuda::convert_pages(c, nullptr);
+        CHECK_CUDA(cudaEventRecord(e1));
+        CHECK_CUDA(cudaEventSynchronize(e1));
+        if (!err.empty()) {
+          std::fprintf(stderr, "convert_pages: %s\n", err.c_str());
+          return 1;
+        }
+        t = std::min(t, time_ms(e0, e1));
+      }
+      std::printf("%-9s %12.2f %14.0f\n", std::string(dtype_name(to)).c_str(), t * 1e3 / kPages,
+                  double(kPages) * src_stride / (t * 1e-3) / 1e9);
+      cudaFree(dst_base);
+      cudaFree(dst_scales);
+    }
+    cudaFree(src_base);
+    cudaFree(d_src_ids);
+    cudaFree(d_dst_ids);
   }
   cudaFree(flush);
   return 0;
