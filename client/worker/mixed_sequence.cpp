@@ -121,9 +121,10 @@ Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
   // Blocks the older pool has no room for stay in 16 bits (age() takes that as no failure); any
   // other failure (the daemon gone, a conversion error) is the call's.
   const uint32_t cached = published_ * tpp_;
-  // The prompt's first token not cached is computed next: its query reads keys from its own
-  // window on, which may reach blocks before the window of the prompt's last token.
-  auto aged = age(std::min(cached, tokens() - 1));
+  // The query at `cached` runs next (the prompt's first token not cached, or the next token after
+  // a prompt cached whole): it reads keys from its own window on, which may reach blocks before
+  // the window of the prompt's last token.
+  auto aged = age(cached);
   if (!aged.ok()) {
     (void)release();
     return aged.error();
@@ -134,11 +135,10 @@ Result<uint32_t> MixedSequence::begin(std::span<const uint32_t> prompt) {
 Result<Ok> MixedSequence::trim_hit() {
   if (published_ == 0) return Ok{};
   const Geometry& g = recent_.pool().geometry;
-  // Whether the first query after a hit of n blocks (at n · T, or the prompt's last token when
-  // the prompt is all cached) finds every block it reads in the table.
+  // Whether the query after a hit of n blocks (at n · T: what a lookup's hit serves) finds every
+  // block it reads in the table.
   const auto readable = [&](uint32_t n) {
-    const uint64_t query = std::min<uint64_t>(uint64_t{n} * tpp_, tokens() - 1);
-    for (uint64_t b = first_visible_token(g, query) / tpp_; b < n; ++b) {
+    for (uint64_t b = first_visible_token(g, uint64_t{n} * tpp_) / tpp_; b < n; ++b) {
       if (pages_[b] == kNoPage) return false;
     }
     return true;

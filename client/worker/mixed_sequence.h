@@ -14,8 +14,8 @@
 //   append()        allocates in the recent pool as blocks fill;
 //   publish_full()  publishes the full blocks in the recent pool (adopting duplicates), then ages;
 //   age             on a sliding or chunked pool, every published block before the window (or
-//                   the attention chunk) of the first query still to run (begin: the first
-//                   token not cached; then the last token) is let go first (its entry becomes
+//                   the attention chunk) of the first query still to run (begin: the token at
+//                   the hit's end; then the last token) is let go first (its entry becomes
 //                   kNoPage: no later query reads it; it stays cached for other sequences); then
 //                   every published block whose last token is recent_tokens or more behind the
 //                   head (blocks [0, (tokens − recent_tokens) / T)) moves to the older pool: it
@@ -36,8 +36,8 @@
 // session). The daemon's part is the pools' budget and, under pressure, the cached blocks.
 //
 // Invariants: the cache holds one reference to every page in its table; entries
-// [0, older_pages()) are pages published in the older pool, or kNoPage (before a sliding
-// window: a begin() hit's holes, or let go by age), [older_pages(), published) pages published
+// [0, older_pages()) are pages published in the older pool, or kNoPage (before a window or
+// chunk: a begin() hit's holes, or let go by age), [older_pages(), published) pages published
 // in the recent one; older_pages() only grows after begin(); after begin() the first query
 // reads no kNoPage entry.
 // Windowed pools: each lookup judges its own pool's blocks, so a sliding or chunked sequence's
@@ -71,11 +71,11 @@ class MixedSequence {
     uint32_t offset = 0;
   };
 
-  // The two pools must be of one shape (layers, KV heads, head_dim, tokens per page, kind), the
-  // recent one 16-bit and the older one 8-bit, both mapped in the same memory (host or one
-  // GPU), of any kind (full, latent, sliding, chunked); recent_tokens ≥ 1; recent_k and older_k the
-  // kernels of those two connections. The connections, kernels and hasher must outlive the
-  // sequence. `root`: the recent pool's BlockHasher::root().
+  // The two pools must be of one shape (layers, KV heads, head_dim, tokens per page, kind and
+  // window), the recent one 16-bit and the older one 8-bit, both mapped in the same memory (host
+  // or one GPU), of any kind (full, latent, sliding, chunked); recent_tokens ≥ 1; recent_k and
+  // older_k the kernels of those two connections. The connections, kernels and hasher must outlive
+  // the sequence. `root`: the recent pool's BlockHasher::root().
   static Result<std::unique_ptr<MixedSequence>> create(Connection& recent, PoolKernels& recent_k,
                                                        Connection& older, PoolKernels& older_k,
                                                        BlockHasher& hasher, const BlockHash& root,
@@ -84,7 +84,10 @@ class MixedSequence {
   MixedSequence(const MixedSequence&) = delete;
   MixedSequence& operator=(const MixedSequence&) = delete;
 
-  // Starts the sequence with `prompt`; returns the tokens already cached (in either pool).
+  // Starts the sequence with `prompt`; returns the tokens already cached (in either pool). As a
+  // lookup's hit, it serves the query at that position: a caller that wants to run the prompt's
+  // last token when the whole prompt is cached (for its logits) begins with the prompt less that
+  // token, since on a sliding or chunked pool that query may read blocks the hit skipped.
   Result<uint32_t> begin(std::span<const uint32_t> prompt);
   // Appends one token; returns its slot in the recent pool.
   Result<Slot> append(uint32_t token);
@@ -111,12 +114,12 @@ class MixedSequence {
                 BlockHasher& hasher, const BlockHash& root, uint32_t recent_tokens);
   uint32_t full_blocks() const { return tokens() / tpp_; }
   void hash_new_full_blocks();
-  // begin()'s hit cut to the longest n ≤ published blocks whose first query (at n · T, or the
-  // prompt's last token) finds a page at every block it reads; the cut pages are released.
+  // begin()'s hit cut to the longest n ≤ published blocks whose next query (at n · T) finds a
+  // page at every block it reads; the cut pages are released.
   Result<Ok> trim_hit();
-  // On a sliding pool, lets go of the blocks before the window of the query at `first_query`
-  // (the first still to run); then moves the published blocks older than recent_tokens into the
-  // older pool; returns how many were converted.
+  // On a sliding or chunked pool, lets go of the blocks before the window (chunk) of the query at
+  // `first_query` (the first still to run); then moves the published blocks older than
+  // recent_tokens into the older pool; returns how many were converted.
   Result<uint32_t> age(uint32_t first_query);
   // Publishes `pages` as blocks [first, first + pages.size()) in `conn` with their chain (parent,
   // tokens); a block already published there is answered with that page (retained for us): it
@@ -140,7 +143,7 @@ class MixedSequence {
   std::vector<BlockHash> hashes_;
   uint32_t older_ = 0;      // blocks [0, older_) are older-pool pages
   uint32_t published_ = 0;  // blocks [0, published_) are published (in one pool or the other)
-  uint32_t let_go_ = 0;     // entries [0, let_go_) are kNoPage: before a sliding window
+  uint32_t let_go_ = 0;     // entries [0, let_go_) are kNoPage: before a window or chunk
   uint64_t converted_ = 0;
   uint64_t adopted_ = 0;
   std::function<void()> after_convert_;

@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kLatentThreads) latent_kernel(LatentCall a) {
       const PageId page = table[entry];
       const float scale =
           dtype_is_quantized(dt) ? scales[scale_index(g, page, a.layer, 0, false)] : 1.0f;
-      const KvStrides& st = in_older ? older_st : recent_st;
+      const KvStrides st = in_older ? older_st : recent_st;
       const uint64_t at =
           st.row(page, a.layer, 0, t % g.tokens_per_page, 0) + (i % d) * dtype_bytes(dt);
       k_s[(i / d) * ks + i % d] = load_elem(dt, (in_older ? older_base : recent_base) + at, scale);
@@ -287,6 +287,9 @@ std::string check_latent(const Args& a, const char* kernel) {
   }
   if (std::string e = check_latent_pool(a.kv, k); !e.empty()) return e;
   if (mixed_in_use(a.mixed)) {
+    if (std::string e = validate(a.mixed.older.geometry); !e.empty()) {
+      return k + ": mixed.older: " + e;
+    }
     if (!same_shape(a.mixed.older.geometry, g)) {
       return k +
              ": mixed.older is not of the pool's shape (layers, kv_heads, head_dim, "

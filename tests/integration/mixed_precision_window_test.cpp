@@ -19,6 +19,31 @@
 namespace kvpool::testing::mixed {
 namespace {
 
+// The chain of blocks of `p`'s full blocks, named as MixedSequence names them.
+std::vector<BlockHash> chain_of(const std::vector<uint32_t>& p) {
+  BlockHasher hasher;
+  std::vector<BlockHash> chain;
+  BlockHash parent = root_of(hasher);
+  for (uint32_t b = 0; b < p.size() / kT; ++b) {
+    parent = hasher.block(parent, std::span(p).subspan(size_t{b} * kT, kT));
+    chain.push_back(parent);
+  }
+  return chain;
+}
+
+// Publishes blocks `which` of `chain` in `c` on fresh pages and leaves them cached (their bytes
+// are never read: no query of these tests reaches them).
+void publish_cached(Connection& c, const std::vector<BlockHash>& chain,
+                    const std::vector<uint32_t>& which) {
+  auto pages = c.alloc(static_cast<uint32_t>(which.size()));
+  ASSERT_TRUE(pages.ok());
+  std::vector<PublishItem> items;
+  for (size_t i = 0; i < which.size(); ++i)
+    items.push_back({pages.value()[i], chain[which[i]]});
+  ASSERT_TRUE(c.publish(items).ok());
+  ASSERT_TRUE(c.release(pages.value()).ok());
+}
+
 // An extend over the sequence's tokens [from, tokens()) (layer 1), mixed when it has older pages.
 std::string extend_new_tokens(Worker& w, const MixedSequence& s, uint32_t from) {
   const uint32_t n_new = s.tokens() - from;
@@ -184,27 +209,11 @@ TEST(MixedPrecision, AChunkedHitIsCutWhereItsChunkHasAHole) {
   ASSERT_TRUE(d.start()) << d.log();
   constexpr uint32_t kLen = 170;  // 10 full blocks
   const std::vector<uint32_t> p = prompt(kLen);
-  BlockHasher hasher;
-  std::vector<BlockHash> chain;
-  BlockHash parent = root_of(hasher);
-  for (uint32_t b = 0; b < kLen / kT; ++b) {
-    parent = hasher.block(parent, std::span(p).subspan(b * kT, kT));
-    chain.push_back(parent);
-  }
-  // Publishes blocks `which` of the chain in `c` (pages left cached; their bytes are never read).
-  const auto publish = [&](Connection& c, std::vector<uint32_t> which) {
-    auto pages = c.alloc(static_cast<uint32_t>(which.size()));
-    ASSERT_TRUE(pages.ok());
-    std::vector<PublishItem> items;
-    for (size_t i = 0; i < which.size(); ++i)
-      items.push_back({pages.value()[i], chain[which[i]]});
-    ASSERT_TRUE(c.publish(items).ok());
-    ASSERT_TRUE(c.release(pages.value()).ok());
-  };
+  const std::vector<BlockHash> chain = chain_of(p);
   Worker setup(d, "setup", "chunk", "chunk8");
   ASSERT_TRUE(setup.ok());
-  publish(*setup.older, {0, 1, 2, 3, 4});
-  publish(*setup.recent, {5, 7, 8, 9});
+  publish_cached(*setup.older, chain, {0, 1, 2, 3, 4});
+  publish_cached(*setup.recent, chain, {5, 7, 8, 9});
 
   Worker w(d, "b", "chunk", "chunk8");
   ASSERT_TRUE(w.ok());
@@ -223,6 +232,38 @@ TEST(MixedPrecision, AChunkedHitIsCutWhereItsChunkHasAHole) {
   EXPECT_EQ(held(*w.older), 0u);
   s.reset();
   EXPECT_EQ(held(*w.recent), 0u);
+}
+
+// A prompt that ends where a chunk ends (128 tokens, chunks of 64), cached whole: the bf16 pool
+// holds its last chunk (blocks 4–7), earlier chunks are gone. The hit serves the next token's
+// query (position 128, a new chunk: it reads no cached key), so all 128 tokens count as cached,
+// nothing before the next chunk is kept, and the next token decodes.
+TEST(MixedPrecision, AChunkedPromptCachedWholeServesItsNextToken) {
+  Daemon d(kConfig);
+  ASSERT_TRUE(d.start()) << d.log();
+  constexpr uint32_t kLen = 128;
+  const std::vector<uint32_t> p = prompt(kLen);
+  Worker setup(d, "setup", "chunk", "chunk8");
+  ASSERT_TRUE(setup.ok());
+  publish_cached(*setup.recent, chain_of(p), {4, 5, 6, 7});
+
+  Worker w(d, "b", "chunk", "chunk8");
+  ASSERT_TRUE(w.ok());
+  auto s = w.sequence();
+  ASSERT_TRUE(s);
+  auto cached = s->begin(p);
+  ASSERT_TRUE(cached.ok()) << cached.error().message;
+  EXPECT_EQ(cached.value(), kLen);
+  EXPECT_EQ(held(*w.recent), 0u);  // the whole prompt is before the next query's chunk
+  auto slot = s->append(7);
+  ASSERT_TRUE(slot.ok()) << slot.error().message;
+  ASSERT_EQ(write_tokens(*w.rk, *s, kLen, kLen + 1), "");
+  std::vector<float> out;
+  EXPECT_EQ(decode(*w.rk, *w.ok_, *s, out), "");
+  EXPECT_EQ(held(*w.recent), 1u);
+  s.reset();
+  EXPECT_EQ(held(*w.recent), 0u);
+  EXPECT_EQ(held(*w.older), 0u);
 }
 
 }  // namespace
