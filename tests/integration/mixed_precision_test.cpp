@@ -130,7 +130,7 @@ TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksN
   BlockHash parent = root_of(hasher);
   const std::vector<uint32_t> p = prompt();
   for (uint32_t b = 0; b < kPrompt / kT; ++b) {
-    parent = hasher.block(parent, std::span(p).subspan(b * kT, kT));
+    parent = hasher.block(parent, std::span(p).subspan(size_t{b} * kT, kT));
     chain.push_back(parent);
   }
   auto in_older = reader.older->lookup(chain);

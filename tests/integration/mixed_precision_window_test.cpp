@@ -133,7 +133,7 @@ TEST(MixedPrecision, ASlidingSequenceKeepsWhatItsPromptsNewTokensRead) {
   auto s = w.sequence();
   ASSERT_TRUE(s);
   std::vector<uint32_t> p = prompt();
-  p.resize(2 * kT);  // A's first two blocks, then 100 tokens of its own
+  p.resize(size_t{2} * kT);  // A's first two blocks, then 100 tokens of its own
   for (uint32_t i = 0; i < 100; ++i)
     p.push_back(50000 + i);
   auto cached = s->begin(p);
