@@ -251,7 +251,7 @@ std::string check_args(const DecodeArgs& a) {
   }
   if (mixed_in_use(a.mixed)) {
     const PagedKv& o = a.mixed.older;
-    if (!validate(o.geometry).empty()) return "decode: mixed.older: " + validate(o.geometry);
+    if (std::string e = validate(o.geometry); !e.empty()) return "decode: mixed.older: " + e;
     if (!same_shape(o.geometry, g)) {
       return "decode: mixed.older is not of the pool's shape (layers, kv_heads, head_dim, "
              "tokens_per_page, kind, window)";

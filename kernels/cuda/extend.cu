@@ -218,7 +218,7 @@ std::string extend(const ExtendArgs& a, uint32_t total_new_tokens, void* stream)
   }
   if (mixed) {
     const PagedKv& o = a.mixed.older;
-    if (!validate(o.geometry).empty()) return "extend: mixed.older: " + validate(o.geometry);
+    if (std::string e = validate(o.geometry); !e.empty()) return "extend: mixed.older: " + e;
     if (!same_shape(o.geometry, g)) {
       return "extend: mixed.older is not of the pool's shape (layers, kv_heads, head_dim, "
              "tokens_per_page, kind, window)";

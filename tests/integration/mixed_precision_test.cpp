@@ -125,14 +125,7 @@ TEST(MixedPrecision, ReadersNeverSeeAHalfConvertedBlockAndAKilledConverterLeaksN
   // blocks are all there.
   Worker reader(d, "reader");
   ASSERT_TRUE(reader.ok());
-  BlockHasher hasher;
-  std::vector<BlockHash> chain;
-  BlockHash parent = root_of(hasher);
-  const std::vector<uint32_t> p = prompt();
-  for (uint32_t b = 0; b < kPrompt / kT; ++b) {
-    parent = hasher.block(parent, std::span(p).subspan(size_t{b} * kT, kT));
-    chain.push_back(parent);
-  }
+  const std::vector<BlockHash> chain = chain_of(prompt());
   auto in_older = reader.older->lookup(chain);
   ASSERT_TRUE(in_older.ok());
   EXPECT_TRUE(in_older.value().empty()) << "a block was found in fp8 before it was published";

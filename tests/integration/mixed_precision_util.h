@@ -159,6 +159,14 @@ struct Worker {
   BlockHasher hasher;
 };
 
+// The hashes of p's full blocks, as MixedSequence names them (BlockHasher::chain from root_of).
+inline std::vector<BlockHash> chain_of(const std::vector<uint32_t>& p) {
+  BlockHasher hasher;
+  std::vector<BlockHash> chain(p.size() / kT);
+  hasher.chain(root_of(hasher), p, kT, chain);
+  return chain;
+}
+
 inline uint32_t in_use(Connection& c) {
   auto st = c.stats();
   return st.ok() ? st.value().in_use : UINT32_MAX;

@@ -19,18 +19,6 @@
 namespace kvpool::testing::mixed {
 namespace {
 
-// The chain of blocks of `p`'s full blocks, named as MixedSequence names them.
-std::vector<BlockHash> chain_of(const std::vector<uint32_t>& p) {
-  BlockHasher hasher;
-  std::vector<BlockHash> chain;
-  BlockHash parent = root_of(hasher);
-  for (uint32_t b = 0; b < p.size() / kT; ++b) {
-    parent = hasher.block(parent, std::span(p).subspan(size_t{b} * kT, kT));
-    chain.push_back(parent);
-  }
-  return chain;
-}
-
 // Publishes blocks `which` of `chain` in `c` on fresh pages and leaves them cached (their bytes
 // are never read: no query of these tests reaches them).
 void publish_cached(Connection& c, const std::vector<BlockHash>& chain,
